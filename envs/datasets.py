@@ -1,0 +1,316 @@
+"""QA datasets and the retrieval corpus, read from their official published formats.
+
+Every dataset becomes a list of :class:`QARecord` (id, question, gold answers, supporting titles), whatever
+its source format. Files are looked up in a data directory laid out as::
+
+    DATA_DIR/
+      wiki/paragraphs.jsonl                       corpus: {"id", "contents": "\\"Title\\"\\ntext"} per line
+      hotpotqa/hotpot_train_v1.1.json             HotpotQA JSON list (or hotpot_train_distractor_subset.json)
+      hotpotqa/hotpot_dev_distractor_v1.json      (or hotpot_dev_fullwiki_v1.json, hotpot_dev_distractor_subset.json)
+      2wikimultihopqa/{train,dev}.json            2WikiMultihopQA JSON list (or dev_subset.json)
+      musique/musique_ans_v1.0_{train,dev}.jsonl  MuSiQue-Ans jsonl (or musique_ans_dev_subset.jsonl)
+      qa/{nq,triviaqa,popqa,bamboogle}_test.jsonl FlashRAG jsonl {"id", "question", "golden_answers"}
+                                                  (or FlashRAG's own NAME/{train,dev,test}.jsonl)
+
+The full official file names take precedence over the subsets when both are present.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+DATA_DIR_ENV = "TREEGRPO_DATA_DIR"
+CORPUS_RELPATH = "wiki/paragraphs.jsonl"
+CORPUS_LAYOUT = 'one JSON object per line: {"id": "...", "contents": "\\"Title\\"\\npassage text"}'
+
+
+class DataError(ValueError):
+    """A data file is malformed; the message names the path, the record and the expected layout."""
+
+
+class MissingDataError(FileNotFoundError):
+    """A data file or directory is missing; the message names what was looked for and the layout."""
+
+
+@dataclass(frozen=True)
+class QARecord:
+    """One question with its gold answers (any of them counts as correct)."""
+
+    id: str
+    question: str
+    answers: tuple[str, ...]
+    supporting_titles: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Passage:
+    """One corpus passage: its id, Wikipedia title and text."""
+
+    id: str
+    title: str
+    text: str
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Data directory
+
+
+def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
+    """The data directory: ``data_dir`` if given, else ``$TREEGRPO_DATA_DIR``, else ``./data``."""
+    if data_dir is not None:
+        candidates = [(Path(data_dir), "the data_dir argument")]
+    elif os.environ.get(DATA_DIR_ENV):
+        candidates = [(Path(os.environ[DATA_DIR_ENV]), f"${DATA_DIR_ENV}")]
+    else:
+        candidates = [(Path("data"), "./data (no data_dir given and $TREEGRPO_DATA_DIR unset)")]
+    path, origin = candidates[0]
+    if not path.is_dir():
+        raise MissingDataError(
+            f"data directory {path.resolve()} (from {origin}) does not exist. Point {DATA_DIR_ENV} or "
+            f"data_dir at a folder laid out as described in envs/datasets.py (wiki/paragraphs.jsonl, "
+            f"hotpotqa/..., qa/...)."
+        )
+    return path
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Readers
+
+
+def _open_checked(path: Path, layout: str):
+    if not path.is_file():
+        raise MissingDataError(f"{path}: file not found; expected {layout}")
+    return path.open(encoding="utf-8")
+
+
+def _read_json_list(path: Path, layout: str) -> list[Any]:
+    with _open_checked(path, layout) as f:
+        try:
+            data = json.load(f)
+        except json.JSONDecodeError as err:
+            raise DataError(f"{path}: invalid JSON at line {err.lineno} ({err.msg}); expected {layout}") from None
+    if not isinstance(data, list):
+        raise DataError(f"{path}: top level is a {type(data).__name__}, expected a JSON list; {layout}")
+    return data
+
+
+def _iter_jsonl(path: Path, layout: str) -> Iterator[tuple[int, Any]]:
+    with _open_checked(path, layout) as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield lineno, json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DataError(f"{path}:{lineno}: invalid JSON ({err.msg}); expected {layout}") from None
+
+
+def _field(raw: Any, key: str, kind: type | tuple[type, ...], where: str, layout: str) -> Any:
+    if not isinstance(raw, dict):
+        raise DataError(f"{where}: record is a {type(raw).__name__}, expected a JSON object; {layout}")
+    if key not in raw:
+        raise DataError(f"{where}: missing field {key!r}; expected {layout}")
+    value = raw[key]
+    if not isinstance(value, kind):
+        raise DataError(f"{where}: field {key!r} is a {type(value).__name__}; expected {layout}")
+    return value
+
+
+def _unique(items: list[str]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(items))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Per-format parsers: raw record -> QARecord
+
+
+HOTPOTQA_LAYOUT = (
+    "the official HotpotQA JSON list of objects with '_id', 'question', 'answer', "
+    "'supporting_facts' ([[title, sentence_id], ...] or null) and optionally 'supporting_titles'"
+)
+TWOWIKI_LAYOUT = (
+    "the official 2WikiMultihopQA JSON list of objects with '_id', 'question', 'answer' and "
+    "'supporting_facts' ([[title, sentence_id], ...])"
+)
+MUSIQUE_LAYOUT = (
+    "official MuSiQue jsonl: one object per line with 'id', 'question', 'answer', 'answer_aliases' and "
+    "'paragraphs' ([{'title', 'paragraph_text', 'is_supporting'}, ...])"
+)
+FLASHRAG_LAYOUT = "FlashRAG jsonl: one object per line with 'id', 'question' and 'golden_answers' (a list)"
+
+
+def _parse_hotpotqa(raw: Any, where: str) -> QARecord:
+    lay = HOTPOTQA_LAYOUT
+    facts = raw.get("supporting_facts") if isinstance(raw, dict) else None
+    titles = raw.get("supporting_titles") if isinstance(raw, dict) else None
+    if not titles and facts:
+        titles = [fact[0] for fact in facts]
+    return QARecord(
+        id=str(_field(raw, "_id", (str, int), where, lay)),
+        question=_field(raw, "question", str, where, lay),
+        answers=(_field(raw, "answer", str, where, lay),),
+        supporting_titles=_unique(list(titles or [])),
+    )
+
+
+def _parse_2wiki(raw: Any, where: str) -> QARecord:
+    lay = TWOWIKI_LAYOUT
+    facts = _field(raw, "supporting_facts", list, where, lay)
+    return QARecord(
+        id=str(_field(raw, "_id", (str, int), where, lay)),
+        question=_field(raw, "question", str, where, lay),
+        answers=(_field(raw, "answer", str, where, lay),),
+        supporting_titles=_unique([fact[0] for fact in facts]),
+    )
+
+
+def _parse_musique(raw: Any, where: str) -> QARecord:
+    lay = MUSIQUE_LAYOUT
+    paragraphs = _field(raw, "paragraphs", list, where, lay)
+    # Supporting paragraphs in hop order when the decomposition says so, else in paragraph order.
+    order = [step.get("paragraph_support_idx") for step in raw.get("question_decomposition") or []]
+    by_idx = {p.get("idx", i): p for i, p in enumerate(paragraphs)}
+    supporting = [by_idx[i]["title"] for i in order if i in by_idx]
+    supporting += [p["title"] for p in paragraphs if p.get("is_supporting")]
+    return QARecord(
+        id=str(_field(raw, "id", (str, int), where, lay)),
+        question=_field(raw, "question", str, where, lay),
+        answers=_unique([_field(raw, "answer", str, where, lay), *raw.get("answer_aliases", [])]),
+        supporting_titles=_unique(supporting),
+    )
+
+
+def _parse_flashrag(raw: Any, where: str) -> QARecord:
+    lay = FLASHRAG_LAYOUT
+    answers = _field(raw, "golden_answers", list, where, lay)
+    return QARecord(
+        id=str(_field(raw, "id", (str, int), where, lay)),
+        question=_field(raw, "question", str, where, lay),
+        answers=tuple(str(a) for a in answers),
+    )
+
+
+@dataclass(frozen=True)
+class DatasetFormat:
+    """How one dataset is stored: the parser, whether it is a JSON list or jsonl, its layout text."""
+
+    parse: Callable[[Any, str], QARecord]
+    jsonl: bool
+    layout: str
+
+
+FORMATS = {
+    "hotpotqa": DatasetFormat(_parse_hotpotqa, jsonl=False, layout=HOTPOTQA_LAYOUT),
+    "2wikimultihopqa": DatasetFormat(_parse_2wiki, jsonl=False, layout=TWOWIKI_LAYOUT),
+    "musique": DatasetFormat(_parse_musique, jsonl=True, layout=MUSIQUE_LAYOUT),
+    "flashrag": DatasetFormat(_parse_flashrag, jsonl=True, layout=FLASHRAG_LAYOUT),
+}
+
+
+def _flashrag_files(name: str) -> dict[str, tuple[str, ...]]:
+    return {split: (f"{name}/{split}.jsonl", f"qa/{name}_{split}.jsonl") for split in ("train", "dev", "test")}
+
+
+# dataset name -> (format name, split -> candidate paths relative to the data dir, full files first)
+DATASETS: dict[str, tuple[str, dict[str, tuple[str, ...]]]] = {
+    "hotpotqa": (
+        "hotpotqa",
+        {
+            "train": ("hotpotqa/hotpot_train_v1.1.json", "hotpotqa/hotpot_train_distractor_subset.json"),
+            "dev": (
+                "hotpotqa/hotpot_dev_distractor_v1.json",
+                "hotpotqa/hotpot_dev_fullwiki_v1.json",
+                "hotpotqa/hotpot_dev_distractor_subset.json",
+            ),
+        },
+    ),
+    "2wikimultihopqa": (
+        "2wikimultihopqa",
+        {
+            "train": ("2wikimultihopqa/train.json",),
+            "dev": ("2wikimultihopqa/dev.json", "2wikimultihopqa/dev_subset.json"),
+        },
+    ),
+    "musique": (
+        "musique",
+        {
+            "train": ("musique/musique_ans_v1.0_train.jsonl",),
+            "dev": ("musique/musique_ans_v1.0_dev.jsonl", "musique/musique_ans_dev_subset.jsonl"),
+        },
+    ),
+    **{name: ("flashrag", _flashrag_files(name)) for name in ("nq", "triviaqa", "popqa", "bamboogle")},
+}
+
+
+def dataset_path(name: str, split: str, data_dir: str | os.PathLike | None = None) -> Path:
+    """The file holding ``name``'s ``split``: the first existing candidate (full official files first)."""
+    if name not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r}; known datasets: {', '.join(sorted(DATASETS))}")
+    _, splits = DATASETS[name]
+    if split not in splits:
+        raise ValueError(f"dataset {name!r} has no split {split!r}; its splits: {', '.join(splits)}")
+    root = resolve_data_dir(data_dir)
+    for rel in splits[split]:
+        if (root / rel).is_file():
+            return root / rel
+    fmt = FORMATS[DATASETS[name][0]]
+    raise MissingDataError(
+        f"no {name} {split} file in {root}: looked for {', '.join(splits[split])}; expected {fmt.layout}"
+    )
+
+
+def load_records(path: str | os.PathLike, format_name: str) -> list[QARecord]:
+    """Read one data file in the named format (see ``FORMATS``) into records, with errors naming the record."""
+    if format_name not in FORMATS:
+        raise ValueError(f"unknown data format {format_name!r}; known formats: {', '.join(FORMATS)}")
+    fmt, path = FORMATS[format_name], Path(path)
+    if fmt.jsonl:
+        rows = ((f"{path}:{lineno}", raw) for lineno, raw in _iter_jsonl(path, fmt.layout))
+    else:
+        rows = ((f"{path}: record {i}", raw) for i, raw in enumerate(_read_json_list(path, fmt.layout)))
+    records = [fmt.parse(raw, where) for where, raw in rows]
+    if not records:
+        raise DataError(f"{path}: holds no records; expected {fmt.layout}")
+    return records
+
+
+@lru_cache(maxsize=32)
+def _load_dataset_cached(path: Path, mtime_ns: int, format_name: str) -> tuple[QARecord, ...]:
+    return tuple(load_records(path, format_name))
+
+
+def load_dataset(name: str, split: str, data_dir: str | os.PathLike | None = None) -> tuple[QARecord, ...]:
+    """The records of a named dataset split, read once per process (every env of a process shares them)."""
+    path = dataset_path(name, split, data_dir).resolve()
+    return _load_dataset_cached(path, path.stat().st_mtime_ns, DATASETS[name][0])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Corpus
+
+
+def corpus_path(data_dir: str | os.PathLike | None = None) -> Path:
+    """The default retrieval corpus of a data directory (``wiki/paragraphs.jsonl``)."""
+    path = resolve_data_dir(data_dir) / CORPUS_RELPATH
+    if not path.is_file():
+        raise MissingDataError(f"{path}: corpus not found; expected {CORPUS_LAYOUT}")
+    return path
+
+
+def parse_passage(line: bytes | str, where: str) -> Passage:
+    """One corpus line -> Passage. The first line of ``contents`` is the title, quoted as in Search-R1."""
+    try:
+        raw = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise DataError(f"{where}: invalid JSON ({err.msg}); expected {CORPUS_LAYOUT}") from None
+    contents = _field(raw, "contents", str, where, CORPUS_LAYOUT)
+    title, _, text = contents.partition("\n")
+    if len(title) >= 2 and title[0] == title[-1] == '"':
+        title = title[1:-1]
+    return Passage(id=str(raw.get("id", "")), title=title, text=text)

