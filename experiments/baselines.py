@@ -1,0 +1,180 @@
+"""Baseline agents in plain Gymnasium loops: the envs need nothing from our RL code to be used.
+
+    python experiments/baselines.py                       # every env's evaluation split, all agents
+    python experiments/baselines.py --envs HotpotQA-v0 --limit 100 --agents oracle
+
+Agents:
+- ``random``: each step, at random, searches a few words of the question, answers a few, or writes noise.
+- ``no_search``: answers at once, always "yes" (the prior of HotpotQA's comparison questions).
+- ``oracle``: searches the gold supporting titles (the question itself when a dataset has none), then answers
+  the gold answer in the agent format. Its EM must be 1.0 and its reward 1.0: a check of the env's plumbing;
+  its "gold hit" column is the share of its title searches whose gold passage came back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import gymnasium as gym
+from tqdm import tqdm
+
+import envs
+from envs.datasets import QARecord
+
+
+class Agent(Protocol):
+    """A text agent: told the prompt and (for oracles) the record at the start, then acts on observations."""
+
+    def start(self, prompt: str, record: QARecord) -> None: ...
+
+    def act(self, observation: str) -> str: ...
+
+
+def in_format(thought: str, action: str, argument: str) -> str:
+    return f"<think>{thought}</think>\n<{action}> {argument} </{action}>"
+
+
+class RandomAgent:
+    def __init__(self, seed: int):
+        self.rng = random.Random(seed)
+
+    def start(self, prompt: str, record: QARecord) -> None:
+        self.words = record.question.rstrip("?").split() or ["nothing"]
+
+    def act(self, observation: str) -> str:
+        words = self.rng.sample(self.words, k=min(len(self.words), self.rng.randint(1, 4)))
+        choice = self.rng.random()
+        if choice < 0.45:
+            return in_format("let me look this up", "search", " ".join(words))
+        if choice < 0.8:
+            return in_format("I will guess", "answer", " ".join(words))
+        return " ".join(words)
+
+
+class NoSearchAgent:
+    def start(self, prompt: str, record: QARecord) -> None:
+        pass
+
+    def act(self, observation: str) -> str:
+        return in_format("I answer from memory", "answer", "yes")
+
+
+class OracleAgent:
+    def __init__(self, max_searches: int):
+        self.max_searches = max_searches
+        self.searched = self.found = 0
+
+    def start(self, prompt: str, record: QARecord) -> None:
+        self.record = record
+        self.queries = list(record.supporting_titles[: self.max_searches]) or [record.question]
+        self.pending: str | None = None
+
+    def act(self, observation: str) -> str:
+        if self.pending is not None and self.record.supporting_titles:
+            self.searched += 1
+            self.found += f"(Title: {self.pending})" in observation
+        if self.queries:
+            self.pending = self.queries.pop(0)
+            return in_format("I need this passage", "search", self.pending)
+        return in_format("I have what I need", "answer", self.record.answers[0])
+
+
+@dataclass
+class Summary:
+    env_id: str
+    split: str
+    agent: str
+    episodes: int = 0
+    em: float = 0.0
+    f1: float = 0.0
+    reward: float = 0.0
+    tool_calls: float = 0.0
+    turns: float = 0.0
+    gold_hit: float | None = None
+
+    def add(self, info: dict, reward: float) -> None:
+        self.episodes += 1
+        for key, value in (("em", info["em"]), ("f1", info["f1"]), ("reward", reward),
+                           ("tool_calls", info["tool_calls"]), ("turns", info["turn"])):
+            setattr(self, key, getattr(self, key) + value)
+
+    def means(self) -> dict:
+        n = max(self.episodes, 1)
+        row = {"env": self.env_id, "split": self.split, "agent": self.agent, "n": self.episodes}
+        row.update({key: getattr(self, key) / n for key in ("em", "f1", "reward", "tool_calls", "turns")})
+        row["gold_hit"] = self.gold_hit
+        return row
+
+
+def run_episode(env: gym.Env, agent: Agent, index: int) -> tuple[dict, float]:
+    observation, _ = env.reset(options={"index": index})
+    agent.start(observation, env.unwrapped.record)
+    while True:
+        observation, reward, terminated, truncated, info = env.step(agent.act(observation))
+        if terminated or truncated:
+            return info, reward
+
+
+def evaluate(env_ids: list[str], agents: dict[str, Callable[[], Agent]], limit: int | None, **env_kwargs) -> list[dict]:
+    jobs = []
+    for env_id in env_ids:
+        env = gym.make(env_id, split=envs.eval_split(env_id), **env_kwargs)
+        jobs.append((env_id, env, min(len(env.unwrapped.records), limit or len(env.unwrapped.records))))
+    rows = []
+    with tqdm(total=sum(n for *_, n in jobs) * len(agents), desc="episodes", unit="ep", file=sys.stderr) as bar:
+        for env_id, env, n in jobs:
+            for name, make_agent in agents.items():
+                agent, summary = make_agent(), Summary(env_id, envs.eval_split(env_id), name)
+                for index in range(n):
+                    summary.add(*run_episode(env, agent, index))
+                    bar.update()
+                if isinstance(agent, OracleAgent) and agent.searched:
+                    summary.gold_hit = agent.found / agent.searched
+                rows.append(summary.means())
+    return rows
+
+
+def markdown_table(rows: list[dict]) -> str:
+    lines = ["| env | split | agent | n | EM | F1 | reward | tool calls | turns | gold hit |", "|" + "---|" * 10]
+    for r in rows:
+        hit = "" if r["gold_hit"] is None else f"{r['gold_hit']:.3f}"
+        lines.append(f"| {r['env']} | {r['split']} | {r['agent']} | {r['n']} | {r['em']:.3f} | {r['f1']:.3f} | "
+                     f"{r['reward']:.3f} | {r['tool_calls']:.2f} | {r['turns']:.2f} | {hit} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--envs", nargs="+", default=list(envs.ENV_IDS), choices=list(envs.ENV_IDS))
+    parser.add_argument("--agents", nargs="+", default=["random", "no_search", "oracle"],
+                        choices=["random", "no_search", "oracle"])
+    parser.add_argument("--limit", type=int, default=None, help="questions per env (default: all)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random agent")
+    parser.add_argument("--max-turns", type=int, default=3)
+    parser.add_argument("--topk", type=int, default=3)
+    parser.add_argument("--retriever", default="bm25", help="retrieval backend: bm25, rank_bm25 or dense")
+    parser.add_argument("--data-dir", default=None, help="default: $TREEGRPO_DATA_DIR, else ./data")
+    parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    args = parser.parse_args(argv)
+
+    factories: dict[str, Callable[[], Agent]] = {
+        "random": lambda: RandomAgent(args.seed),
+        "no_search": NoSearchAgent,
+        "oracle": lambda: OracleAgent(args.max_turns),
+    }
+    rows = evaluate(args.envs, {name: factories[name] for name in args.agents}, args.limit,
+                    max_turns=args.max_turns, topk=args.topk, retriever=args.retriever, data_dir=args.data_dir)
+    print(markdown_table(rows))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(rows, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

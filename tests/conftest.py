@@ -1,0 +1,26 @@
+"""Test setup: find the data directory the way the Makefile does, so a bare `pytest` works too."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+if not os.environ.get("TREEGRPO_DATA_DIR"):
+    for candidate in (ROOT / "data", ROOT.parent / "shared" / "data"):
+        if candidate.is_dir():
+            os.environ["TREEGRPO_DATA_DIR"] = str(candidate)
+            break
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    """The data directory; tests that need the real data skip without it."""
+    path = os.environ.get("TREEGRPO_DATA_DIR")
+    if not path or not Path(path).is_dir():
+        pytest.skip("no data directory: set TREEGRPO_DATA_DIR (see envs/datasets.py for the layout)")
+    return Path(path)
