@@ -23,8 +23,8 @@ DEFAULT_PROMPT = (
     "explanation, for example <answer> Beijing </answer>.\nQuestion: {question}\n"
 )
 INVALID_ACTION = (
-    "\n\nMy previous action is invalid: {reason}. To search, I must put a query between <search> and "
-    "</search>. To give the final answer, I must put it between <answer> and </answer>. Let me try again.\n\n"
+    "\n\nInvalid action: {reason}. End each step with exactly one action: <search> query </search> to "
+    "search, or <answer> final answer </answer> to answer.\n\n"
 )
 NO_RESULTS = "No passage matches this query."
 MAX_ACTION_CHARS = 1 << 16

@@ -1,0 +1,1 @@
+"""LLM policies: model loading, token-exact multi-turn generation with branching, the RLlib RLModule."""

@@ -32,7 +32,7 @@ def answer(text: str) -> str:
 
 def is_well_formed(observation: str) -> bool:
     information = observation.startswith("\n\n<information>") and observation.endswith("</information>\n\n")
-    invalid = observation.startswith("\n\nMy previous action is invalid:") and observation.endswith("\n\n")
+    invalid = observation.startswith("\n\nInvalid action: ") and observation.endswith("\n\n")
     return observation == "" or information or invalid
 
 
