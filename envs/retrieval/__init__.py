@@ -11,6 +11,7 @@ Backends: ``bm25`` (default; sparse-matrix BM25), ``rank_bm25`` (the rank-bm25 l
 
 from __future__ import annotations
 
+import inspect
 import os
 import threading
 from pathlib import Path
@@ -50,12 +51,22 @@ def get_retriever(
 
         corpus_path = default_corpus_path()
     path = Path(corpus_path).resolve()
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    options = _with_defaults(BACKENDS[backend], options)  # "bm25" and "bm25", k1=0.9 are one retriever
     key = (backend, str(path), tuple(sorted(options.items())))
     with _LOCK:
         if key not in _SHARED:
-            cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-            _SHARED[key] = BACKENDS[backend].load_or_build(Corpus.open(path, cache), cache, **options)
+            retriever = BACKENDS[backend].load_or_build(Corpus.open(path, cache), cache, **options)
+            retriever.cache_dir = cache
+            _SHARED[key] = retriever
         return _SHARED[key]
+
+
+def _with_defaults(backend: type[Retriever], options: dict[str, Any]) -> dict[str, Any]:
+    """The backend's options with its defaults filled in; an unknown option is a TypeError naming it."""
+    bound = inspect.signature(backend.load_or_build).bind(None, None, **options)
+    bound.apply_defaults()
+    return {name: value for name, value in bound.arguments.items() if name not in ("corpus", "cache_dir")}
 
 
 __all__ = ["BACKENDS", "DEFAULT_BACKEND", "Corpus", "Retriever", "SearchHit", "get_retriever"]

