@@ -145,29 +145,29 @@ MUSIQUE_LAYOUT = (
 FLASHRAG_LAYOUT = "FlashRAG jsonl: one object per line with 'id', 'question' and 'golden_answers' (a list)"
 
 
+def _record(raw: Any, where: str, layout: str, id_key: str, answers: list[str], titles: list[str]) -> QARecord:
+    """A record from the fields every format has (id, question) and the format's answers and titles."""
+    return QARecord(
+        id=str(_field(raw, id_key, (str, int), where, layout)),
+        question=_field(raw, "question", str, where, layout),
+        answers=tuple(str(a) for a in answers),
+        supporting_titles=_unique(titles),
+    )
+
+
 def _parse_hotpotqa(raw: Any, where: str) -> QARecord:
     lay = HOTPOTQA_LAYOUT
     facts = raw.get("supporting_facts") if isinstance(raw, dict) else None
     titles = raw.get("supporting_titles") if isinstance(raw, dict) else None
     if not titles and facts:
         titles = [fact[0] for fact in facts]
-    return QARecord(
-        id=str(_field(raw, "_id", (str, int), where, lay)),
-        question=_field(raw, "question", str, where, lay),
-        answers=(_field(raw, "answer", str, where, lay),),
-        supporting_titles=_unique(list(titles or [])),
-    )
+    return _record(raw, where, lay, "_id", [_field(raw, "answer", str, where, lay)], list(titles or []))
 
 
 def _parse_2wiki(raw: Any, where: str) -> QARecord:
     lay = TWOWIKI_LAYOUT
     facts = _field(raw, "supporting_facts", list, where, lay)
-    return QARecord(
-        id=str(_field(raw, "_id", (str, int), where, lay)),
-        question=_field(raw, "question", str, where, lay),
-        answers=(_field(raw, "answer", str, where, lay),),
-        supporting_titles=_unique([fact[0] for fact in facts]),
-    )
+    return _record(raw, where, lay, "_id", [_field(raw, "answer", str, where, lay)], [fact[0] for fact in facts])
 
 
 def _parse_musique(raw: Any, where: str) -> QARecord:
@@ -178,22 +178,13 @@ def _parse_musique(raw: Any, where: str) -> QARecord:
     by_idx = {p.get("idx", i): p for i, p in enumerate(paragraphs)}
     supporting = [by_idx[i]["title"] for i in order if i in by_idx]
     supporting += [p["title"] for p in paragraphs if p.get("is_supporting")]
-    return QARecord(
-        id=str(_field(raw, "id", (str, int), where, lay)),
-        question=_field(raw, "question", str, where, lay),
-        answers=_unique([_field(raw, "answer", str, where, lay), *raw.get("answer_aliases", [])]),
-        supporting_titles=_unique(supporting),
-    )
+    answers = _unique([_field(raw, "answer", str, where, lay), *raw.get("answer_aliases", [])])
+    return _record(raw, where, lay, "id", list(answers), supporting)
 
 
 def _parse_flashrag(raw: Any, where: str) -> QARecord:
     lay = FLASHRAG_LAYOUT
-    answers = _field(raw, "golden_answers", list, where, lay)
-    return QARecord(
-        id=str(_field(raw, "id", (str, int), where, lay)),
-        question=_field(raw, "question", str, where, lay),
-        answers=tuple(str(a) for a in answers),
-    )
+    return _record(raw, where, lay, "id", _field(raw, "golden_answers", list, where, lay), [])
 
 
 @dataclass(frozen=True)
