@@ -44,18 +44,24 @@ class SentenceEncoder:
         self.max_length, self.batch_size = max_length, batch_size
 
     def encode(self, texts: list[str]) -> np.ndarray:
+        # Batches of similar length waste little compute on padding; the output keeps the input order.
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         chunks = []
         with self.torch.inference_mode():
             for start in range(0, len(texts), self.batch_size):
                 batch = self.tokenizer(
-                    texts[start : start + self.batch_size], padding=True, truncation=True,
+                    [texts[i] for i in order[start : start + self.batch_size]], padding=True, truncation=True,
                     max_length=self.max_length, return_tensors="pt",
                 )
                 hidden = self.model(**batch).last_hidden_state
                 mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
                 pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
                 chunks.append(self.torch.nn.functional.normalize(pooled, dim=-1).numpy())
-        return np.concatenate(chunks).astype(np.float32)
+        width = self.model.config.hidden_size
+        embeddings = np.empty((len(texts), width), dtype=np.float32)
+        if chunks:
+            embeddings[order] = np.concatenate(chunks)
+        return embeddings
 
 
 class DenseRetriever(Retriever):
