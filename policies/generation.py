@@ -36,6 +36,9 @@ class SamplingSettings:
     max_step_tokens: int = 500
     max_context_tokens: int = 4096
     stop_strings: tuple[str, ...] = STOP_STRINGS
+    # After these stop strings one more token is sampled, normally the end-of-turn token: the model must learn to
+    # stop after its final answer (the official code strips it).
+    end_turn_after: tuple[str, ...] = ("</answer>",)
 
     def __post_init__(self) -> None:
         if self.temperature <= 0 and not self.greedy:
@@ -73,8 +76,9 @@ class Branch:
 class StepOutput:
     """One branch's new step: sampled ids, their log-probs, why it stopped, and the new context's cache.
 
-    ``finish_reason``: ``stop`` (a stop string closed), ``eos`` (an end-of-turn token, included in
-    ``token_ids``), ``length`` (the step or context cap). ``cache`` covers ``branch.token_ids + token_ids[:-1]``
+    ``finish_reason``: ``stop`` (a stop string closed; after ``</answer>`` one more token, normally the
+    end-of-turn token, is included), ``eos`` (an end-of-turn token, included in ``token_ids``), ``length``
+    (the step or context cap). ``cache`` covers ``branch.token_ids + token_ids[:-1]``
     (the last sampled token was never fed to the model).
     """
 
@@ -159,6 +163,7 @@ class _Batch:
     attention_mask: torch.Tensor  # [B, past + current], 1 = real token
     next_position: torch.Tensor  # [B], position id of each branch's next real token
     generated: list[list[int]] = field(default_factory=list)
+    closing: list[bool] = field(default_factory=list)  # a stop string closed; one end-of-turn token to go
     logprobs: list[list[float]] = field(default_factory=list)
     finish: list[str | None] = field(default_factory=list)
 
@@ -192,6 +197,7 @@ class HFStepGenerator:
         state.generated = [[] for _ in branches]
         state.logprobs = [[] for _ in branches]
         state.finish = [None if cap > 0 else "length" for cap in caps]
+        state.closing = [False for _ in branches]
         while True:
             tokens = sample_tokens(logits, self.settings, generator).cpu()
             chosen = torch.log_softmax(logits.float(), dim=-1).gather(-1, tokens.to(logits.device)[:, None])
@@ -251,17 +257,21 @@ class HFStepGenerator:
                 continue
             state.generated[b].append(token)
             state.logprobs[b].append(logprob)
-            if token in self.eot_ids:
-                state.finish[b] = "eos"
-            elif self._closes_step(state.generated[b]):
+            if state.closing[b]:
                 state.finish[b] = "stop"
+            elif token in self.eot_ids:
+                state.finish[b] = "eos"
+            elif stop := self._closing_string(state.generated[b]):
+                end_turn = stop in self.settings.end_turn_after and len(state.generated[b]) < caps[b]
+                state.closing[b] = end_turn
+                state.finish[b] = None if end_turn else "stop"
             elif len(state.generated[b]) >= caps[b]:
                 state.finish[b] = "length"
 
-    def _closes_step(self, generated: list[int]) -> bool:
+    def _closing_string(self, generated: list[int]) -> str | None:
         # Checked after every token, so a stop string in the recent tail is the first one of the step.
         tail = self.tokenizer.decode(generated[-self._stop_window :])
-        return any(stop in tail for stop in self.settings.stop_strings)
+        return next((stop for stop in self.settings.stop_strings if stop in tail), None)
 
     def _extract(self, cache: DynamicCache, state: _Batch, b: int) -> KVCache:
         # The mask covers every fed position; the last sampled token was never fed.

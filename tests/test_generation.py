@@ -110,14 +110,23 @@ def scripted(monkeypatch, tiny):
     return install
 
 
-@pytest.mark.parametrize(("text", "reason"), [("<think>ok</think><search>Hamlet</search>", "stop"),
-                                              ("<think>so</think><answer> Paris </answer>", "stop")])
-def test_stops_at_the_closing_tag(tiny, scripted, text, reason):
+def test_stops_at_the_closing_search_tag(tiny, scripted):
     model, tokenizer = tiny
-    step = tokenizer(text, add_special_tokens=False)["input_ids"]
+    step = tokenizer("<think>ok</think><search>Hamlet</search>", add_special_tokens=False)["input_ids"]
     scripted(step + tokenizer(" and more text", add_special_tokens=False)["input_ids"])
     (out,) = HFStepGenerator(model, tokenizer).generate_step([Branch(prompt_ids(tokenizer, "Q?"))], seed=0)
-    assert out.token_ids == tuple(step) and out.finish_reason == reason
+    assert out.token_ids == tuple(step) and out.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("after", ["eos", "other"])
+def test_answer_step_keeps_the_next_token(tiny, scripted, after):
+    # After </answer> exactly one more token is sampled (normally end-of-turn) and becomes part of the step.
+    model, tokenizer = tiny
+    step = tokenizer("<think>so</think><answer> Paris </answer>", add_special_tokens=False)["input_ids"]
+    following = tokenizer.eos_token_id if after == "eos" else tokenizer.convert_tokens_to_ids("a")
+    scripted([*step, following, 7, 8])
+    (out,) = HFStepGenerator(model, tokenizer).generate_step([Branch(prompt_ids(tokenizer, "Q?"))], seed=0)
+    assert out.token_ids == (*step, following) and out.finish_reason == "stop"
 
 
 def test_stops_at_end_of_turn_and_keeps_it(tiny, scripted):
@@ -144,7 +153,7 @@ def test_trajectory_keeps_sampled_ids_even_when_text_does_not_round_trip(tiny, s
     pieces = tokenizer.convert_tokens_to_ids(list("question"))
     merged = tokenizer("question", add_special_tokens=False)["input_ids"]
     assert pieces != merged and tokenizer.decode(pieces) == "question"
-    tail = tokenizer("</answer>", add_special_tokens=False)["input_ids"]
+    tail = tokenizer("</answer>", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
     scripted(pieces + tail)
     prompt = prompt_ids(tokenizer, "Q?")
     (out,) = HFStepGenerator(model, tokenizer).generate_step([Branch(prompt)], seed=0)
