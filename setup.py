@@ -11,7 +11,7 @@ setup(
     long_description=Path(__file__).with_name("README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=find_packages(include=["envs", "envs.*", "algos", "algos.*", "policies", "policies.*"]),
+    packages=find_packages(include=["envs", "envs.*", "algos", "algos.*", "policies", "policies.*", "experiments"]),
     install_requires=[
         "gymnasium>=1.0",
         "numpy>=1.24",

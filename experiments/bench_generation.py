@@ -1,0 +1,123 @@
+"""Generation benchmark: our step generator against plain ``model.generate``, and what prefix reuse saves.
+
+    python experiments/bench_generation.py                  # smollm2-135m, HotpotQA dev question 0
+    python experiments/bench_generation.py --model tiny-random --max-step-tokens 32   # a quick smoke run
+
+Measures, on one HotpotQA question:
+1. tokens/s of ``HFStepGenerator.generate_step`` against ``model.generate`` (same sampling, same stop strings)
+   on the same batch: the first step of M = 6 copies of the prompt;
+2. a (M, N, L) = (2, 2, 1) tree and a chain group of 6 grown to their leaves, with prefix reuse and with
+   re-prefilling every step (``keep_cache=False``): tokens generated, tokens prefilled, LLM calls, seconds.
+Results replace the ``generation`` section of docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import gymnasium as gym
+import torch
+
+import envs  # noqa: F401  (registers the env ids)
+from algos.rollout import TreeRollout, TreeShape
+from experiments.report import machine_description, replace_section
+from policies.generation import STOP_STRINGS, Branch, HFStepGenerator, SamplingSettings, prompt_ids
+from policies.models import load_model
+
+
+def time_generate_step(model, tokenizer, batch: list[tuple[int, ...]], settings: SamplingSettings,
+                       seed: int) -> tuple[int, float]:
+    generator = HFStepGenerator(model, tokenizer, settings, keep_cache=False)
+    start = time.perf_counter()
+    outputs = generator.generate_step([Branch(ids) for ids in batch], seed=seed)
+    return sum(len(o.token_ids) for o in outputs), time.perf_counter() - start
+
+
+def time_hf_generate(model, tokenizer, batch: list[tuple[int, ...]], settings: SamplingSettings,
+                     seed: int) -> tuple[int, float]:
+    torch.manual_seed(seed)
+    ids = torch.tensor(batch)  # copies of one prompt: no padding needed
+    start = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True,
+                             temperature=settings.temperature, top_p=settings.top_p, top_k=0,
+                             max_new_tokens=settings.max_step_tokens, stop_strings=list(STOP_STRINGS),
+                             tokenizer=tokenizer, pad_token_id=tokenizer.pad_token_id)
+    elapsed = time.perf_counter() - start
+    new = out[:, ids.shape[1]:]
+    # tokens of each row up to and including its first end-of-turn/pad token (generate pads finished rows)
+    ends = [(row == tokenizer.pad_token_id).nonzero() for row in new]
+    tokens = sum(int(e[0]) + 1 if len(e) else new.shape[1] for e in ends)
+    return tokens, elapsed
+
+
+def grow_once(model, tokenizer, question: int, shape: TreeShape, settings: SamplingSettings, seed: int,
+              keep_cache: bool) -> dict:
+    env = gym.make("HotpotQA-v0", split="dev")
+    generator = HFStepGenerator(model, tokenizer, settings, keep_cache=keep_cache)
+    rollout = TreeRollout(env, generator, tokenizer, seed=seed)
+    start = time.perf_counter()
+    trees = rollout.grow([question], shape)
+    elapsed = time.perf_counter() - start
+    leaves = sum(len(t.leaves()) for t in trees)
+    return {**generator.counters.as_dict(), "tool_calls": rollout.counters.tool_calls, "leaves": leaves,
+            "seconds": elapsed}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--question", type=int, default=0, help="HotpotQA dev question index")
+    parser.add_argument("--max-step-tokens", type=int, default=500)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output", default="docs/benchmarks.md")
+    args = parser.parse_args(argv)
+
+    torch.manual_seed(args.seed)
+    model, tokenizer = load_model(args.model)
+    model.eval()
+    settings = SamplingSettings(max_step_tokens=args.max_step_tokens)
+    env = gym.make("HotpotQA-v0", split="dev")
+    prompt, _ = env.reset(options={"index": args.question})
+    batch = [prompt_ids(tokenizer, prompt)] * 6
+
+    ours_tokens, ours_s = time_generate_step(model, tokenizer, batch, settings, args.seed)
+    hf_tokens, hf_s = time_hf_generate(model, tokenizer, batch, settings, args.seed)
+    runs = {
+        (name, reuse): grow_once(model, tokenizer, args.question, shape, settings, args.seed, reuse)
+        for name, shape in (("tree (2,2,1)", TreeShape(2, 2, 1)), ("chain G=6", TreeShape(6, 0, 0)))
+        for reuse in (True, False)
+    }
+
+    lines = [
+        f"Command: `python experiments/bench_generation.py --model {args.model} --question {args.question} "
+        f"--max-step-tokens {args.max_step_tokens} --seed {args.seed}`  ",
+        f"Machine: {machine_description()}",
+        "",
+        "First step of 6 copies of the prompt, same sampling (T=1, top-p 0.95) and stop strings:",
+        "",
+        "| generator | tokens | seconds | tokens/s | ratio |",
+        "|---|---|---|---|---|",
+        f"| `model.generate` (baseline) | {hf_tokens} | {hf_s:.2f} | {hf_tokens / hf_s:.1f} | 1.00 |",
+        f"| `HFStepGenerator.generate_step` | {ours_tokens} | {ours_s:.2f} | {ours_tokens / ours_s:.1f} | "
+        f"{(ours_tokens / ours_s) / (hf_tokens / hf_s):.2f} |",
+        "",
+        "Whole rollouts to the leaves (prefix reuse = KV caches of the nodes; without = re-prefill every step):",
+        "",
+        "| rollout | prefix reuse | leaves | tokens generated | tokens prefilled | prefilled / without reuse "
+        "| LLM calls | tool calls | seconds |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (name, reuse), r in runs.items():
+        ratio = r["tokens_prefilled"] / runs[name, False]["tokens_prefilled"]
+        lines.append(f"| {name} | {'yes' if reuse else 'no'} | {r['leaves']} | {r['tokens_generated']} | "
+                     f"{r['tokens_prefilled']} | {ratio:.2f} | {r['llm_calls']} | {r['tool_calls']} | "
+                     f"{r['seconds']:.1f} |")
+    section = "\n".join(lines)
+    print(section)
+    replace_section(args.output, "generation", "Generation (issue 3)", section)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""Tree rollouts over env snapshots: shapes, uniform expansion picks, exact env clones and token trajectories."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import envs  # noqa: F401  (registers the env ids)
+from algos.rollout import TreeRollout, TreeShape
+from algos.tree import Node, Tree, pick_expansion_nodes
+from policies.generation import HFStepGenerator, SamplingSettings, observation_ids, prompt_ids
+from policies.models import load_model
+from policies.trajectory import TokenTrajectory
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    model, tokenizer = load_model("tiny-random", seed=0)
+    return model.eval(), tokenizer
+
+
+def grow(tiny, shape: TreeShape, prompts=(0, 1), seed: int = 0, keep_cache: bool = True):
+    model, tokenizer = tiny
+    env = gym.make("HotpotQA-v0", split="dev")
+    generator = HFStepGenerator(model, tokenizer, SamplingSettings(max_step_tokens=12), keep_cache=keep_cache)
+    rollout = TreeRollout(env, generator, tokenizer, seed=seed)
+    return rollout.grow(list(prompts), shape), rollout, generator
+
+
+@pytest.fixture(scope="module")
+def grown(tiny, data_dir):
+    return grow(tiny, TreeShape(2, 2, 1))
+
+
+def test_leaves_per_prompt(grown):
+    trees, rollout, generator = grown
+    assert len(trees) == 4 and [t.prompt_index for t in trees] == [0, 0, 1, 1]
+    assert [t.tree_id for t in trees] == [0, 1, 0, 1]
+    leaves = [leaf for tree in trees for leaf in tree.leaves()]
+    assert len(leaves) == 2 * TreeShape(2, 2, 1).leaves_per_prompt == 12
+    assert rollout.counters.leaves == 12 and rollout.counters.trees == 4
+    assert generator.counters.llm_calls == rollout.counters.env_steps == sum(len(t.nodes()) - 1 for t in trees)
+    assert all(node.cache is None for tree in trees for node in tree.nodes())  # freed after growing
+
+
+def test_leaf_trajectories_are_token_exact(grown, tiny):
+    _, tokenizer = tiny
+    trees, _, _ = grown
+    env = gym.make("HotpotQA-v0", split="dev").unwrapped
+    for tree in trees:
+        prompt, _ = env.reset(options={"index": tree.prompt_index})
+        for leaf in tree.leaves():
+            expected = TokenTrajectory.from_prompt(prompt_ids(tokenizer, prompt))
+            for node in leaf.path()[1:]:
+                start = len(node.parent.trajectory)
+                step = node.trajectory.token_ids[start:]
+                generated = node.trajectory.generated_mask[start:]
+                n_gen = sum(generated)
+                assert all(generated[:n_gen]) and not any(generated[n_gen:])  # step ids, then observation ids
+                assert step[n_gen:] == observation_ids(tokenizer, node.observation)
+                expected = TokenTrajectory(expected.token_ids + step, expected.generated_mask + generated,
+                                           node.trajectory.sampling_logprobs[: len(expected) + len(step)])
+            assert leaf.trajectory.token_ids == expected.token_ids
+            assert leaf.trajectory.generated_mask == expected.generated_mask
+
+
+def test_env_clones_see_what_the_path_saw(grown):
+    # Replaying a leaf's step texts in a fresh env reproduces every observation, the reward and the info.
+    trees, _, _ = grown
+    env = gym.make("HotpotQA-v0", split="dev").unwrapped
+    for tree in trees:
+        for leaf in tree.leaves():
+            env.reset(options={"index": tree.prompt_index})
+            for node in leaf.path()[1:]:
+                observation, reward, terminated, truncated, info = env.step(node.text)
+                assert (observation, reward, info) == (node.observation, node.reward, node.info)
+            assert terminated or truncated
+
+
+def test_expansions_share_prefixes(grown):
+    trees, _, _ = grown
+    for tree in trees:
+        leaves = tree.leaves()
+        assert len(leaves) == 3
+        # every leaf descends from the root; branches after the first chain fork from the root or a step
+        forks = [node for node in tree.nodes() if len(node.children) > 1]
+        assert forks and all(len(node.children) <= 3 for node in forks)
+
+
+def test_chain_shape_and_cost(tiny, data_dir):
+    trees, rollout, _ = grow(tiny, TreeShape(3, 0, 0), prompts=(0,))
+    assert len(trees) == 3 and all(len(t.leaves()) == 1 and len(t.expansion_candidates()) == len(t.nodes()) - 1
+                                   for t in trees)
+    assert rollout.counters.leaves == 3
+
+
+def test_prefix_reuse_saves_prefill(tiny, data_dir):
+    _, _, with_cache = grow(tiny, TreeShape(2, 2, 1), prompts=(0,), seed=3)
+    _, _, without = grow(tiny, TreeShape(2, 2, 1), prompts=(0,), seed=3, keep_cache=False)
+    assert with_cache.counters.tokens_prefilled < 0.5 * without.counters.tokens_prefilled
+
+
+def test_same_seed_same_trees(tiny, data_dir):
+    def signature(trees):
+        return [(leaf.trajectory.token_ids, leaf.reward) for tree in trees for leaf in tree.leaves()]
+
+    first, _, _ = grow(tiny, TreeShape(2, 1, 1), prompts=(2,), seed=5)
+    again, _, _ = grow(tiny, TreeShape(2, 1, 1), prompts=(2,), seed=5)
+    other, _, _ = grow(tiny, TreeShape(2, 1, 1), prompts=(2,), seed=6)
+    assert signature(first) == signature(again) != signature(other)
+
+
+def test_expansion_picks_are_uniform_over_root_and_non_leaves():
+    # root -> a -> b (leaf); root -> c (leaf); a -> d (leaf): candidates root, a
+    empty = TokenTrajectory.from_prompt(())
+    root = Node(empty, None)
+    a = root.add_child(Node(empty, None))
+    a.add_child(Node(empty, None, is_leaf=True))
+    root.add_child(Node(empty, None, is_leaf=True))
+    a.add_child(Node(empty, None, is_leaf=True))
+    tree = Tree(root, prompt_index=0, tree_id=0)
+    assert tree.expansion_candidates() == [root, a]
+    picks = pick_expansion_nodes(tree, 20_000, np.random.default_rng(0))
+    counts = Counter(id(node) for node in picks)
+    assert set(counts) == {id(root), id(a)}
+    assert abs(counts[id(root)] / 20_000 - 0.5) < 0.015  # 4.2 standard deviations of a fair coin
+
+
+def test_tree_shape_validates():
+    assert TreeShape(2, 2, 1).leaves_per_prompt == 6 and TreeShape(4, 5, 1).leaves_per_prompt == 24
+    with pytest.raises(ValueError, match="tree shape"):
+        TreeShape(0, 2, 1)
+    with pytest.raises(ValueError, match="tree shape"):
+        TreeShape(2, 0, 1)
