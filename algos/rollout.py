@@ -58,7 +58,7 @@ class TreeRollout:
 
     def grow(self, prompt_indices: list[int], shape: TreeShape) -> list[Tree]:
         """The trees of every prompt (M per prompt, in prompt order), grown to their leaves."""
-        trees = [self._plant(index, tree_id) for index in prompt_indices for tree_id in range(shape.M)]
+        trees = [tree for index in prompt_indices for tree in self._plant(index, shape.M)]
         self._run_to_leaves([tree.root for tree in trees])
         for _ in range(shape.L):
             self._run_to_leaves([node for tree in trees for node in pick_expansion_nodes(tree, shape.N, self.rng)])
@@ -68,10 +68,13 @@ class TreeRollout:
         self.counters.leaves += sum(len(tree.leaves()) for tree in trees)
         return trees
 
-    def _plant(self, prompt_index: int, tree_id: int) -> Tree:
+    def _plant(self, prompt_index: int, m: int) -> list[Tree]:
+        """The M trees of a prompt: identical roots sharing one prompt cache (the prompt is prefilled once)."""
         prompt, _ = self.env.reset(options={"index": prompt_index})
-        root = Node(TokenTrajectory.from_prompt(prompt_ids(self.tokenizer, prompt)), self.env.get_state())
-        return Tree(root, prompt_index, tree_id)
+        ids = prompt_ids(self.tokenizer, prompt)
+        cache, state = self.generator.prefix_cache(ids), self.env.get_state()
+        return [Tree(Node(TokenTrajectory.from_prompt(ids), state, cache=cache), prompt_index, tree_id)
+                for tree_id in range(m)]
 
     def _run_to_leaves(self, starts: list[Node]) -> None:
         """Advance a branch from each start node (the same node may appear several times) until all are leaves."""

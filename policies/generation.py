@@ -108,6 +108,9 @@ class StepGenerator(Protocol):
 
     def generate_step(self, branches: Sequence[Branch], *, seed: int | None = None) -> list[StepOutput]: ...
 
+    def prefix_cache(self, token_ids: tuple[int, ...]) -> KVCache | None:
+        """A cache handle for a context many branches will start from (None where the backend caches itself)."""
+
 
 # -- conversation in token space ---------------------------------------------------------------------------
 
@@ -212,6 +215,18 @@ class HFStepGenerator:
             StepOutput(tuple(gen), tuple(lp), finish, self._extract(cache, state, b) if self.keep_cache else None)
             for b, (gen, lp, finish) in enumerate(zip(state.generated, state.logprobs, state.finish, strict=True))
         ]
+
+    @torch.inference_mode()
+    def prefix_cache(self, token_ids: tuple[int, ...]) -> KVCache | None:
+        """The cache of ``token_ids[:-1]``: branches sharing this context (the M trees of a prompt) then prefill
+        one token each instead of the whole prompt."""
+        if not self.keep_cache or len(token_ids) < 2:
+            return None
+        ids = torch.tensor([token_ids[:-1]], device=self.model.device)
+        out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1)
+        self.counters.tokens_prefilled += ids.shape[1]
+        layers = tuple((layer.keys[0].clone(), layer.values[0].clone()) for layer in out.past_key_values.layers)
+        return KVCache(layers, ids.shape[1])
 
     def _token_cap(self, branch: Branch) -> int:
         return min(self.settings.max_step_tokens, self.settings.max_context_tokens - len(branch.token_ids))

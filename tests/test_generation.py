@@ -180,3 +180,17 @@ def test_top_p_keeps_the_nucleus():
     drawn = generation.sample_tokens(logits, SamplingSettings(top_p=0.7), generator)
     counts = torch.bincount(drawn, minlength=4)
     assert counts[2] == counts[3] == 0 and 0.55 < counts[0] / 2000 < 0.70  # 0.5 / 0.8 = 0.625
+
+
+def test_shared_prompt_cache_is_prefilled_once_and_exact(tiny):
+    model, tokenizer = tiny
+    gen = HFStepGenerator(model, tokenizer, SamplingSettings(max_step_tokens=6))
+    prompt = prompt_ids(tokenizer, "Who wrote Hamlet?")
+    cache = gen.prefix_cache(prompt)
+    assert cache.length == len(prompt) - 1
+    outputs = gen.generate_step([Branch(prompt, cache)] * 3, seed=0)
+    assert gen.counters.tokens_prefilled == len(prompt) - 1 + 3  # the prompt once, then one token per branch
+    for out in outputs:
+        expected = reference_logprobs(model, prompt, out.token_ids)
+        torch.testing.assert_close(torch.tensor(out.logprobs), expected, atol=1e-4, rtol=0)
+    assert HFStepGenerator(model, tokenizer, keep_cache=False).prefix_cache(prompt) is None
