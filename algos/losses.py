@@ -1,0 +1,76 @@
+"""The Tree-GRPO / GRPO policy loss as small tensor functions (token level, masked, token-mean).
+
+Following the official runs (notes/tree-grpo.md, "Loss"): PPO ratio against the sampling policy with clip
+epsilon 0.2 on both sides and dual-clip c = 3 for negative advantages (Ye et al., 2020), log-ratio clamped to
+[-20, 20]; k3 KL estimator to the frozen reference policy, clamped to [-10, 10]; entropy bonus; everything
+averaged over the unmasked (generated) tokens of the whole batch.
+
+Shapes: every tensor argument is [B, T] (per token); ``mask`` is 1 on generated tokens, 0 on prompt,
+observation and padding tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of ``values`` over the tokens where ``mask`` is 1 (token-mean over the whole batch)."""
+    mask = mask.to(values.dtype)
+    return (values * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, bound: float = 10.0) -> torch.Tensor:
+    """Per-token k3 estimate of KL(pi || pi_ref): exp(d) - d - 1 with d = ref - logp, clamped to [-bound, bound]."""
+    delta = ref_logprobs - logprobs
+    return (torch.exp(delta) - delta - 1.0).clamp(-bound, bound)
+
+
+@dataclass(frozen=True)
+class PolicyLossStats:
+    """Diagnostics of one policy-loss evaluation (plain floats, for logging)."""
+
+    clip_fraction: float
+    dual_clip_fraction: float
+    ratio_mean: float
+    ratio_max: float
+    ratio_min: float
+
+
+def clipped_policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip: float = 0.2,
+    dual_clip: float | None = 3.0,
+    log_ratio_bound: float = 20.0,
+) -> tuple[torch.Tensor, PolicyLossStats]:
+    """Token-mean PPO loss with dual clipping.
+
+    per token: l = max(-A r, -A clip(r, 1 - clip, 1 + clip)); for A < 0 additionally l = min(l, -A c),
+    with r = exp(clamp(logp - old_logp, -bound, bound)). ``advantages`` is broadcast per token ([B, T] or
+    [B, 1]).
+    """
+    ratio = torch.exp((logprobs - old_logprobs).clamp(-log_ratio_bound, log_ratio_bound))
+    advantages = advantages.expand_as(ratio)
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - clip, 1.0 + clip)
+    loss = torch.maximum(unclipped, clipped)
+    dual = torch.zeros_like(loss, dtype=torch.bool)
+    if dual_clip is not None:
+        capped = torch.minimum(loss, -advantages * dual_clip)
+        dual = (advantages < 0) & (capped < loss)
+        loss = torch.where(advantages < 0, capped, loss)
+    with torch.no_grad():
+        m = mask.bool()
+        real = ratio[m] if m.any() else ratio.new_ones(1)
+        stats = PolicyLossStats(
+            clip_fraction=masked_mean((clipped > unclipped).float(), mask).item(),
+            dual_clip_fraction=masked_mean(dual.float(), mask).item(),
+            ratio_mean=real.mean().item(), ratio_max=real.max().item(), ratio_min=real.min().item(),
+        )
+    return masked_mean(loss, mask), stats
