@@ -1,0 +1,63 @@
+"""Leaf records, per-prompt advantages and the padded batch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from algos.advantages import tree_grpo_advantages
+from algos.batch import (
+    ADVANTAGES,
+    ATTENTION_MASK,
+    GENERATED_MASK,
+    INPUT_IDS,
+    SAMPLING_LOGPROBS,
+    LeafRecord,
+    leaf_records,
+    pad_batch,
+    prompt_advantages,
+)
+from algos.tree import Node, Tree
+from policies.generation import StepOutput
+from policies.trajectory import TokenTrajectory
+
+
+def record(prompt: int, tree: int, reward: float, ids=(1, 2), step=(3,)) -> LeafRecord:
+    out = StepOutput(tuple(step), tuple(-0.5 for _ in step), "stop", None)
+    trajectory = TokenTrajectory.from_prompt(tuple(ids)).with_step(out).with_observation((9,))
+    return LeafRecord(prompt, tree, 1, trajectory, reward)
+
+
+def test_advantages_are_per_prompt():
+    records = [record(7, 0, 1.0), record(7, 0, 0.0), record(7, 1, 0.2), record(3, 0, 1.0), record(3, 1, 0.0)]
+    got = prompt_advantages(records, mode="tree")
+    np.testing.assert_allclose(got[:3], tree_grpo_advantages([1.0, 0.0, 0.2], [0, 0, 1]))
+    np.testing.assert_allclose(got[3:], tree_grpo_advantages([1.0, 0.0], [0, 1]))
+    # a prompt alone is unaffected by the others in the batch
+    np.testing.assert_allclose(prompt_advantages(records[3:]), got[3:])
+
+
+def test_pad_batch_layout():
+    records = [record(0, 0, 1.0, ids=(1, 2, 3, 4), step=(5, 6)), record(0, 1, 0.0, ids=(1,), step=(8,))]
+    batch = pad_batch(records, np.array([0.5, -0.5]), pad_id=0)
+    assert batch[INPUT_IDS].tolist() == [[1, 2, 3, 4, 5, 6, 9], [1, 8, 9, 0, 0, 0, 0]]
+    assert batch[ATTENTION_MASK].tolist() == [[1] * 7, [1, 1, 1, 0, 0, 0, 0]]
+    assert batch[GENERATED_MASK].tolist() == [[0, 0, 0, 0, 1, 1, 0], [0, 1, 0, 0, 0, 0, 0]]
+    assert batch[SAMPLING_LOGPROBS][0].tolist() == [0, 0, 0, 0, -0.5, -0.5, 0]
+    assert batch[ADVANTAGES].tolist() == [0.5, -0.5] and batch[INPUT_IDS].dtype == np.int64
+
+
+def test_leaf_records_from_a_tree():
+    empty = TokenTrajectory.from_prompt((1,))
+    root = Node(empty, None)
+    mid = root.add_child(Node(empty, None))
+    mid.add_child(Node(empty, None, reward=1.0, is_leaf=True, info={"em": 1.0}))
+    root.add_child(Node(empty, None, reward=0.2, is_leaf=True))
+    records = leaf_records([Tree(root, prompt_index=4, tree_id=1)])
+    assert [(r.prompt_index, r.tree_id, r.depth, r.reward) for r in records] == [(4, 1, 2, 1.0), (4, 1, 1, 0.2)]
+    assert records[0].info == {"em": 1.0}
+
+
+def test_unknown_mode_is_named():
+    with pytest.raises(ValueError, match="mode"):
+        prompt_advantages([record(0, 0, 1.0)], mode="nope")
