@@ -1,0 +1,89 @@
+"""Tree-GRPO as an RLlib Algorithm: sample trees -> advantages per prompt -> one learner update -> weight sync."""
+
+from __future__ import annotations
+
+import time
+
+import gymnasium as gym
+import numpy as np
+from ray.rllib.algorithms.algorithm import Algorithm
+from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
+from ray.rllib.utils.annotations import override
+from ray.rllib.utils.metrics import (
+    ENV_RUNNER_RESULTS,
+    ENV_RUNNER_SAMPLING_TIMER,
+    LEARNER_RESULTS,
+    LEARNER_UPDATE_TIMER,
+    NUM_ENV_STEPS_SAMPLED_LIFETIME,
+    SYNCH_WORKER_WEIGHTS_TIMER,
+    TIMERS,
+)
+
+import envs  # noqa: F401  (registers the env ids)
+from algos.batch import pad_batch, prompt_advantages
+from algos.tree_grpo.config import GRPOConfig, TreeGRPOConfig
+
+ITERATION_TIME_S = "iteration_time_s"
+PROMPTS = "prompts"
+
+
+class TreeGRPO(Algorithm):
+    """Tree-GRPO (arXiv 2509.21240) on RLlib's new API stack; see ``TreeGRPOConfig`` for the settings."""
+
+    @classmethod
+    @override(Algorithm)
+    def get_default_config(cls) -> TreeGRPOConfig:
+        return TreeGRPOConfig()
+
+    @override(Algorithm)
+    def setup(self, config: TreeGRPOConfig) -> None:
+        super().setup(config)
+        env = gym.make(self.config.env, **dict(self.config.env_config))
+        self._num_questions = len(env.unwrapped.records)
+        env.close()
+        self._prompt_rng = np.random.default_rng(self.config.seed or 0)
+
+    def _next_prompts(self) -> list[int]:
+        """This iteration's prompts: a seeded draw without replacement from the training split."""
+        n = min(self.config.prompts_per_iteration, self._num_questions)
+        return sorted(self._prompt_rng.choice(self._num_questions, size=n, replace=False).tolist())
+
+    @override(Algorithm)
+    def training_step(self) -> None:
+        start = time.perf_counter()
+        prompts = self._next_prompts()
+        remote = self.env_runner_group.num_remote_env_runners()
+        shards = np.array_split(np.asarray(prompts), max(remote, 1))
+
+        def sample(runner):
+            shard = shards[runner.worker_index - 1] if remote else shards[0]
+            return runner.sample(prompt_indices=shard.tolist()), runner.get_metrics()
+
+        with self.metrics.log_time((TIMERS, ENV_RUNNER_SAMPLING_TIMER)):
+            results = self.env_runner_group.foreach_env_runner(sample, local_env_runner=remote == 0)
+        records = [record for part, _ in results for record in part]
+        self.metrics.aggregate([m for _, m in results], key=ENV_RUNNER_RESULTS)
+        self.metrics.log_value(NUM_ENV_STEPS_SAMPLED_LIFETIME, len(records), reduce="sum")
+
+        advantages = prompt_advantages(records, mode=self.config.advantage_mode)
+        batch = MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(pad_batch(records, advantages, pad_id=0))},
+                                env_steps=len(records))
+        with self.metrics.log_time((TIMERS, LEARNER_UPDATE_TIMER)):
+            learner_results = self.learner_group.update(
+                batch=batch, timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: self.metrics.peek(
+                    NUM_ENV_STEPS_SAMPLED_LIFETIME, default=0)}, num_epochs=1, minibatch_size=None)
+        self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
+        with self.metrics.log_time((TIMERS, SYNCH_WORKER_WEIGHTS_TIMER)):
+            self.env_runner_group.sync_weights(from_worker_or_learner_group=self.learner_group, inference_only=True)
+        self.metrics.log_value(PROMPTS, len(prompts), reduce="sum", clear_on_reduce=True)
+        self.metrics.log_value(ITERATION_TIME_S, time.perf_counter() - start, window=1)
+
+
+class GRPO(TreeGRPO):
+    """Chain GRPO through the same classes: ``group_size`` chains per prompt, advantages over the group."""
+
+    @classmethod
+    @override(TreeGRPO)
+    def get_default_config(cls) -> GRPOConfig:
+        return GRPOConfig()

@@ -1,0 +1,126 @@
+"""The env runner: grows Tree-GRPO trees for its share of an iteration's prompts and returns leaf records.
+
+It replaces RLlib's stock runner, which cannot carry text (gymnasium batches ``Text`` spaces as tuples of
+characters and the default connectors cannot tensorize strings): one plain env, restored from node snapshots,
+and the module's step generator; token ids travel in the records.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import ray
+import torch
+from ray.rllib.core import COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
+from ray.rllib.env import INPUT_ENV_SINGLE_SPACES, INPUT_ENV_SPACES
+from ray.rllib.env.env_runner import EnvRunner
+from ray.rllib.utils.annotations import override
+from ray.rllib.utils.checkpoints import Checkpointable
+from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME, WEIGHTS_SEQ_NO
+
+import envs  # noqa: F401  (registers the env ids in this process, also in Ray workers)
+from algos.batch import LeafRecord, leaf_records
+from algos.rollout import TreeRollout
+from algos.tree_grpo import metrics as M
+
+
+class TreeSearchEnvRunner(EnvRunner, Checkpointable):
+    """Samples trees (or chains) of agent steps with the current policy."""
+
+    def __init__(self, *, config, **kwargs):
+        super().__init__(config=config, **kwargs)
+        self.worker_index = self.worker_index or 0
+        self._weights_seq_no = 0
+        self._samples = 0
+        self.make_env()
+        self.make_module()
+
+    @override(EnvRunner)
+    def make_env(self) -> None:
+        self.env = gym.make(self.config.env, **dict(self.config.env_config))
+
+    @override(EnvRunner)
+    def make_module(self) -> None:
+        spec = self.config.get_rl_module_spec(spaces=self.get_spaces(), inference_only=True)
+        self.module = spec.build()
+        if torch.cuda.is_available() and self.config.num_gpus_per_env_runner > 0:
+            self.module.to("cuda")
+
+    @override(EnvRunner)
+    def get_spaces(self) -> dict[str, tuple[gym.Space, gym.Space]]:
+        spaces = (self.env.observation_space, self.env.action_space)
+        return {INPUT_ENV_SPACES: spaces, INPUT_ENV_SINGLE_SPACES: spaces, DEFAULT_MODULE_ID: spaces}
+
+    @override(EnvRunner)
+    def assert_healthy(self) -> None:
+        assert self.env is not None and self.module is not None, "the env runner has no env or no module"
+
+    @override(EnvRunner)
+    def sample(self, *, prompt_indices: list[int] | None = None, **kwargs) -> list[LeafRecord]:
+        """Grow the configured trees for ``prompt_indices`` (dataset positions) and return one record per leaf."""
+        if not prompt_indices:
+            return []
+        start = time.perf_counter()
+        seeds = np.random.SeedSequence([self.config.seed or 0, self.worker_index, self._samples])
+        seed = int(seeds.generate_state(1)[0])
+        self._samples += 1
+        generator = self.module.generator(self.config.sampling)
+        rollout = TreeRollout(self.env, generator, self.module.tokenizer, seed=seed)
+        trees = rollout.grow(list(prompt_indices), self.config.tree_shape)
+        records = leaf_records(trees)
+        self._log(records, rollout, generator.counters.as_dict(), time.perf_counter() - start)
+        return records
+
+    def _log(self, records: list[LeafRecord], rollout: TreeRollout, generation: dict[str, int], seconds: float):
+        sums = {M.TOKENS_GENERATED: generation["tokens_generated"], M.TOKENS_PREFILLED: generation["tokens_prefilled"],
+                M.LLM_CALLS: generation["llm_calls"], M.TOOL_CALLS: rollout.counters.tool_calls,
+                M.LEAVES: len(records), M.TREES: rollout.counters.trees, M.SAMPLE_TIME_S: seconds}
+        for key, value in sums.items():
+            self.metrics.log_value(key, value, reduce="sum", clear_on_reduce=True)
+        for record in records:
+            self.metrics.log_value(M.REWARD, record.reward, reduce="mean", clear_on_reduce=True)
+            self.metrics.log_value(M.EM, record.info.get("em", 0.0), reduce="mean", clear_on_reduce=True)
+        self.num_env_steps_sampled_lifetime += len(records)
+
+    @override(EnvRunner)
+    def get_metrics(self) -> dict[str, Any]:
+        return self.metrics.reduce()
+
+    @override(Checkpointable)
+    def get_state(self, components=None, *, not_components=None, **kwargs) -> dict[str, Any]:
+        state = {NUM_ENV_STEPS_SAMPLED_LIFETIME: self.num_env_steps_sampled_lifetime}
+        if self._check_component(COMPONENT_RL_MODULE, components, not_components):
+            state[COMPONENT_RL_MODULE] = self.module.get_state()
+            state[WEIGHTS_SEQ_NO] = self._weights_seq_no
+        return state
+
+    @override(Checkpointable)
+    def set_state(self, state: dict[str, Any]) -> None:
+        if COMPONENT_RL_MODULE in state:
+            seq_no = state.get(WEIGHTS_SEQ_NO, 0)
+            if seq_no == 0 or self._weights_seq_no < seq_no:  # skip stale weights; 0 forces the update
+                module_state = state[COMPONENT_RL_MODULE]
+                if isinstance(module_state, ray.ObjectRef):
+                    module_state = ray.get(module_state)
+                if isinstance(module_state, dict) and DEFAULT_MODULE_ID in module_state:
+                    module_state = module_state[DEFAULT_MODULE_ID]
+                self.module.set_state(module_state)
+            self._weights_seq_no = max(self._weights_seq_no, seq_no)
+        self.num_env_steps_sampled_lifetime = state.get(NUM_ENV_STEPS_SAMPLED_LIFETIME,
+                                                        self.num_env_steps_sampled_lifetime)
+
+    @override(Checkpointable)
+    def get_ctor_args_and_kwargs(self):
+        return (), {"config": self.config}
+
+    @override(Checkpointable)
+    def get_checkpointable_components(self) -> list:
+        return []
+
+    @override(EnvRunner)
+    def stop(self) -> None:
+        if self.env is not None:
+            self.env.close()
