@@ -42,23 +42,25 @@ class TreeGRPO(Algorithm):
         env = gym.make(self.config.env, **dict(self.config.env_config))
         self._num_questions = len(env.unwrapped.records)
         env.close()
-        self._prompt_rng = np.random.default_rng(self.config.seed or 0)
 
-    def _next_prompts(self) -> list[int]:
-        """This iteration's prompts: a seeded draw without replacement from the training split."""
+    def _prompts_of(self, iteration: int) -> list[int]:
+        """An iteration's prompts: a draw without replacement from the training split, seeded by (seed,
+        iteration) so that a run resumed from a checkpoint continues exactly as the uninterrupted run."""
+        rng = np.random.default_rng([self.config.seed or 0, iteration])
         n = min(self.config.prompts_per_iteration, self._num_questions)
-        return sorted(self._prompt_rng.choice(self._num_questions, size=n, replace=False).tolist())
+        return sorted(rng.choice(self._num_questions, size=n, replace=False).tolist())
 
     @override(Algorithm)
     def training_step(self) -> None:
         start = time.perf_counter()
-        prompts = self._next_prompts()
+        iteration = self.iteration
+        prompts = self._prompts_of(iteration)
         remote = self.env_runner_group.num_remote_env_runners()
         shards = np.array_split(np.asarray(prompts), max(remote, 1))
 
         def sample(runner):
             shard = shards[runner.worker_index - 1] if remote else shards[0]
-            return runner.sample(prompt_indices=shard.tolist()), runner.get_metrics()
+            return runner.sample(prompt_indices=shard.tolist(), iteration=iteration), runner.get_metrics()
 
         with self.metrics.log_time((TIMERS, ENV_RUNNER_SAMPLING_TIMER)):
             results = self.env_runner_group.foreach_env_runner(sample, local_env_runner=remote == 0)

@@ -34,7 +34,6 @@ class TreeSearchEnvRunner(EnvRunner, Checkpointable):
         super().__init__(config=config, **kwargs)
         self.worker_index = self.worker_index or 0
         self._weights_seq_no = 0
-        self._samples = 0
         self.make_env()
         self.make_module()
 
@@ -59,14 +58,13 @@ class TreeSearchEnvRunner(EnvRunner, Checkpointable):
         assert self.env is not None and self.module is not None, "the env runner has no env or no module"
 
     @override(EnvRunner)
-    def sample(self, *, prompt_indices: list[int] | None = None, **kwargs) -> list[LeafRecord]:
-        """Grow the configured trees for ``prompt_indices`` (dataset positions) and return one record per leaf."""
+    def sample(self, *, prompt_indices: list[int] | None = None, iteration: int = 0, **kwargs) -> list[LeafRecord]:
+        """Grow the configured trees for ``prompt_indices`` (dataset positions) and return one record per leaf;
+        the sampling seed follows from (seed, runner, iteration), so a resumed run samples as the original."""
         if not prompt_indices:
             return []
         start = time.perf_counter()
-        seeds = np.random.SeedSequence([self.config.seed or 0, self.worker_index, self._samples])
-        seed = int(seeds.generate_state(1)[0])
-        self._samples += 1
+        seed = int(np.random.SeedSequence([self.config.seed or 0, self.worker_index, iteration]).generate_state(1)[0])
         generator = self.module.generator(self.config.sampling)
         rollout = TreeRollout(self.env, generator, self.module.tokenizer, seed=seed)
         trees = rollout.grow(list(prompt_indices), self.config.tree_shape)
