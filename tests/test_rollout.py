@@ -129,6 +129,16 @@ def test_expansion_picks_are_uniform_over_root_and_non_leaves():
     assert abs(counts[id(root)] / 20_000 - 0.5) < 0.015  # 4.2 standard deviations of a fair coin
 
 
+def test_budget_counters(grown):
+    _, rollout, generator = grown
+    counters = rollout.counters
+    assert counters.prompts == 2 and counters.total_tokens == generator.counters.tokens_generated
+    chain = counters.chain_tokens / 4  # 4 initial chains
+    assert counters.budget_measured == pytest.approx(counters.total_tokens / chain / 2)
+    assert 2 <= counters.budget_measured <= 6  # between the M chains alone and 6 full chains
+    assert TreeShape(2, 2, 1).budget_estimate == 4.0 and TreeShape(4, 5, 1).budget_estimate == 14.0
+
+
 def test_tree_shape_validates():
     assert TreeShape(2, 2, 1).leaves_per_prompt == 6 and TreeShape(4, 5, 1).leaves_per_prompt == 24
     with pytest.raises(ValueError, match="tree shape"):

@@ -78,6 +78,8 @@ class TreeSearchEnvRunner(EnvRunner, Checkpointable):
                 M.LEAVES: len(records), M.TREES: rollout.counters.trees, M.SAMPLE_TIME_S: seconds}
         for key, value in sums.items():
             self.metrics.log_value(key, value, reduce="sum", clear_on_reduce=True)
+        self.metrics.log_value(M.BUDGET_ESTIMATE, self.config.tree_shape.budget_estimate, window=1)
+        self.metrics.log_value(M.BUDGET_MEASURED, rollout.counters.budget_measured, window=1)
         for record in records:
             self.metrics.log_value(M.REWARD, record.reward, reduce="mean", clear_on_reduce=True)
             self.metrics.log_value(M.EM, record.info.get("em", 0.0), reduce="mean", clear_on_reduce=True)

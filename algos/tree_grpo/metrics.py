@@ -10,6 +10,8 @@ TOOL_CALLS = "tool_calls"
 LEAVES = "leaves"
 TREES = "trees"
 SAMPLE_TIME_S = "sample_time_s"
+BUDGET_ESTIMATE = "budget_chains_estimate"  # the paper's M (1 + L N / 2) full chains per prompt
+BUDGET_MEASURED = "budget_chains_measured"  # generated tokens per prompt / tokens of one initial chain
 
 # per update, from the learner
 POLICY_LOSS = "policy_loss"
