@@ -58,6 +58,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-env-runners", type=int, default=0, help="remote Ray env runners (0: in this process)")
     p.add_argument("--num-learners", type=int, default=0, help="remote learners, DDP (0: in this process)")
     p.add_argument("--num-gpus-per-learner", type=float, default=0)
+    p.add_argument("--num-cpus-per-learner", type=float, default=1)
+    p.add_argument("--num-cpus-per-env-runner", type=float, default=1)
     p.add_argument("--checkpoint-every", type=int, default=10)
     p.add_argument("--resume", default=None, help="a checkpoint directory to continue from")
     return p.parse_args(argv)
@@ -77,10 +79,25 @@ def build_config(args: argparse.Namespace):
         .training(**shape, prompts_per_iteration=args.prompts_per_iter, max_step_tokens=args.max_step_tokens,
                   lr=args.lr, warmup_steps=args.warmup_steps, micro_batch_size=args.micro_batch_size)
         .rl_module(model_config={"model": args.model, "dtype": args.dtype, "seed": args.seed})
-        .env_runners(num_env_runners=args.num_env_runners, create_local_env_runner=args.num_env_runners == 0)
-        .learners(num_learners=args.num_learners, num_gpus_per_learner=args.num_gpus_per_learner)
+        .env_runners(num_env_runners=args.num_env_runners, create_local_env_runner=args.num_env_runners == 0,
+                     num_cpus_per_env_runner=args.num_cpus_per_env_runner)
+        .learners(num_learners=args.num_learners, num_gpus_per_learner=args.num_gpus_per_learner,
+                  num_cpus_per_learner=args.num_cpus_per_learner)
         .debugging(seed=args.seed)
     )
+
+
+def check_resources(args: argparse.Namespace, available: dict[str, float]) -> None:
+    """Fail fast, naming the options, when the actors cannot all be placed (Ray would wait forever)."""
+    gpus = args.num_learners * args.num_gpus_per_learner
+    cpus = args.num_env_runners * args.num_cpus_per_env_runner
+    cpus += args.num_learners * (args.num_cpus_per_learner if not args.num_gpus_per_learner else 0)
+    if cpus > available.get("CPU", 0) or gpus > available.get("GPU", 0):
+        raise SystemExit(
+            f"the requested actors need {cpus:g} CPUs and {gpus:g} GPUs but Ray has {available.get('CPU', 0):g} "
+            f"CPUs and {available.get('GPU', 0):g} GPUs: lower --num-env-runners / --num-learners, or "
+            f"--num-cpus-per-env-runner / --num-cpus-per-learner (fractions are fine, e.g. 0.5)"
+        )
 
 
 def metrics_row(iteration: int, result: dict) -> dict[str, Any]:
@@ -114,6 +131,7 @@ def main(argv: list[str] | None = None) -> Path:
     if not ray.is_initialized():
         ray.init(num_cpus=os.cpu_count(), object_store_memory=1_000_000_000, include_dashboard=False,
                  log_to_driver=False)
+    check_resources(args, ray.cluster_resources())
     algo = ALGORITHMS[args.algo][0].from_checkpoint(args.resume) if args.resume else build_config(args).build_algo()
     start_iteration = algo.iteration
     latest = output / "checkpoints" / "latest"

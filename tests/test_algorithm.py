@@ -85,6 +85,16 @@ def test_chain_grpo_iteration(ray_session, data_dir, tmp_path):
     assert set(ENV_RUNNER_KEYS) <= set(row)
 
 
+def test_actors_that_cannot_be_placed_are_an_error_not_a_hang(data_dir, tmp_path):
+    from experiments.run import check_resources, parse_args
+
+    args = parse_args(["--num-env-runners", "1", "--num-learners", "2"])
+    with pytest.raises(SystemExit, match="num-cpus-per-learner"):
+        check_resources(args, {"CPU": 2.0})
+    check_resources(parse_args(["--num-env-runners", "1", "--num-learners", "2", "--num-cpus-per-learner", "0.5"]),
+                    {"CPU": 2.0})
+
+
 def test_invalid_config_names_the_field():
     with pytest.raises(ValueError, match="advantage_mode"):
         TreeGRPOConfig().environment("HotpotQA-v0").training(advantage_mode="global").validate()
@@ -138,7 +148,8 @@ def test_tree_costs_less_per_leaf_than_chains(data_dir, prompts):
 
 @pytest.mark.slow
 def test_remote_env_runner_and_two_ddp_learners(ray_session, data_dir, tmp_path):
-    main([*FAST, "--iterations", "1", "--num-env-runners", "1", "--num-learners", "2", "--output", str(tmp_path)])
+    main([*FAST, "--iterations", "1", "--num-env-runners", "1", "--num-learners", "2", "--num-cpus-per-learner",
+          "0.5", "--num-cpus-per-env-runner", "0.5", "--output", str(tmp_path)])
     (row,) = read_rows(tmp_path / "metrics.jsonl")
     assert row["leaves"] == row["prompts"] * 6 and math.isfinite(row["kl"])
 
