@@ -11,7 +11,7 @@ TREEGRPO_DATA_DIR ?= $(firstword $(wildcard $(CURDIR)/data) $(wildcard $(abspath
 export TREEGRPO_DATA_DIR
 export RAY_AUTH_MODE ?= disabled
 
-.PHONY: setup run test lint bench-retrieval check-data
+.PHONY: setup run baselines test test-slow lint bench-retrieval bench-generation check-data
 
 setup: $(VENV)/.installed
 
@@ -30,15 +30,25 @@ check-data:
 	       "(layout: wiki/paragraphs.jsonl, hotpotqa/, 2wikimultihopqa/, musique/, qa/; see envs/datasets.py)"; exit 1; }
 	@echo "data: $(TREEGRPO_DATA_DIR)"
 
+# Tree-GRPO on HotpotQA-v0 with the embedded defaults (smollm2-135m on CPU, (M,N,L) = (2,2,1)).
 run: setup check-data
-	$(PY) experiments/baselines.py $(RUN_ARGS)
+	$(PY) experiments/run.py --algo tree_grpo --env HotpotQA-v0 $(RUN_ARGS)
+
+baselines: setup check-data
+	$(PY) experiments/baselines.py
 
 test: setup check-data
 	@$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest: no tests were collected"; exit 0; fi; exit $$rc
+
+test-slow: setup check-data
+	$(PY) -m pytest -m slow $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .
 
 bench-retrieval: setup check-data
 	$(PY) experiments/bench_retrieval.py
+
+bench-generation: setup check-data
+	$(PY) experiments/bench_generation.py
