@@ -28,7 +28,8 @@ from envs.datasets import resolve_data_dir
 
 # metrics.jsonl columns: (name, where in RLlib's result: env runner results, learner results or top level)
 ENV_RUNNER_KEYS = (M.REWARD, M.EM, M.TREES, M.LEAVES, M.TOKENS_GENERATED, M.TOKENS_PREFILLED, M.LLM_CALLS,
-                   M.TOOL_CALLS, M.SAMPLE_TIME_S, M.BUDGET_ESTIMATE, M.BUDGET_MEASURED)
+                   M.TOOL_CALLS, M.SAMPLE_TIME_S, M.GENERATION_TIME_S, M.ENV_TIME_S, M.BUDGET_ESTIMATE,
+                   M.BUDGET_MEASURED)
 LEARNER_KEYS = (M.POLICY_LOSS, M.KL, M.ENTROPY, M.CLIP_FRACTION, M.DUAL_CLIP_FRACTION, M.RATIO_MEAN, M.RATIO_MAX,
                 M.RATIO_MIN, M.GRAD_NORM, M.LEARNING_RATE, M.SAMPLER_LOGPROB_GAP, M.TRAINED_TOKENS)
 

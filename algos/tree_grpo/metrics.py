@@ -10,6 +10,8 @@ TOOL_CALLS = "tool_calls"
 LEAVES = "leaves"
 TREES = "trees"
 SAMPLE_TIME_S = "sample_time_s"
+GENERATION_TIME_S = "generation_time_s"  # inside the step generator
+ENV_TIME_S = "env_time_s"  # inside env.step (retrieval included) and snapshot restores
 BUDGET_ESTIMATE = "budget_chains_estimate"  # the paper's M (1 + L N / 2) full chains per prompt
 BUDGET_MEASURED = "budget_chains_measured"  # generated tokens per prompt / tokens of one initial chain
 

@@ -1,0 +1,127 @@
+"""Rollout benchmark: what a tree costs per leaf against chains, and where an iteration's time goes.
+
+    python experiments/bench_rollout.py                       # smollm2-135m, HotpotQA dev questions 0..7
+    python experiments/bench_rollout.py --model tiny-random --max-step-tokens 16 --output /tmp/b.md  # smoke
+
+Part 1: the same questions, the same model and seed: tree (2,2,1) against chains G=4 and G=6; per leaf:
+tokens generated, tokens prefilled, LLM calls, tool calls, wall seconds (prefix reuse on for all).
+Part 2: one Tree-GRPO training iteration (RLlib, env runner in-process): the share of its time spent in
+generation, env steps (retrieval), the learner update, weight sync, and the rest (Ray + bookkeeping).
+Results replace the ``rollout`` section of docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import gymnasium as gym
+from ray.rllib.utils.metrics import LEARNER_UPDATE_TIMER, SYNCH_WORKER_WEIGHTS_TIMER, TIMERS
+
+import envs  # noqa: F401  (registers the env ids)
+from algos.rollout import TreeRollout, TreeShape
+from algos.tree_grpo import TreeGRPOConfig
+from algos.tree_grpo import metrics as M
+from algos.tree_grpo.algorithm import ITERATION_TIME_S
+from experiments.report import machine_description, replace_section
+from policies.generation import HFStepGenerator, SamplingSettings
+from policies.models import load_model
+
+SHAPES = {"tree (2,2,1)": TreeShape(2, 2, 1), "chain G=4": TreeShape(4, 0, 0), "chain G=6": TreeShape(6, 0, 0)}
+
+
+def per_leaf_costs(model_name: str, questions: list[int], settings: SamplingSettings, seed: int) -> dict[str, dict]:
+    model, tokenizer = load_model(model_name)
+    model.eval()
+    env = gym.make("HotpotQA-v0", split="dev")
+    rows = {}
+    for name, shape in SHAPES.items():
+        generator = HFStepGenerator(model, tokenizer, settings)
+        rollout = TreeRollout(env, generator, tokenizer, seed=seed)
+        start = time.perf_counter()
+        rollout.grow(questions, shape)
+        seconds = time.perf_counter() - start
+        leaves = rollout.counters.leaves
+        counters = generator.counters.as_dict()
+        rows[name] = {key: value / leaves for key, value in counters.items()}
+        rows[name].update(tool_calls=rollout.counters.tool_calls / leaves, seconds=seconds / leaves, leaves=leaves,
+                          budget=rollout.counters.budget_measured, estimate=shape.budget_estimate)
+    return rows
+
+
+def iteration_shares(model_name: str, prompts: int, settings: SamplingSettings, seed: int) -> dict[str, float]:
+    import ray
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    ray.init(num_cpus=os.cpu_count(), object_store_memory=1_000_000_000, include_dashboard=False,
+             log_to_driver=False, ignore_reinit_error=True)
+    config = (TreeGRPOConfig().environment("HotpotQA-v0")
+              .training(M=2, N=2, L=1, prompts_per_iteration=prompts, max_step_tokens=settings.max_step_tokens)
+              .rl_module(model_config={"model": model_name}).debugging(seed=seed))
+    algo = config.build_algo()
+    try:
+        result = algo.train()
+    finally:
+        algo.stop()
+    total = result[ITERATION_TIME_S]
+    timers = result[TIMERS]
+    runners = result["env_runners"]
+    parts = {
+        "generation": runners[M.GENERATION_TIME_S],
+        "env steps (retrieval)": runners[M.ENV_TIME_S],
+        "learner update": timers[LEARNER_UPDATE_TIMER],
+        "weight sync": timers[SYNCH_WORKER_WEIGHTS_TIMER],
+    }
+    parts["Ray + bookkeeping"] = total - sum(parts.values())
+    return {"total_s": total, **{name: seconds / total for name, seconds in parts.items()}}
+
+
+def report(args: argparse.Namespace, costs: dict[str, dict], shares: dict[str, float] | None) -> str:
+    lines = [
+        f"Command: `python experiments/bench_rollout.py --model {args.model} --questions {args.questions} "
+        f"--max-step-tokens {args.max_step_tokens} --iteration-prompts {args.iteration_prompts} --seed {args.seed}`  ",
+        f"Machine: {machine_description()}",
+        "",
+        f"Per leaf, HotpotQA dev questions 0..{args.questions - 1}, same model and seed, prefix reuse on:",
+        "",
+        "| rollout | leaves | tokens generated | tokens prefilled | LLM calls | tool calls | seconds | "
+        "budget (chains/prompt) measured / paper's estimate | generated vs G=4 | vs G=6 | tool calls vs G=4 | vs G=6 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in costs.items():
+        ratios = [r[key] / costs[chain][key] if costs[chain][key] else float("nan")
+                  for key in ("tokens_generated", "tool_calls") for chain in ("chain G=4", "chain G=6")]
+        lines.append(
+            f"| {name} | {r['leaves']} | {r['tokens_generated']:.1f} | {r['tokens_prefilled']:.1f} | "
+            f"{r['llm_calls']:.2f} | {r['tool_calls']:.2f} | {r['seconds']:.2f} | {r['budget']:.2f} / "
+            f"{r['estimate']:.1f} | " + " | ".join(f"{x:.2f}" for x in ratios) + " |")
+    if shares:
+        lines += ["", f"One Tree-GRPO iteration ({args.iteration_prompts} prompts, 6 leaves each, in-process "
+                      f"env runner and learner): {shares['total_s']:.1f} s", "",
+                  "| part | share of iteration time |", "|---|---|"]
+        lines += [f"| {name} | {share:.1%} |" for name, share in shares.items() if name != "total_s"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--questions", type=int, default=8)
+    parser.add_argument("--max-step-tokens", type=int, default=500)
+    parser.add_argument("--iteration-prompts", type=int, default=2, help="0 skips part 2")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output", default="docs/benchmarks.md")
+    args = parser.parse_args(argv)
+    settings = SamplingSettings(max_step_tokens=args.max_step_tokens)
+    costs = per_leaf_costs(args.model, list(range(args.questions)), settings, args.seed)
+    shares = None
+    if args.iteration_prompts:
+        shares = iteration_shares(args.model, args.iteration_prompts, settings, args.seed)
+    section = report(args, costs, shares)
+    print(section)
+    replace_section(args.output, "rollout", "Rollouts: tree vs chain per leaf, iteration time (issue 4)", section)
+
+
+if __name__ == "__main__":
+    main()
