@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import importlib.metadata
 import os
 import platform
 import re
 from pathlib import Path
 
 
-def machine_description() -> str:
-    """CPU model, cores, memory, Python, torch and numpy versions, and today's date."""
+def machine_description(packages: tuple[str, ...] = ("torch", "transformers", "numpy", "scipy")) -> str:
+    """CPU model, cores, memory, Python and package versions, and today's date."""
     cpu = "unknown CPU"
     info = Path("/proc/cpuinfo")
     if info.is_file():
@@ -22,11 +24,9 @@ def machine_description() -> str:
         kb = int(re.search(r"MemTotal:\s*(\d+)", meminfo.read_text()).group(1))
         memory = f", {kb / 2**20:.0f} GiB RAM"
     versions = [f"Python {platform.python_version()}"]
-    for module in ("torch", "numpy", "scipy"):
-        try:
-            versions.append(f"{module} {__import__(module).__version__}")
-        except ImportError:
-            continue
+    for package in packages:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            versions.append(f"{package} {importlib.metadata.version(package)}")
     return f"{cpu}, {os.cpu_count()} cores{memory}; {', '.join(versions)}; {datetime.date.today().isoformat()}"
 
 

@@ -365,3 +365,17 @@ def test_dense_finds_a_passage_by_its_title(real_corpus: Path, tmp_path: Path) -
         assert all(a.score >= b.score for a, b in itertools.pairwise(hits))
         found += i in {hit.index for hit in hits}
     assert found >= 16, f"{found} of 20 titles found their passage in the top 3"
+
+
+def test_missing_corpus_names_the_path_and_layout(tmp_path: Path) -> None:
+    from envs.datasets import MissingDataError
+
+    with pytest.raises(MissingDataError, match="contents"):
+        get_retriever("bm25", tmp_path / "nowhere.jsonl", cache_dir=tmp_path)
+
+
+def test_top_k_with_fewer_positive_scores_than_k() -> None:
+    best, values = top_k(np.array([0.0, 2.0, 0.0, 1.0, 0.0]), 3, positive_only=True)
+    assert best.tolist() == [1, 3] and values.tolist() == [2.0, 1.0]
+    assert top_k(np.zeros(4), 2, positive_only=True)[0].size == 0
+    assert top_k(np.array([]), 2)[0].size == 0

