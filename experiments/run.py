@@ -62,6 +62,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-cpus-per-learner", type=float, default=1)
     p.add_argument("--num-cpus-per-env-runner", type=float, default=1)
     p.add_argument("--checkpoint-every", type=int, default=10)
+    p.add_argument("--eval-every", type=int, default=0, help="greedy evaluation every k iterations (0: never)")
+    p.add_argument("--eval-questions", type=int, default=50, help="questions of the evaluation split")
     p.add_argument("--resume", default=None, help="a checkpoint directory to continue from")
     return p.parse_args(argv)
 
@@ -119,7 +121,8 @@ def progress_line(row: dict[str, Any], total: int) -> str:
 
     return (f"iter {row['iteration']:>4}/{total}  reward {f(M.REWARD, '.3f')}  EM {f(M.EM, '.3f')}  "
             f"leaves {f(M.LEAVES, 'd')}  tokens {f(M.TOKENS_GENERATED, 'd')}  tool calls {f(M.TOOL_CALLS, 'd')}  "
-            f"KL {f(M.KL, '.4f')}  {f('time_s', '.1f')} s")
+            f"KL {f(M.KL, '.4f')}  {f('time_s', '.1f')} s"
+            + (f"  dev EM {row['dev_em']:.3f}" if "dev_em" in row else ""))
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -143,6 +146,8 @@ def main(argv: list[str] | None = None) -> Path:
                 result = algo.train()
                 row = metrics_row(algo.iteration, result)
                 row["time_s"] = row["time_s"] or time.perf_counter() - start
+                if args.eval_every and algo.iteration % args.eval_every == 0:
+                    row.update(algo.greedy_eval(envs.eval_split(args.env), args.eval_questions))
                 log.write(json.dumps(row) + "\n")
                 log.flush()
                 print(progress_line(row, start_iteration + args.iterations), flush=True)

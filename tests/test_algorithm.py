@@ -78,11 +78,13 @@ def test_two_tree_grpo_iterations(ray_session, data_dir, tmp_path, monkeypatch):
         algo.stop()
 
 
-def test_chain_grpo_iteration(ray_session, data_dir, tmp_path):
-    main([*FAST, "--algo", "grpo", "--group-size", "3", "--iterations", "1", "--output", str(tmp_path)])
+def test_chain_grpo_iteration_with_greedy_eval(ray_session, data_dir, tmp_path):
+    main([*FAST, "--algo", "grpo", "--group-size", "3", "--iterations", "1", "--output", str(tmp_path),
+          "--eval-every", "1", "--eval-questions", "3"])
     (row,) = read_rows(tmp_path / "metrics.jsonl")
     assert row["leaves"] == row["prompts"] * 3 == row["trees"]
     assert set(ENV_RUNNER_KEYS) <= set(row)
+    assert 0.0 <= row["dev_em"] <= 1.0 and 1.0 <= row["dev_turns"] <= 4.0 and row["dev_tool_calls"] <= 3.0
 
 
 def test_actors_that_cannot_be_placed_are_an_error_not_a_hang(data_dir, tmp_path):

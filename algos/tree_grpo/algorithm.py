@@ -82,6 +82,21 @@ class TreeGRPO(Algorithm):
         self.metrics.log_value(ITERATION_TIME_S, time.perf_counter() - start, window=1)
 
 
+    def greedy_eval(self, split: str, num_questions: int) -> dict[str, float]:
+        """Greedy single-chain evaluation on the first ``num_questions`` of ``split``, spread over the runners:
+        mean EM, F1, reward, tool calls and turns (``dev_*`` keys)."""
+        remote = self.env_runner_group.num_remote_env_runners()
+        shards = np.array_split(np.arange(num_questions), max(remote, 1))
+
+        def evaluate(runner):
+            shard = shards[runner.worker_index - 1] if remote else shards[0]
+            return runner.greedy_eval(shard.tolist(), split)
+
+        rows = [row for part in self.env_runner_group.foreach_env_runner(evaluate, local_env_runner=remote == 0)
+                for row in part]
+        return {f"dev_{key}": float(np.mean([row[key] for row in rows])) for key in rows[0]} if rows else {}
+
+
 class GRPO(TreeGRPO):
     """Chain GRPO through the same classes: ``group_size`` chains per prompt, advantages over the group."""
 

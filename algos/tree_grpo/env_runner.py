@@ -7,6 +7,7 @@ and the module's step generator; token ids travel in the records.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -23,7 +24,7 @@ from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME, WEIGHTS_SEQ_
 
 import envs  # noqa: F401  (registers the env ids in this process, also in Ray workers)
 from algos.batch import LeafRecord, leaf_records
-from algos.rollout import TreeRollout
+from algos.rollout import TreeRollout, TreeShape
 from algos.tree_grpo import metrics as M
 
 
@@ -34,6 +35,7 @@ class TreeSearchEnvRunner(EnvRunner, Checkpointable):
         super().__init__(config=config, **kwargs)
         self.worker_index = self.worker_index or 0
         self._weights_seq_no = 0
+        self._eval_envs: dict[str, gym.Env] = {}
         self.make_env()
         self.make_module()
 
@@ -71,6 +73,17 @@ class TreeSearchEnvRunner(EnvRunner, Checkpointable):
         records = leaf_records(trees)
         self._log(records, rollout, generator.counters.as_dict(), time.perf_counter() - start)
         return records
+
+    def greedy_eval(self, prompt_indices: list[int], split: str) -> list[dict[str, float]]:
+        """One greedy chain per question of ``split`` (as the paper evaluates): per question em, f1, reward,
+        tool calls and turns."""
+        if split not in self._eval_envs:
+            self._eval_envs[split] = gym.make(self.config.env, **{**dict(self.config.env_config), "split": split})
+        settings = dataclasses.replace(self.config.sampling, greedy=True)
+        rollout = TreeRollout(self._eval_envs[split], self.module.generator(settings), self.module.tokenizer)
+        records = leaf_records(rollout.grow(list(prompt_indices), TreeShape(1, 0, 0)))
+        return [{"em": r.info.get("em", 0.0), "f1": r.info.get("f1", 0.0), "reward": r.reward,
+                 "tool_calls": r.info["tool_calls"], "turns": r.info["turn"]} for r in records]
 
     def _log(self, records: list[LeafRecord], rollout: TreeRollout, generation: dict[str, int], seconds: float):
         sums = {M.TOKENS_GENERATED: generation["tokens_generated"], M.TOKENS_PREFILLED: generation["tokens_prefilled"],
