@@ -10,6 +10,7 @@ one env object serves every branch exactly (the retriever is shared, never copie
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -69,19 +70,22 @@ class RolloutCounters:
 class TreeRollout:
     """Grows trees for prompts of one environment with one step generator."""
 
-    def __init__(self, env: gym.Env, generator: StepGenerator, tokenizer: PreTrainedTokenizerBase, *, seed: int = 0):
+    def __init__(self, env: gym.Env, generator: StepGenerator, tokenizer: PreTrainedTokenizerBase, *, seed: int = 0,
+                 on_step: Callable[[str], None] | None = None):
         self.env, self.generator, self.tokenizer = env.unwrapped, generator, tokenizer
         self.rng = np.random.default_rng(seed)
         self.counters = RolloutCounters()
+        self.on_step = on_step  # receives one progress line per batched agent step
 
     def grow(self, prompt_indices: list[int], shape: TreeShape) -> list[Tree]:
         """The trees of every prompt (M per prompt, in prompt order), grown to their leaves."""
         trees = [tree for index in prompt_indices for tree in self._plant(index, shape.M)]
         before = self.generator.counters.tokens_generated
-        self._run_to_leaves([tree.root for tree in trees])
+        self._run_to_leaves([tree.root for tree in trees], "chains")
         self.counters.chain_tokens += self.generator.counters.tokens_generated - before
-        for _ in range(shape.L):
-            self._run_to_leaves([node for tree in trees for node in pick_expansion_nodes(tree, shape.N, self.rng)])
+        for round_ in range(shape.L):
+            picks = [node for tree in trees for node in pick_expansion_nodes(tree, shape.N, self.rng)]
+            self._run_to_leaves(picks, f"expansion {round_ + 1}/{shape.L}")
         for tree in trees:
             tree.drop_caches()
         self.counters.trees += len(trees)
@@ -98,16 +102,22 @@ class TreeRollout:
         return [Tree(Node(TokenTrajectory.from_prompt(ids), state, cache=cache), prompt_index, tree_id)
                 for tree_id in range(m)]
 
-    def _run_to_leaves(self, starts: list[Node]) -> None:
+    def _run_to_leaves(self, starts: list[Node], phase: str) -> None:
         """Advance a branch from each start node (the same node may appear several times) until all are leaves."""
-        active = starts
+        active, step, phase_start = starts, 0, time.perf_counter()
         while active:
+            step += 1
+            branches = len(active)
             seed = int(self.rng.integers(2**31))
             start = time.perf_counter()
             outputs = self.generator.generate_step([node.trajectory.branch(node.cache) for node in active], seed=seed)
             self.counters.generation_s += time.perf_counter() - start
             active = [child for node, out in zip(active, outputs, strict=True)
                       if not (child := self._step(node, out)).is_leaf]
+            if self.on_step is not None:
+                self.on_step(f"{phase} step {step}: {branches} branches, {branches - len(active)} leaves, "
+                             f"{self.generator.counters.tokens_generated} tokens, {self.counters.tool_calls} tool "
+                             f"calls, {time.perf_counter() - phase_start:.1f} s")
 
     def _step(self, node: Node, out) -> Node:
         text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)

@@ -65,6 +65,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-every", type=int, default=0, help="greedy evaluation every k iterations (0: never)")
     p.add_argument("--eval-questions", type=int, default=50, help="questions of the evaluation split")
     p.add_argument("--resume", default=None, help="a checkpoint directory to continue from")
+    p.add_argument("--quiet", action="store_true", help="no progress line per rollout step")
     return p.parse_args(argv)
 
 
@@ -80,7 +81,8 @@ def build_config(args: argparse.Namespace):
         config_cls()
         .environment(args.env, env_config=env_config)
         .training(**shape, prompts_per_iteration=args.prompts_per_iter, max_step_tokens=args.max_step_tokens,
-                  lr=args.lr, warmup_steps=args.warmup_steps, micro_batch_size=args.micro_batch_size)
+                  lr=args.lr, warmup_steps=args.warmup_steps, micro_batch_size=args.micro_batch_size,
+                  log_rollout_steps=not args.quiet)
         .rl_module(model_config={"model": args.model, "dtype": args.dtype, "seed": args.seed})
         .env_runners(num_env_runners=args.num_env_runners, create_local_env_runner=args.num_env_runners == 0,
                      num_cpus_per_env_runner=args.num_cpus_per_env_runner)
@@ -134,7 +136,7 @@ def main(argv: list[str] | None = None) -> Path:
     (output / "checkpoints").mkdir(parents=True, exist_ok=True)
     if not ray.is_initialized():
         ray.init(num_cpus=os.cpu_count(), object_store_memory=1_000_000_000, include_dashboard=False,
-                 log_to_driver=False)
+                 log_to_driver=not args.quiet)  # remote runners' progress lines reach this console
     check_resources(args, ray.cluster_resources())
     algo = ALGORITHMS[args.algo][0].from_checkpoint(args.resume) if args.resume else build_config(args).build_algo()
     start_iteration = algo.iteration

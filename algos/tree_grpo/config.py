@@ -31,6 +31,7 @@ TREE_GRPO_DEFAULTS: dict[str, tuple[Any, str]] = {
     "warmup_steps": (0, "optimizer steps of linear learning-rate warm-up"),
     "weight_decay": (0.01, "AdamW weight decay"),
     "micro_batch_size": (4, "trajectories per forward/backward pass (gradient accumulation)"),
+    "log_rollout_steps": (False, "print a progress line per batched rollout step (to stderr)"),
 }
 
 

@@ -8,6 +8,7 @@ and the module's step generator; token ids travel in the records.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from typing import Any
 
@@ -68,11 +69,15 @@ class TreeSearchEnvRunner(EnvRunner, Checkpointable):
         start = time.perf_counter()
         seed = int(np.random.SeedSequence([self.config.seed or 0, self.worker_index, iteration]).generate_state(1)[0])
         generator = self.module.generator(self.config.sampling)
-        rollout = TreeRollout(self.env, generator, self.module.tokenizer, seed=seed)
+        on_step = self._print_step if self.config.log_rollout_steps else None
+        rollout = TreeRollout(self.env, generator, self.module.tokenizer, seed=seed, on_step=on_step)
         trees = rollout.grow(list(prompt_indices), self.config.tree_shape)
         records = leaf_records(trees)
         self._log(records, rollout, generator.counters.as_dict(), time.perf_counter() - start)
         return records
+
+    def _print_step(self, line: str) -> None:
+        print(f"  [runner {self.worker_index}] {line}", file=sys.stderr, flush=True)
 
     def greedy_eval(self, prompt_indices: list[int], split: str) -> list[dict[str, float]]:
         """One greedy chain per question of ``split`` (as the paper evaluates): per question em, f1, reward,
