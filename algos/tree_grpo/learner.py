@@ -72,6 +72,7 @@ class TreeGRPOTorchLearner(TorchLearner):
         for p in params:
             p.grad = None
         totals: dict[str, float] = {}
+        total_loss = 0.0
         for i, part in enumerate(parts):
             sync = contextlib.nullcontext() if i == len(parts) - 1 or cfg.num_learners <= 1 else module.no_sync()
             with sync:
@@ -79,6 +80,7 @@ class TreeGRPOTorchLearner(TorchLearner):
                 loss, stats = self.loss_and_stats(part, out)
                 share = part[GENERATED_MASK].sum() / total_tokens
                 (loss * share).backward()
+                total_loss += loss.item() * float(share)
             for key, value in stats.items():  # token-weighted means, extremes for the ratio bounds
                 if key in (M.RATIO_MAX, M.RATIO_MIN):
                     pick = max if key == M.RATIO_MAX else min
@@ -94,7 +96,7 @@ class TreeGRPOTorchLearner(TorchLearner):
         totals.update({M.GRAD_NORM: float(grad_norm), M.LEARNING_RATE: lr, M.TRAINED_TOKENS: float(total_tokens)})
         for key, value in totals.items():
             self.metrics.log_value((DEFAULT_MODULE_ID, key), value, window=1)
-        return {}, {DEFAULT_MODULE_ID: torch.tensor(totals[M.POLICY_LOSS] + 0.0)}, {}
+        return {}, {DEFAULT_MODULE_ID: torch.tensor(total_loss)}, {}  # logged by RLlib as total_loss
 
     @override(TorchLearner)
     def compute_loss_for_module(self, *, module_id, config, batch: dict, fwd_out: dict) -> torch.Tensor:
