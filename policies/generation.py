@@ -60,9 +60,6 @@ class KVCache:
         """The cache of the first ``length`` tokens (a view, no copy)."""
         return KVCache(tuple((k[:, :length], v[:, :length]) for k, v in self.layers), length)
 
-    def nbytes(self) -> int:
-        return sum(k.nbytes + v.nbytes for k, v in self.layers)
-
 
 @dataclass(frozen=True)
 class Branch:
