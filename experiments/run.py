@@ -45,7 +45,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--N", type=int, default=2, help="nodes expanded per tree per round")
     p.add_argument("--L", type=int, default=1, help="expansion rounds")
     p.add_argument("--group-size", type=int, default=4, help="chains per prompt for --algo grpo")
-    p.add_argument("--prompts-per-iter", type=int, default=4)
+    p.add_argument("--prompts-per-iter", type=int, default=None, help="default: 4 on CPU, 32 with a GPU")
     p.add_argument("--iterations", type=int, default=20)
     p.add_argument("--max-turns", type=int, default=3)
     p.add_argument("--topk", type=int, default=3)
@@ -69,9 +69,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def default_prompts_per_iter() -> int:
+    import torch
+
+    return 32 if torch.cuda.is_available() else 4
+
+
 def build_config(args: argparse.Namespace):
     """The algorithm config for the command-line settings."""
     config_cls = ALGORITHMS[args.algo][1]
+    prompts = args.prompts_per_iter or default_prompts_per_iter()
     env_config: dict[str, Any] = {"data_dir": str(resolve_data_dir(args.data_dir).resolve()),
                                   "max_turns": args.max_turns, "topk": args.topk}
     if args.split:
@@ -80,7 +87,7 @@ def build_config(args: argparse.Namespace):
     return (
         config_cls()
         .environment(args.env, env_config=env_config)
-        .training(**shape, prompts_per_iteration=args.prompts_per_iter, max_step_tokens=args.max_step_tokens,
+        .training(**shape, prompts_per_iteration=prompts, max_step_tokens=args.max_step_tokens,
                   lr=args.lr, warmup_steps=args.warmup_steps, micro_batch_size=args.micro_batch_size,
                   log_rollout_steps=not args.quiet)
         .rl_module(model_config={"model": args.model, "dtype": args.dtype, "seed": args.seed})

@@ -48,7 +48,8 @@ class TreeSearchEnvRunner(EnvRunner, Checkpointable):
     def make_module(self) -> None:
         spec = self.config.get_rl_module_spec(spaces=self.get_spaces(), inference_only=True)
         self.module = spec.build()
-        if torch.cuda.is_available() and self.config.num_gpus_per_env_runner > 0:
+        # Ray hides the GPUs an actor was not given, so a visible GPU is ours (or the driver's, in-process).
+        if torch.cuda.is_available():
             self.module.to("cuda")
 
     @override(EnvRunner)
