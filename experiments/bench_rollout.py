@@ -28,6 +28,11 @@ from experiments.report import machine_description, replace_section
 from policies.generation import HFStepGenerator, SamplingSettings
 from policies.models import load_model
 
+NO_TOOL_CALLS_NOTE = (
+    "The model made almost no tool calls (an untrained policy rarely closes a <search> tag), so tool calls per "
+    "leaf cannot be compared with it; tests/test_algorithm.py::test_tree_costs_less_per_leaf_than_chains checks "
+    "the tool-call accounting with a scripted searching policy."
+)
 SHAPES = {"tree (2,2,1)": TreeShape(2, 2, 1), "chain G=4": TreeShape(4, 0, 0), "chain G=6": TreeShape(6, 0, 0)}
 
 
@@ -96,6 +101,8 @@ def report(args: argparse.Namespace, costs: dict[str, dict], shares: dict[str, f
             f"| {name} | {r['leaves']} | {r['tokens_generated']:.1f} | {r['tokens_prefilled']:.1f} | "
             f"{r['llm_calls']:.2f} | {r['tool_calls']:.2f} | {r['seconds']:.2f} | {r['budget']:.2f} / "
             f"{r['estimate']:.1f} | " + " | ".join(f"{x:.2f}" for x in ratios) + " |")
+    if max(r["tool_calls"] for r in costs.values()) < 0.1:
+        lines += ["", NO_TOOL_CALLS_NOTE]
     if shares:
         lines += ["", f"One Tree-GRPO iteration ({args.iteration_prompts} prompts, 6 leaves each, in-process "
                       f"env runner and learner): {shares['total_s']:.1f} s", "",
