@@ -17,7 +17,7 @@ the first backend; a vLLM backend implements the same calls with prefix caching 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -162,10 +162,10 @@ class _Batch:
 
     attention_mask: torch.Tensor  # [B, past + current], 1 = real token
     next_position: torch.Tensor  # [B], position id of each branch's next real token
-    generated: list[list[int]] = field(default_factory=list)
-    closing: list[bool] = field(default_factory=list)  # a stop string closed; one end-of-turn token to go
-    logprobs: list[list[float]] = field(default_factory=list)
-    finish: list[str | None] = field(default_factory=list)
+    generated: list[list[int]]  # sampled ids per branch
+    logprobs: list[list[float]]
+    finish: list[str | None]  # None while a branch is active
+    closing: list[bool]  # a stop string closed; one end-of-turn token to go
 
 
 class HFStepGenerator:
@@ -193,11 +193,7 @@ class HFStepGenerator:
         generator = torch.Generator(device="cpu")
         generator.manual_seed(seed if seed is not None else torch.seed() % (2**63))
         caps = [self._token_cap(b) for b in branches]
-        state, cache, logits = self._prefill(branches)
-        state.generated = [[] for _ in branches]
-        state.logprobs = [[] for _ in branches]
-        state.finish = [None if cap > 0 else "length" for cap in caps]
-        state.closing = [False for _ in branches]
+        state, cache, logits = self._prefill(branches, caps)
         while True:
             tokens = sample_tokens(logits, self.settings, generator).cpu()
             chosen = torch.log_softmax(logits.float(), dim=-1).gather(-1, tokens.to(logits.device)[:, None])
@@ -228,7 +224,7 @@ class HFStepGenerator:
     def _token_cap(self, branch: Branch) -> int:
         return min(self.settings.max_step_tokens, self.settings.max_context_tokens - len(branch.token_ids))
 
-    def _prefill(self, branches: Sequence[Branch]) -> tuple[_Batch, DynamicCache, torch.Tensor]:
+    def _prefill(self, branches: Sequence[Branch], caps: list[int]) -> tuple[_Batch, DynamicCache, torch.Tensor]:
         device = self.model.device
         caches = [_usable_cache(b) for b in branches]
         cached = [c.length if c else 0 for c in caches]
@@ -250,7 +246,9 @@ class HFStepGenerator:
                          logits_to_keep=1)  # only the last position's logits: never B x T x V
         self.counters.tokens_prefilled += sum(len(s) for s in suffixes)
         next_position = torch.tensor([n + len(s) for n, s in zip(cached, suffixes, strict=True)])
-        return _Batch(mask, next_position), out.past_key_values, out.logits[:, -1]
+        state = _Batch(mask, next_position, generated=[[] for _ in branches], logprobs=[[] for _ in branches],
+                       finish=[None if cap > 0 else "length" for cap in caps], closing=[False for _ in branches])
+        return state, out.past_key_values, out.logits[:, -1]
 
     def _decode(self, state: _Batch, cache: DynamicCache, tokens: torch.Tensor,
                 active: torch.Tensor) -> torch.Tensor:
