@@ -22,6 +22,8 @@ setup(
         "transformers>=4.45",
         "ray[rllib]>=2.50",
         "mlflow>=2.10",
+        "pyyaml>=6",
+        "matplotlib>=3.7",
     ],
     extras_require={
         "dev": ["pytest>=7", "hypothesis>=6", "ruff>=0.5"],

@@ -4,9 +4,14 @@
     python experiments/run.py --algo grpo --group-size 4 --env HotpotQA-v0
     python experiments/run.py --model tiny-random --iterations 2 --output outputs/smoke
     python experiments/run.py --resume outputs/run/checkpoints/latest --iterations 10
+    python experiments/run.py --config experiments/configs/hotpotqa_tree.yaml --iterations 5   # file + overrides
 
-Writes OUTPUT/metrics.jsonl (one JSON object per iteration) and checkpoints under OUTPUT/checkpoints/
-(every --checkpoint-every iterations, at the end, and on Ctrl-C).
+Writes OUTPUT/config.yaml (every option, reusable with --config), OUTPUT/metrics.jsonl (one JSON object per
+iteration), checkpoints under OUTPUT/checkpoints/ (every --checkpoint-every iterations, at the end, and on
+Ctrl-C), a few sampled trees every --trees-every iterations (OUTPUT/trees/iter_N.json and .html), and at the
+end OUTPUT/learning_curve.png (and with --final-eval OUTPUT/eval/eval.md + eval.json). Everything is tracked in
+MLflow: by default in sqlite:///OUTPUT/mlflow.db (open it with
+`mlflow ui --backend-store-uri sqlite:///ABS/OUTPUT/mlflow.db --host 127.0.0.1`).
 """
 
 from __future__ import annotations
@@ -20,11 +25,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 import envs
 from algos.tree_grpo import ALGORITHMS
 from algos.tree_grpo import metrics as M
 from algos.tree_grpo.algorithm import ITERATION_TIME_S, PROMPTS
 from envs.datasets import resolve_data_dir
+from experiments.evaluate import write_results
+from experiments.plot import load_metrics, plot_runs
+from experiments.tracking import MLflowTracker, default_tracking_uri
 
 # metrics.jsonl columns: (name, where in RLlib's result: env runner results, learner results or top level)
 ENV_RUNNER_KEYS = (M.REWARD, M.EM, M.TREES, M.LEAVES, M.TOKENS_GENERATED, M.TOKENS_PREFILLED, M.LLM_CALLS,
@@ -34,8 +44,10 @@ LEARNER_KEYS = (M.POLICY_LOSS, M.KL, M.ENTROPY, M.CLIP_FRACTION, M.DUAL_CLIP_FRA
                 M.RATIO_MIN, M.GRAD_NORM, M.LEARNING_RATE, M.SAMPLER_LOGPROB_GAP, M.TRAINED_TOKENS)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default=None, help="a YAML file of options (keys as the option names); the "
+                                                  "command line overrides it")
     p.add_argument("--algo", choices=list(ALGORITHMS), default="tree_grpo")
     p.add_argument("--env", choices=list(envs.ENV_IDS), default="HotpotQA-v0")
     p.add_argument("--split", default=None, help="training split (default: the env id's default)")
@@ -65,8 +77,56 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-every", type=int, default=0, help="greedy evaluation every k iterations (0: never)")
     p.add_argument("--eval-questions", type=int, default=50, help="questions of the evaluation split")
     p.add_argument("--resume", default=None, help="a checkpoint directory to continue from")
+    p.add_argument("--final-eval", action="store_true", help="greedy evaluation at the end: eval/eval.md + .json")
+    p.add_argument("--eval-envs", nargs="+", default=None, choices=list(envs.ENV_IDS), metavar="ENV_ID",
+                   help="envs of the final evaluation (default: the training env)")
+    p.add_argument("--trees-every", type=int, default=10, help="write sampled trees every k iterations (0: never)")
+    p.add_argument("--trees-count", type=int, default=4, help="trees written each time")
+    p.add_argument("--mlflow-uri", default=None, help="MLflow tracking URI (default: sqlite:///OUTPUT/mlflow.db)")
+    p.add_argument("--no-mlflow", action="store_true", help="no MLflow tracking")
+    p.add_argument("--experiment", default="tree-grpo", help="MLflow experiment name")
+    p.add_argument("--run-name", default=None, help="MLflow run name (default: the output directory's name)")
     p.add_argument("--quiet", action="store_true", help="no progress line per rollout step")
-    return p.parse_args(argv)
+    return p
+
+
+def read_config_file(path: str | Path, parser: argparse.ArgumentParser) -> dict[str, Any]:
+    """The options of a YAML file, checked like command-line values: unknown keys, invalid choices and values
+    of the wrong type are errors that name the key."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        parser.error(f"--config: no file {path} (expected a YAML mapping of option names to values)")
+    values = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    if not isinstance(values, dict):
+        parser.error(f"--config {path}: expected a YAML mapping of option names to values")
+    actions = {action.dest: action for action in parser._actions if action.dest not in ("help", "config")}
+    options = {}
+    for key, value in values.items():
+        dest = str(key).replace("-", "_")
+        if dest not in actions:
+            parser.error(f"--config {path}: unknown option {key!r}; known: {', '.join(sorted(actions))}")
+        action = actions[dest]
+        if value is not None and action.type is not None:
+            try:
+                value = [action.type(v) for v in value] if isinstance(value, list) else action.type(value)
+            except (TypeError, ValueError):
+                parser.error(f"--config {path}: {key} must be {action.type.__name__}, got {value!r}")
+        if action.choices is not None and value is not None and \
+                any(v not in action.choices for v in (value if isinstance(value, list) else [value])):
+            parser.error(f"--config {path}: {key} must be one of {list(action.choices)}, got {value!r}")
+        options[dest] = value
+    return options
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line over the --config file over the defaults."""
+    parser = build_parser()
+    known, _ = parser.parse_known_args(argv)
+    if known.config:
+        parser.set_defaults(**read_config_file(known.config, parser))
+    return parser.parse_args(argv)
 
 
 def default_prompts_per_iter() -> int:
@@ -89,7 +149,8 @@ def build_config(args: argparse.Namespace):
         .environment(args.env, env_config=env_config)
         .training(**shape, prompts_per_iteration=prompts, max_step_tokens=args.max_step_tokens,
                   lr=args.lr, warmup_steps=args.warmup_steps, micro_batch_size=args.micro_batch_size,
-                  log_rollout_steps=not args.quiet)
+                  log_rollout_steps=not args.quiet, trees_every=args.trees_every, trees_count=args.trees_count,
+                  trees_dir=str((Path(args.output) / "trees").resolve()))
         .rl_module(model_config={"model": args.model, "dtype": args.dtype, "seed": args.seed})
         .env_runners(num_env_runners=args.num_env_runners, create_local_env_runner=args.num_env_runners == 0,
                      num_cpus_per_env_runner=args.num_cpus_per_env_runner)
@@ -134,6 +195,37 @@ def progress_line(row: dict[str, Any], total: int) -> str:
             + (f"  dev EM {row['dev_em']:.3f}" if "dev_em" in row else ""))
 
 
+def start_tracking(args: argparse.Namespace, output: Path) -> MLflowTracker:
+    """The run's MLflow run (continued when resuming in the same output directory), or a disabled tracker."""
+    if args.no_mlflow:
+        return MLflowTracker(None, experiment=args.experiment)
+    run_id_file = output / "mlflow_run_id"
+    run_id = run_id_file.read_text().strip() if args.resume and run_id_file.exists() else None
+    tracker = MLflowTracker(args.mlflow_uri or default_tracking_uri(output), experiment=args.experiment,
+                            run_name=args.run_name or output.resolve().name, run_id=run_id,
+                            tags={"algo": args.algo, "env": args.env, "model": args.model})
+    if tracker.enabled:
+        run_id_file.write_text(tracker.run_id)
+    return tracker
+
+
+def final_evaluation(algo, args: argparse.Namespace, output: Path) -> list[Path]:
+    """Greedy evaluation of the trained policy on --eval-envs: eval/eval.md and eval/eval.json."""
+    results = {env_id: algo.greedy_eval(envs.eval_split(env_id), args.eval_questions, env_id=env_id)
+               for env_id in args.eval_envs or [args.env]}
+    details = {"model": f"{args.algo} on {args.env} ({args.model}), iteration {algo.iteration}",
+               "questions per env": args.eval_questions}
+    return list(write_results(output / "eval", results, details))
+
+
+def save_learning_curve(output: Path) -> Path | None:
+    rows = load_metrics(output / "metrics.jsonl")
+    if not rows:
+        return None
+    metrics = [m for m in (M.REWARD, M.EM, "dev_em") if any(row.get(m) is not None for row in rows)]
+    return plot_runs({output.resolve().name: rows}, output / "learning_curve.png", metrics=metrics)
+
+
 def main(argv: list[str] | None = None) -> Path:
     args = parse_args(argv)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -141,13 +233,21 @@ def main(argv: list[str] | None = None) -> Path:
 
     output = Path(args.output)
     (output / "checkpoints").mkdir(parents=True, exist_ok=True)
+    config_file = output / "config.yaml"
+    config_file.write_text(yaml.safe_dump({k: v for k, v in vars(args).items() if k != "config"}, sort_keys=False),
+                           encoding="utf-8")
     if not ray.is_initialized():
         ray.init(num_cpus=os.cpu_count(), object_store_memory=1_000_000_000, include_dashboard=False,
                  log_to_driver=not args.quiet)  # remote runners' progress lines reach this console
     check_resources(args, ray.cluster_resources())
     algo = ALGORITHMS[args.algo][0].from_checkpoint(args.resume) if args.resume else build_config(args).build_algo()
+    tracker = start_tracking(args, output)
+    tracker.log_params({**{k: v for k, v in vars(args).items() if k != "config"},
+                        "algorithm": algo.config.tracked_params()})
+    tracker.log_artifact(config_file)
     start_iteration = algo.iteration
     latest = output / "checkpoints" / "latest"
+    status = "FINISHED"
     try:
         with (output / "metrics.jsonl").open("a", encoding="utf-8") as log:
             for _ in range(args.iterations):
@@ -156,18 +256,35 @@ def main(argv: list[str] | None = None) -> Path:
                 row = metrics_row(algo.iteration, result)
                 row["time_s"] = row["time_s"] or time.perf_counter() - start
                 if args.eval_every and algo.iteration % args.eval_every == 0:
-                    row.update(algo.greedy_eval(envs.eval_split(args.env), args.eval_questions))
+                    means = algo.greedy_eval(envs.eval_split(args.env), args.eval_questions)
+                    row.update({f"dev_{key}": value for key, value in means.items()})
                 log.write(json.dumps(row) + "\n")
                 log.flush()
+                tracker.log_metrics(row, step=algo.iteration)
+                for path in algo.tree_files:
+                    tracker.log_artifact(path, "trees")
                 print(progress_line(row, start_iteration + args.iterations), flush=True)
                 if args.checkpoint_every and algo.iteration % args.checkpoint_every == 0:
                     algo.save_to_path(str(latest.resolve()))
+        if args.final_eval:
+            for path in final_evaluation(algo, args, output):
+                tracker.log_artifact(path, "eval")
     except KeyboardInterrupt:
+        status = "KILLED"
         print("interrupted: saving a checkpoint before stopping", file=sys.stderr)
+    except BaseException:
+        status = "FAILED"
+        raise
     finally:
         algo.save_to_path(str(latest.resolve()))
         algo.stop()
-    print(f"metrics: {output / 'metrics.jsonl'}; checkpoint: {latest}")
+        tracker.log_artifact(output / "metrics.jsonl")
+        curve = save_learning_curve(output)
+        if curve is not None:
+            tracker.log_artifact(curve)
+        tracker.end(status)
+    print(f"metrics: {output / 'metrics.jsonl'}; checkpoint: {latest}"
+          + (f"; MLflow: {tracker.tracking_uri} (run {tracker.run_id})" if tracker.enabled else ""))
     return latest
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -22,7 +24,9 @@ from ray.rllib.utils.metrics import (
 
 import envs  # noqa: F401  (registers the env ids)
 from algos.batch import pad_batch, prompt_advantages
+from algos.evaluation import mean_results
 from algos.tree_grpo.config import GRPOConfig, TreeGRPOConfig
+from algos.tree_view import trees_html, with_advantages
 
 ITERATION_TIME_S = "iteration_time_s"
 PROMPTS = "prompts"
@@ -42,6 +46,7 @@ class TreeGRPO(Algorithm):
         env = gym.make(self.config.env, **dict(self.config.env_config))
         self._num_questions = len(env.unwrapped.records)
         env.close()
+        self.tree_files: list[Path] = []  # the tree renderings written by the last iteration, if any
 
     def _prompts_of(self, iteration: int) -> list[int]:
         """An iteration's prompts: a draw without replacement from the training split, seeded by (seed,
@@ -54,21 +59,28 @@ class TreeGRPO(Algorithm):
     def training_step(self) -> None:
         start = time.perf_counter()
         iteration = self.iteration
+        self.tree_files = []
         prompts = self._prompts_of(iteration)
         remote = self.env_runner_group.num_remote_env_runners()
         shards = np.array_split(np.asarray(prompts), max(remote, 1))
 
+        export = self.config.trees_every and (iteration + 1) % self.config.trees_every == 0
+        per_runner = -(-self.config.trees_count // max(remote, 1)) if export else 0
+
         def sample(runner):
             shard = shards[runner.worker_index - 1] if remote else shards[0]
-            return runner.sample(prompt_indices=shard.tolist(), iteration=iteration), runner.get_metrics()
+            records = runner.sample(prompt_indices=shard.tolist(), iteration=iteration)
+            return records, runner.get_metrics(), runner.export_trees(per_runner) if per_runner else []
 
         with self.metrics.log_time((TIMERS, ENV_RUNNER_SAMPLING_TIMER)):
             results = self.env_runner_group.foreach_env_runner(sample, local_env_runner=remote == 0)
-        records = [record for part, _ in results for record in part]
-        self.metrics.aggregate([m for _, m in results], key=ENV_RUNNER_RESULTS)
+        records = [record for part, _, _ in results for record in part]
+        self.metrics.aggregate([m for _, m, _ in results], key=ENV_RUNNER_RESULTS)
         self.metrics.log_value(NUM_ENV_STEPS_SAMPLED_LIFETIME, len(records), reduce="sum")
 
         advantages = prompt_advantages(records, mode=self.config.advantage_mode)
+        if export:
+            self._write_trees(results, advantages, iteration + 1)
         batch = MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(pad_batch(records, advantages, pad_id=0))},
                                 env_steps=len(records))
         with self.metrics.log_time((TIMERS, LEARNER_UPDATE_TIMER)):
@@ -81,20 +93,36 @@ class TreeGRPO(Algorithm):
         self.metrics.log_value(PROMPTS, len(prompts), reduce="sum", clear_on_reduce=True)
         self.metrics.log_value(ITERATION_TIME_S, time.perf_counter() - start, window=1)
 
+    def _write_trees(self, results: list, advantages: np.ndarray, iteration: int) -> None:
+        """``trees_count`` of this iteration's trees, with the advantages the learner gets, as
+        ``TREES_DIR/iter_NNNNN.json`` and ``.html``; their paths go to ``self.tree_files``."""
+        trees, offset = [], 0
+        for part, _, exported in results:  # a runner's leaf indices count over its own records
+            trees.extend(with_advantages(tree, advantages, offset) for tree in exported)
+            offset += len(part)
+        trees = trees[: self.config.trees_count]
+        directory = Path(self.config.trees_dir or Path(self.logdir) / "trees")
+        directory.mkdir(parents=True, exist_ok=True)
+        stem = directory / f"iter_{iteration:05d}"
+        stem.with_suffix(".json").write_text(json.dumps(trees, indent=1), encoding="utf-8")
+        stem.with_suffix(".html").write_text(trees_html(trees, f"{type(self).__name__}, iteration {iteration}"),
+                                             encoding="utf-8")
+        self.tree_files = [stem.with_suffix(".json"), stem.with_suffix(".html")]
 
-    def greedy_eval(self, split: str, num_questions: int) -> dict[str, float]:
-        """Greedy single-chain evaluation on the first ``num_questions`` of ``split``, spread over the runners:
-        mean EM, F1, reward, tool calls and turns (``dev_*`` keys)."""
+    def greedy_eval(self, split: str, num_questions: int, env_id: str | None = None) -> dict[str, float]:
+        """Greedy single-chain evaluation on the first ``num_questions`` of ``split`` of ``env_id`` (default: the
+        training env), spread over the runners: the means of ``algos.evaluation.EVAL_COLUMNS`` and
+        ``questions``, the number evaluated."""
         remote = self.env_runner_group.num_remote_env_runners()
         shards = np.array_split(np.arange(num_questions), max(remote, 1))
 
         def evaluate(runner):
             shard = shards[runner.worker_index - 1] if remote else shards[0]
-            return runner.greedy_eval(shard.tolist(), split)
+            return runner.greedy_eval(shard.tolist(), env_id or self.config.env, split)
 
         rows = [row for part in self.env_runner_group.foreach_env_runner(evaluate, local_env_runner=remote == 0)
                 for row in part]
-        return {f"dev_{key}": float(np.mean([row[key] for row in rows])) for key in rows[0]} if rows else {}
+        return {**mean_results(rows), "questions": len(rows)}
 
 
 class GRPO(TreeGRPO):

@@ -32,6 +32,9 @@ TREE_GRPO_DEFAULTS: dict[str, tuple[Any, str]] = {
     "weight_decay": (0.01, "AdamW weight decay"),
     "micro_batch_size": (4, "trajectories per forward/backward pass (gradient accumulation)"),
     "log_rollout_steps": (False, "print a progress line per batched rollout step (to stderr)"),
+    "trees_every": (0, "every k iterations write a few sampled trees as JSON + HTML (0: never)"),
+    "trees_count": (4, "trees written each time"),
+    "trees_dir": (None, "where the trees go (None: the algorithm's log directory / trees)"),
 }
 
 
@@ -74,6 +77,14 @@ class TreeGRPOConfig(AlgorithmConfig):
         return SamplingSettings(temperature=self.temperature, top_p=self.top_p, max_step_tokens=self.max_step_tokens,
                                 max_context_tokens=self.max_context_tokens)
 
+    def tracked_params(self) -> dict[str, Any]:
+        """The settings that define a run, for trackers: our fields, the RLlib ones we use, the env and model
+        configs (the full ``to_dict()`` has some 260 mostly unused RLlib keys)."""
+        rllib = ("env", "lr", "grad_clip", "seed", "num_env_runners", "num_learners", "num_gpus_per_learner",
+                 "num_cpus_per_learner", "num_cpus_per_env_runner")
+        return {**{name: getattr(self, name) for name in (*TREE_GRPO_DEFAULTS, *rllib)},
+                "env_config": dict(self.env_config), "model_config": dict(self.model_config or {})}
+
     @override(AlgorithmConfig)
     def validate(self) -> None:
         super().validate()
@@ -81,9 +92,11 @@ class TreeGRPOConfig(AlgorithmConfig):
         self.sampling  # noqa: B018
         if self.advantage_mode not in ADVANTAGE_MODES:
             raise ValueError(f"advantage_mode must be one of {ADVANTAGE_MODES}, got {self.advantage_mode!r}")
-        for name in ("prompts_per_iteration", "micro_batch_size"):
+        for name in ("prompts_per_iteration", "micro_batch_size", "trees_count"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
+        if not isinstance(self.trees_every, int) or self.trees_every < 0:
+            raise ValueError(f"trees_every must be an int >= 0, got {self.trees_every!r}")
         if self.num_env_runners > self.prompts_per_iteration:
             raise ValueError(f"num_env_runners ({self.num_env_runners}) must not exceed prompts_per_iteration "
                              f"({self.prompts_per_iteration}): every runner grows the trees of its own prompts")

@@ -25,8 +25,11 @@ from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME, WEIGHTS_SEQ_
 
 import envs  # noqa: F401  (registers the env ids in this process, also in Ray workers)
 from algos.batch import LeafRecord, leaf_records
-from algos.rollout import TreeRollout, TreeShape
+from algos.evaluation import greedy_chains
+from algos.rollout import TreeRollout
+from algos.tree import Tree
 from algos.tree_grpo import metrics as M
+from algos.tree_view import trees_to_dicts
 
 
 class TreeSearchEnvRunner(EnvRunner, Checkpointable):
@@ -36,7 +39,8 @@ class TreeSearchEnvRunner(EnvRunner, Checkpointable):
         super().__init__(config=config, **kwargs)
         self.worker_index = self.worker_index or 0
         self._weights_seq_no = 0
-        self._eval_envs: dict[str, gym.Env] = {}
+        self._eval_envs: dict[tuple[str, str], gym.Env] = {}
+        self._last_trees: list[Tree] = []
         self.make_env()
         self.make_module()
 
@@ -73,6 +77,7 @@ class TreeSearchEnvRunner(EnvRunner, Checkpointable):
         on_step = self._print_step if self.config.log_rollout_steps else None
         rollout = TreeRollout(self.env, generator, self.module.tokenizer, seed=seed, on_step=on_step)
         trees = rollout.grow(list(prompt_indices), self.config.tree_shape)
+        self._last_trees = trees
         records = leaf_records(trees)
         self._log(records, rollout, generator.counters.as_dict(), time.perf_counter() - start)
         return records
@@ -80,16 +85,24 @@ class TreeSearchEnvRunner(EnvRunner, Checkpointable):
     def _print_step(self, line: str) -> None:
         print(f"  [runner {self.worker_index}] {line}", file=sys.stderr, flush=True)
 
-    def greedy_eval(self, prompt_indices: list[int], split: str) -> list[dict[str, float]]:
-        """One greedy chain per question of ``split`` (as the paper evaluates): per question em, f1, reward,
-        tool calls and turns."""
-        if split not in self._eval_envs:
-            self._eval_envs[split] = gym.make(self.config.env, **{**dict(self.config.env_config), "split": split})
-        settings = dataclasses.replace(self.config.sampling, greedy=True)
-        rollout = TreeRollout(self._eval_envs[split], self.module.generator(settings), self.module.tokenizer)
-        records = leaf_records(rollout.grow(list(prompt_indices), TreeShape(1, 0, 0)))
-        return [{"em": r.info.get("em", 0.0), "f1": r.info.get("f1", 0.0), "reward": r.reward,
-                 "tool_calls": r.info["tool_calls"], "turns": r.info["turn"]} for r in records]
+    def greedy_eval(self, prompt_indices: list[int], env_id: str, split: str) -> list[dict[str, float]]:
+        """One greedy chain per question (as the paper evaluates) of ``env_id``'s ``split``, built with this
+        runner's env settings; per question the ``algos.evaluation.EVAL_COLUMNS``. Positions past the end of
+        the split are ignored."""
+        if (env_id, split) not in self._eval_envs:
+            settings = {**dict(self.config.env_config), "split": split}
+            self._eval_envs[env_id, split] = gym.make(env_id, **settings)
+        env = self._eval_envs[env_id, split]
+        indices = [i for i in prompt_indices if i < len(env.unwrapped.records)]
+        generator = self.module.generator(dataclasses.replace(self.config.sampling, greedy=True))
+        return greedy_chains(env, generator, self.module.tokenizer, indices) if indices else []
+
+    def export_trees(self, limit: int) -> list[dict[str, Any]]:
+        """The first ``limit`` trees of the last ``sample`` call as dicts (``algos.tree_view``); their leaf
+        indices count over ALL of that call's records."""
+        records = self.env.unwrapped.records
+        questions = {tree.prompt_index: records[tree.prompt_index].question for tree in self._last_trees}
+        return trees_to_dicts(self._last_trees[:limit], questions)
 
     def _log(self, records: list[LeafRecord], rollout: TreeRollout, generation: dict[str, int], seconds: float):
         sums = {M.TOKENS_GENERATED: generation["tokens_generated"], M.TOKENS_PREFILLED: generation["tokens_prefilled"],

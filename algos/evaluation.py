@@ -1,0 +1,35 @@
+"""Greedy evaluation as the paper evaluates: one greedy chain per question, all questions of a batch advancing
+together through the step generator; per-question results and their means.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import gymnasium as gym
+import numpy as np
+from transformers import PreTrainedTokenizerBase
+
+from algos.batch import leaf_records
+from algos.rollout import TreeRollout, TreeShape
+from policies.generation import StepGenerator
+
+# per-question result columns, in table order
+EVAL_COLUMNS = ("em", "f1", "reward", "tool_calls", "turns", "answered")
+
+
+def greedy_chains(env: gym.Env, generator: StepGenerator, tokenizer: PreTrainedTokenizerBase,
+                  prompt_indices: Sequence[int]) -> list[dict[str, float]]:
+    """One chain per question of ``env`` (positions ``prompt_indices``), with ``generator``'s settings (greedy
+    for evaluation): a dict of ``EVAL_COLUMNS`` per question, in order. ``answered`` is 1 when the chain gave
+    an answer."""
+    rollout = TreeRollout(env, generator, tokenizer)
+    records = leaf_records(rollout.grow(list(prompt_indices), TreeShape(1, 0, 0)))
+    return [{"em": float(r.info.get("em", 0.0)), "f1": float(r.info.get("f1", 0.0)), "reward": float(r.reward),
+             "tool_calls": float(r.info["tool_calls"]), "turns": float(r.info["turn"]),
+             "answered": float(r.info.get("answer") is not None)} for r in records]
+
+
+def mean_results(rows: Sequence[dict[str, float]]) -> dict[str, float]:
+    """The mean of every column over the questions (NaN for no questions)."""
+    return {key: float(np.mean([row[key] for row in rows])) if rows else float("nan") for key in EVAL_COLUMNS}

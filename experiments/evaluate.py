@@ -1,0 +1,171 @@
+"""Evaluate a policy as the paper does: greedy decoding, one chain per question, exact match.
+
+    python experiments/evaluate.py --model smollm2-135m --envs HotpotQA-v0 NQ-v0 --limit 100
+    python experiments/evaluate.py --model outputs/run/checkpoints/latest --output outputs/run/eval
+    python experiments/evaluate.py --model Qwen/Qwen2.5-3B-Instruct            # all seven envs, full splits
+
+``--model`` takes what ``run.py --model`` takes, or a training checkpoint (``OUTPUT/checkpoints/latest``).
+Writes OUTPUT/eval.md (a table shaped like the paper's: single-hop sets, their average, multi-hop sets,
+their average; rows EM, F1, tool calls, turns, answer rate) and OUTPUT/eval.json (the same numbers plus every
+question's result). The questions of a batch advance together through the generator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import envs
+from algos.evaluation import EVAL_COLUMNS, greedy_chains, mean_results
+from envs.datasets import resolve_data_dir
+
+# The paper's column groups (Tree-GRPO, Table 1): single-hop then multi-hop, each with its unweighted average.
+SINGLE_HOP = ("NQ-v0", "TriviaQA-v0", "PopQA-v0")
+MULTI_HOP = ("HotpotQA-v0", "2WikiMultihopQA-v0", "Musique-v0", "Bamboogle-v0")
+ROW_NAMES = {"em": "EM", "f1": "F1", "tool_calls": "tool calls", "turns": "turns", "answered": "answer rate",
+             "questions": "questions"}
+
+
+def group_averages(results: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, float]]:
+    """The unweighted mean over the evaluated datasets of each group (``single-hop``, ``multi-hop``), for every
+    column; a group with no evaluated dataset is left out."""
+    averages = {}
+    for group, members in (("single-hop", SINGLE_HOP), ("multi-hop", MULTI_HOP)):
+        present = [results[env_id] for env_id in members if env_id in results]
+        if present:
+            averages[group] = {key: sum(r[key] for r in present) / len(present) for key in EVAL_COLUMNS}
+            averages[group]["questions"] = sum(r.get("questions", 0) for r in present)
+    return averages
+
+
+def results_table(results: Mapping[str, Mapping[str, float]]) -> str:
+    """A markdown table: datasets as columns in the paper's order (other env ids after), each group followed by
+    its average; one row per metric. EM and F1 are shown in percent as in the paper."""
+    averages = group_averages(results)
+    columns: list[tuple[str, Mapping[str, float]]] = []
+    for group, members in (("single-hop", SINGLE_HOP), ("multi-hop", MULTI_HOP)):
+        columns += [(env_id.removesuffix("-v0"), results[env_id]) for env_id in members if env_id in results]
+        if group in averages:
+            columns.append((f"{group} avg", averages[group]))
+    columns += [(env_id, r) for env_id, r in results.items() if env_id not in SINGLE_HOP + MULTI_HOP]
+    lines = ["| | " + " | ".join(name for name, _ in columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    for key, label in ROW_NAMES.items():
+        scale, fmt = (100.0, ".1f") if key in ("em", "f1") else (1.0, ".0f") if key == "questions" else (1.0, ".2f")
+        cells = [_cell(r.get(key), scale, fmt) for _, r in columns]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _cell(value: float | None, scale: float, fmt: str) -> str:
+    return "-" if value is None or math.isnan(value) else format(value * scale, fmt)
+
+
+def write_results(output: str | Path, results: Mapping[str, Mapping[str, float]], details: Mapping[str, Any],
+                  per_question: Mapping[str, Sequence[Mapping[str, float]]] | None = None) -> tuple[Path, Path]:
+    """``OUTPUT/eval.md`` and ``OUTPUT/eval.json``; ``details`` (model, split, limit...) go into both."""
+    output = Path(output)
+    output.mkdir(parents=True, exist_ok=True)
+    header = ", ".join(f"{k}: {v}" for k, v in details.items())
+    markdown = output / "eval.md"
+    markdown.write_text(f"Greedy evaluation ({header})\n\n{results_table(results)}", encoding="utf-8")
+    payload = {**details, "datasets": results, "averages": group_averages(results)}
+    if per_question is not None:
+        payload["questions"] = per_question
+    data = output / "eval.json"
+    data.write_text(json.dumps(payload, indent=1), encoding="utf-8")
+    return markdown, data
+
+
+def load_policy(model: str, dtype: str = "float32"):
+    """(model, tokenizer) of a model name, a model directory, or a training checkpoint directory."""
+    from policies.models import load_model
+
+    checkpoint = Path(model)
+    if (checkpoint / "rllib_checkpoint.json").exists():
+        from ray.rllib.core.rl_module.rl_module import RLModule
+
+        module_dir = checkpoint / "learner_group" / "learner" / "rl_module" / "default_policy"
+        if not module_dir.is_dir():
+            raise FileNotFoundError(f"{checkpoint} is an RLlib checkpoint without a policy module at {module_dir} "
+                                    f"(expected a Tree-GRPO training checkpoint, e.g. OUTPUT/checkpoints/latest)")
+        module = RLModule.from_checkpoint(str(module_dir))
+        return module.model, module.tokenizer
+    return load_model(model, dtype=dtype)
+
+
+def evaluate_env(env_id: str, model, tokenizer, *, split: str, limit: int | None, batch_size: int,
+                 env_kwargs: Mapping[str, Any], sampling, progress=None) -> list[dict[str, float]]:
+    """Per-question results of greedy chains over the first ``limit`` questions of ``env_id``'s ``split``."""
+    import gymnasium as gym
+
+    from policies.generation import HFStepGenerator
+
+    env = gym.make(env_id, split=split, **env_kwargs)
+    count = len(env.unwrapped.records) if limit is None else min(limit, len(env.unwrapped.records))
+    generator = HFStepGenerator(model, tokenizer, sampling)
+    if progress is not None:
+        progress.reset(total=count)
+    rows: list[dict[str, float]] = []
+    for start in range(0, count, batch_size):
+        indices = list(range(start, min(start + batch_size, count)))
+        rows += greedy_chains(env, generator, tokenizer, indices)
+        if progress is not None:
+            progress.update(len(indices))
+    env.close()
+    return rows
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="a run.py --model name, a model directory or a checkpoint")
+    p.add_argument("--envs", nargs="+", default=list(envs.ENV_IDS), choices=list(envs.ENV_IDS), metavar="ENV_ID")
+    p.add_argument("--split", default=None, help="default: each env's evaluation split (dev or test)")
+    p.add_argument("--limit", type=int, default=None, help="the first N questions of each split")
+    p.add_argument("--batch-size", type=int, default=16, help="questions advancing together")
+    p.add_argument("--max-turns", type=int, default=3)
+    p.add_argument("--topk", type=int, default=3)
+    p.add_argument("--max-step-tokens", type=int, default=500)
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--data-dir", default=None, help="default: $TREEGRPO_DATA_DIR, else ./data")
+    p.add_argument("--output", default="outputs/eval")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = p.parse_args(argv)
+    for name in ("limit", "batch_size", "max_turns", "topk", "max_step_tokens"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> Path:
+    args = parse_args(argv)
+    from tqdm import tqdm
+
+    from policies.generation import SamplingSettings
+
+    model, tokenizer = load_policy(args.model, args.dtype)
+    sampling = SamplingSettings(greedy=True, max_step_tokens=args.max_step_tokens)
+    env_kwargs = {"data_dir": str(resolve_data_dir(args.data_dir).resolve()), "max_turns": args.max_turns,
+                  "topk": args.topk}
+    results, per_question = {}, {}
+    for env_id in args.envs:
+        split = args.split or envs.eval_split(env_id)
+        with tqdm(desc=f"{env_id} ({split})", unit="q", disable=args.quiet) as progress:
+            rows = evaluate_env(env_id, model, tokenizer, split=split, limit=args.limit, batch_size=args.batch_size,
+                                env_kwargs=env_kwargs, sampling=sampling, progress=progress)
+        results[env_id] = {**mean_results(rows), "questions": len(rows)}
+        per_question[env_id] = rows
+    details = {"model": args.model, "split": args.split or "evaluation split", "limit": args.limit,
+               "max_turns": args.max_turns, "topk": args.topk}
+    markdown, data = write_results(args.output, results, details, per_question)
+    print(markdown.read_text(encoding="utf-8"))
+    print(f"table: {markdown}; JSON: {data}")
+    return markdown
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,167 @@
+"""Compare training runs: each metric against iterations and against cumulative tokens generated.
+
+    python experiments/plot.py outputs/tree outputs/chain --output curves.png
+    python experiments/plot.py outputs/tree/metrics.jsonl outputs/chain/metrics.jsonl --labels tree chain \\
+        --metrics reward_mean em_mean dev_em --output outputs/curves.png
+    python experiments/plot.py 3f2a9c... 8b41d0... --mlflow-uri sqlite:///mlruns.db --labels tree chain \\
+        --output curves.png
+
+Each RUN is a metrics.jsonl file or a run directory holding one (written by experiments/run.py), or, with
+--mlflow-uri, an MLflow run id. The figure has one row per metric and two columns: the metric against the
+iteration, and against the tokens generated so far (the budget view: what the run got for what it spent).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+# metrics.jsonl keys (the same names as algos/tree_grpo/metrics.py, kept here so plotting does not import Ray)
+ITERATION = "iteration"
+TOKENS_GENERATED = "tokens_generated"
+X_AXES = {"iteration": "iteration", "tokens": "tokens generated (cumulative)"}
+METRICS_FILE = "metrics.jsonl"
+
+
+def load_metrics(path: str | Path) -> list[dict]:
+    """The rows of a metrics.jsonl file (one dict per iteration), given the file or its run directory."""
+    path = Path(path)
+    file = path / METRICS_FILE if path.is_dir() else path
+    if not file.is_file():
+        raise FileNotFoundError(f"{file}: not found; expected a {METRICS_FILE} file or a run directory containing one")
+    rows = []
+    with file.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            if line.strip():
+                rows.append(_parse_row(line, file, number))
+    return rows
+
+
+def _parse_row(line: str, file: Path, number: int) -> dict:
+    """One metrics.jsonl line as a dict; ValueError naming the file and line number otherwise."""
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{file}, line {number}: not valid JSON ({error.msg})") from error
+    if not isinstance(row, dict):
+        raise ValueError(f"{file}, line {number}: expected a JSON object, got {type(row).__name__}")
+    return row
+
+
+def load_mlflow_run(tracking_uri: str, run_id: str) -> list[dict]:
+    """The rows of an MLflow run, as load_metrics gives them: one dict per step, with ``iteration`` = step.
+
+    A metric logged twice at one step keeps its latest value; a metric not logged at a step is absent from that row.
+    """
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    rows: dict[int, dict] = {}
+    for key in client.get_run(run_id).data.metrics:
+        for point in sorted(client.get_metric_history(run_id, key), key=lambda m: (m.step, m.timestamp)):
+            rows.setdefault(point.step, {ITERATION: point.step})[key] = point.value
+    return [rows[step] for step in sorted(rows)]
+
+
+def _is_number(value: object) -> bool:
+    """True for a finite int or float (not None, NaN, infinity, a bool or a string)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def curve(rows: Sequence[dict], metric: str, x: str = "iteration") -> tuple[np.ndarray, np.ndarray]:
+    """The points (x, y) of one metric, skipping rows where it is missing, None or NaN.
+
+    ``x="iteration"``: the row's iteration. ``x="tokens"``: the cumulative sum of ``tokens_generated`` up to and
+    including the row; rows whose metric is skipped still count their tokens, and a row without a token count
+    adds 0. Returns two float arrays of the same length (empty when no row has the metric).
+    """
+    if x not in X_AXES:
+        raise ValueError(f"x must be one of {list(X_AXES)}, got {x!r}")
+    if x == "tokens":
+        xs = np.cumsum([row.get(TOKENS_GENERATED) if _is_number(row.get(TOKENS_GENERATED)) else 0 for row in rows])
+    else:
+        xs = np.array([row.get(ITERATION) for row in rows])
+    keep = [i for i, row in enumerate(rows) if _is_number(row.get(metric))]
+    ys = np.array([rows[i][metric] for i in keep], dtype=float)
+    return np.asarray(xs[keep], dtype=float), ys
+
+
+def plot_runs(runs: dict[str, list[dict]], path: str | Path,
+              metrics: Sequence[str] = ("reward_mean", "em_mean")) -> Path:
+    """Write one PNG comparing ``runs`` (label -> rows): a row of panels per metric, against iterations and
+    against cumulative tokens generated, one labelled line per run. Metrics that no run has are left out (with a
+    warning); ValueError if none is left. Returns the path written."""
+    present = [m for m in metrics if any(len(curve(rows, m)[1]) for rows in runs.values())]
+    if not present:
+        raise ValueError(f"no run has any of the metrics {list(metrics)}")
+    if missing := [m for m in metrics if m not in present]:
+        warnings.warn(f"left out (no run has them): {missing}", stacklevel=2)
+    figure = Figure(figsize=(11, 3.5 * len(present)), layout="constrained")
+    axes = figure.subplots(len(present), len(X_AXES), squeeze=False)
+    for row_axes, metric in zip(axes, present, strict=True):
+        for ax, (x, xlabel) in zip(row_axes, X_AXES.items(), strict=True):
+            _draw_panel(ax, runs, metric, x)
+            ax.set(xlabel=xlabel, ylabel=metric)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, format="png", dpi=120)
+    return path
+
+
+def _draw_panel(ax, runs: dict[str, list[dict]], metric: str, x: str) -> None:
+    """One line per run of ``metric`` against ``x`` (markers, so sparse series such as dev_em show)."""
+    for label, rows in runs.items():
+        xs, ys = curve(rows, metric, x)
+        ax.plot(xs, ys, marker=".", label=label)
+    if x == "iteration":
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+
+
+def run_label(run: str) -> str:
+    """The default label of a RUN path: the run directory's name (or, for another file name, the file's stem)."""
+    path = Path(run).resolve()
+    if path.name == METRICS_FILE:
+        return path.parent.name
+    return path.stem if path.is_file() else path.name
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("runs", nargs="+", metavar="RUN", help="metrics.jsonl, run directory, or MLflow run id")
+    p.add_argument("--output", required=True, help="the PNG to write")
+    p.add_argument("--labels", nargs="+", default=None, help="one per run (default: run directory name or run id)")
+    p.add_argument("--metrics", nargs="+", default=["reward_mean", "em_mean"], help="one figure row each")
+    p.add_argument("--mlflow-uri", default=None, help="MLflow tracking URI: then each RUN is a run id")
+    args = p.parse_args(argv)
+    if args.labels is not None and len(args.labels) != len(args.runs):
+        p.error(f"--labels has {len(args.labels)} labels for {len(args.runs)} runs: give one label per run")
+    if args.labels is None:
+        args.labels = list(args.runs) if args.mlflow_uri else [run_label(run) for run in args.runs]
+    if len(set(args.labels)) != len(args.labels):
+        p.error(f"labels {args.labels} repeat, so runs would overwrite each other: give distinct --labels")
+    return args
+
+
+def main(argv: list[str] | None = None) -> Path:
+    args = parse_args(argv)
+    if args.mlflow_uri:
+        runs = {label: load_mlflow_run(args.mlflow_uri, run) for label, run in zip(args.labels, args.runs, strict=True)}
+    else:
+        runs = {label: load_metrics(run) for label, run in zip(args.labels, args.runs, strict=True)}
+    path = plot_runs(runs, args.output, args.metrics)
+    print(path)
+    return path
+
+
+if __name__ == "__main__":
+    main()
