@@ -89,7 +89,8 @@ def _node_html(node: dict[str, Any]) -> str:
     if len(children) > 1:
         stats.append(f"<span class='branch'>branch point: {len(children)} continuations</span>")
     label = "prompt" if node["depth"] == 0 else f"step {node['depth']}"
-    summary = f"<b>{label}</b> <span class='action {node['action']}'>{node['action']}</span> {' · '.join(stats)}"
+    action = html.escape(node["action"], quote=True)
+    summary = f"<b>{label}</b> <span class='action {action}'>{action}</span> {' · '.join(stats)}"
     detail = ""
     if node["text"]:
         detail += f"<pre class='text'>{html.escape(node['text'])}</pre>"

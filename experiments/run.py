@@ -30,7 +30,7 @@ import yaml
 import envs
 from algos.tree_grpo import ALGORITHMS
 from algos.tree_grpo import metrics as M
-from algos.tree_grpo.algorithm import ITERATION_TIME_S, PROMPTS
+from algos.tree_grpo.algorithm import DEV_PREFIX, ITERATION_TIME_S, PROMPTS
 from envs.datasets import resolve_data_dir
 from experiments.evaluate import write_results
 from experiments.plot import load_metrics, plot_runs
@@ -90,39 +90,46 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def read_config_file(path: str | Path, parser: argparse.ArgumentParser) -> dict[str, Any]:
+def read_config_file(path: str | Path, parser: argparse.ArgumentParser, _seen: tuple[Path, ...] = ()) -> dict:
     """The options of a YAML file, checked like command-line values: unknown keys, invalid choices and values
-    of the wrong type are errors that name the key."""
+    of the wrong type are errors that name the key. ``base: OTHER.yaml`` (relative to the file) is read first
+    and overridden by the file's own keys."""
     import yaml
 
-    path = Path(path)
+    path = Path(path).resolve()
     if not path.is_file():
         parser.error(f"--config: no file {path} (expected a YAML mapping of option names to values)")
+    if path in _seen:
+        parser.error(f"--config {path}: 'base' files include each other in a cycle")
     values = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     if not isinstance(values, dict):
         parser.error(f"--config {path}: expected a YAML mapping of option names to values")
+    base = values.pop("base", None)
+    options = read_config_file(path.parent / base, parser, (*_seen, path)) if base else {}
     actions = {action.dest: action for action in parser._actions if action.dest not in ("help", "config")}
-    options = {}
     for key, value in values.items():
         dest = str(key).replace("-", "_")
         if dest not in actions:
-            parser.error(f"--config {path}: unknown option {key!r}; known: {', '.join(sorted(actions))}")
-        action = actions[dest]
-        if value is not None and action.type is not None:
-            try:
-                value = [action.type(v) for v in value] if isinstance(value, list) else action.type(value)
-            except (TypeError, ValueError):
-                parser.error(f"--config {path}: {key} must be {action.type.__name__}, got {value!r}")
-        if action.choices is not None and value is not None and \
-                any(v not in action.choices for v in (value if isinstance(value, list) else [value])):
-            parser.error(f"--config {path}: {key} must be one of {list(action.choices)}, got {value!r}")
-        options[dest] = value
+            parser.error(f"--config {path}: unknown option {key!r}; known: base, {', '.join(sorted(actions))}")
+        options[dest] = _checked_value(parser, path, key, actions[dest], value)
     return options
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The command line over the --config file over the defaults."""
-    parser = build_parser()
+def _checked_value(parser: argparse.ArgumentParser, path: Path, key: str, action: argparse.Action, value: Any):
+    if value is not None and action.type is not None:
+        try:
+            value = [action.type(v) for v in value] if isinstance(value, list) else action.type(value)
+        except (TypeError, ValueError):
+            parser.error(f"--config {path}: {key} must be {action.type.__name__}, got {value!r}")
+    values = value if isinstance(value, list) else [value]
+    if action.choices is not None and value is not None and any(v not in action.choices for v in values):
+        parser.error(f"--config {path}: {key} must be one of {list(action.choices)}, got {value!r}")
+    return value
+
+
+def parse_args(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> argparse.Namespace:
+    """The command line over the --config file over the defaults (of ``parser``, default ``build_parser()``)."""
+    parser = parser or build_parser()
     known, _ = parser.parse_known_args(argv)
     if known.config:
         parser.set_defaults(**read_config_file(known.config, parser))
@@ -150,7 +157,8 @@ def build_config(args: argparse.Namespace):
         .training(**shape, prompts_per_iteration=prompts, max_step_tokens=args.max_step_tokens,
                   lr=args.lr, warmup_steps=args.warmup_steps, micro_batch_size=args.micro_batch_size,
                   log_rollout_steps=not args.quiet, trees_every=args.trees_every, trees_count=args.trees_count,
-                  trees_dir=str((Path(args.output) / "trees").resolve()))
+                  trees_dir=str((Path(args.output) / "trees").resolve()), dev_eval_every=args.eval_every,
+                  dev_eval_questions=args.eval_questions)
         .rl_module(model_config={"model": args.model, "dtype": args.dtype, "seed": args.seed})
         .env_runners(num_env_runners=args.num_env_runners, create_local_env_runner=args.num_env_runners == 0,
                      num_cpus_per_env_runner=args.num_cpus_per_env_runner)
@@ -181,6 +189,7 @@ def metrics_row(iteration: int, result: dict) -> dict[str, Any]:
                            "time_s": result.get(ITERATION_TIME_S)}
     row.update({key: runners.get(key) for key in ENV_RUNNER_KEYS})
     row.update({key: learner.get(key) for key in LEARNER_KEYS})
+    row.update({key: value for key, value in result.items() if key.startswith(DEV_PREFIX)})
     return {k: (float(v) if hasattr(v, "__float__") and not isinstance(v, int) else v) for k, v in row.items()}
 
 
@@ -255,9 +264,6 @@ def main(argv: list[str] | None = None) -> Path:
                 result = algo.train()
                 row = metrics_row(algo.iteration, result)
                 row["time_s"] = row["time_s"] or time.perf_counter() - start
-                if args.eval_every and algo.iteration % args.eval_every == 0:
-                    means = algo.greedy_eval(envs.eval_split(args.env), args.eval_questions)
-                    row.update({f"dev_{key}": value for key, value in means.items()})
                 log.write(json.dumps(row) + "\n")
                 log.flush()
                 tracker.log_metrics(row, step=algo.iteration)

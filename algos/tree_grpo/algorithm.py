@@ -22,7 +22,7 @@ from ray.rllib.utils.metrics import (
     TIMERS,
 )
 
-import envs  # noqa: F401  (registers the env ids)
+import envs
 from algos.batch import pad_batch, prompt_advantages
 from algos.evaluation import mean_results
 from algos.tree_grpo.config import GRPOConfig, TreeGRPOConfig
@@ -30,6 +30,7 @@ from algos.tree_view import trees_html, with_advantages
 
 ITERATION_TIME_S = "iteration_time_s"
 PROMPTS = "prompts"
+DEV_PREFIX = "dev_"  # greedy evaluation results: dev_em, dev_f1, dev_reward, dev_tool_calls, dev_turns, ...
 
 
 class TreeGRPO(Algorithm):
@@ -91,7 +92,11 @@ class TreeGRPO(Algorithm):
         with self.metrics.log_time((TIMERS, SYNCH_WORKER_WEIGHTS_TIMER)):
             self.env_runner_group.sync_weights(from_worker_or_learner_group=self.learner_group, inference_only=True)
         self.metrics.log_value(PROMPTS, len(prompts), reduce="sum", clear_on_reduce=True)
-        self.metrics.log_value(ITERATION_TIME_S, time.perf_counter() - start, window=1)
+        self.metrics.log_value(ITERATION_TIME_S, time.perf_counter() - start, window=1)  # evaluation not included
+        if self.config.dev_eval_every and (iteration + 1) % self.config.dev_eval_every == 0:
+            means = self.greedy_eval(envs.eval_split(self.config.env), self.config.dev_eval_questions)
+            for key, value in means.items():  # top-level result keys dev_em, dev_f1, ... (this iteration only)
+                self.metrics.log_value(f"{DEV_PREFIX}{key}", value, reduce="sum", clear_on_reduce=True)
 
     def _write_trees(self, results: list, advantages: np.ndarray, iteration: int) -> None:
         """``trees_count`` of this iteration's trees, with the advantages the learner gets, as

@@ -32,6 +32,8 @@ TREE_GRPO_DEFAULTS: dict[str, tuple[Any, str]] = {
     "weight_decay": (0.01, "AdamW weight decay"),
     "micro_batch_size": (4, "trajectories per forward/backward pass (gradient accumulation)"),
     "log_rollout_steps": (False, "print a progress line per batched rollout step (to stderr)"),
+    "dev_eval_every": (0, "every k iterations a greedy evaluation on the env's evaluation split (0: never)"),
+    "dev_eval_questions": (50, "questions of that evaluation (the first ones of the split)"),
     "trees_every": (0, "every k iterations write a few sampled trees as JSON + HTML (0: never)"),
     "trees_count": (4, "trees written each time"),
     "trees_dir": (None, "where the trees go (None: the algorithm's log directory / trees)"),
@@ -92,11 +94,12 @@ class TreeGRPOConfig(AlgorithmConfig):
         self.sampling  # noqa: B018
         if self.advantage_mode not in ADVANTAGE_MODES:
             raise ValueError(f"advantage_mode must be one of {ADVANTAGE_MODES}, got {self.advantage_mode!r}")
-        for name in ("prompts_per_iteration", "micro_batch_size", "trees_count"):
+        for name in ("prompts_per_iteration", "micro_batch_size", "trees_count", "dev_eval_questions"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
-        if not isinstance(self.trees_every, int) or self.trees_every < 0:
-            raise ValueError(f"trees_every must be an int >= 0, got {self.trees_every!r}")
+        for name in ("trees_every", "dev_eval_every"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {getattr(self, name)!r}")
         if self.num_env_runners > self.prompts_per_iteration:
             raise ValueError(f"num_env_runners ({self.num_env_runners}) must not exceed prompts_per_iteration "
                              f"({self.prompts_per_iteration}): every runner grows the trees of its own prompts")

@@ -1,0 +1,62 @@
+"""evaluate.py: the paper-shaped table from hand-made results, and an end-to-end run on two envs."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from algos.evaluation import EVAL_COLUMNS, mean_results
+from experiments.evaluate import group_averages, main, results_table
+
+
+def result(em: float, **others: float) -> dict[str, float]:
+    return {**dict.fromkeys(EVAL_COLUMNS, 0.0), "em": em, **others, "questions": 10}
+
+
+def test_mean_results():
+    rows = [dict.fromkeys(EVAL_COLUMNS, 1.0), {**dict.fromkeys(EVAL_COLUMNS, 0.0), "turns": 3.0}]
+    means = mean_results(rows)
+    assert means["em"] == 0.5 and means["turns"] == 2.0
+    assert all(math.isnan(v) for v in mean_results([]).values())
+
+
+def test_group_averages_are_unweighted_means_over_the_groups_datasets():
+    results = {"NQ-v0": result(0.4), "PopQA-v0": result(0.2), "HotpotQA-v0": result(0.3, tool_calls=2.0),
+               "Bamboogle-v0": result(0.1, tool_calls=1.0)}
+    averages = group_averages(results)
+    assert averages["single-hop"]["em"] == pytest.approx(0.3)
+    assert averages["multi-hop"]["em"] == pytest.approx(0.2)
+    assert averages["multi-hop"]["tool_calls"] == pytest.approx(1.5)
+    assert averages["multi-hop"]["questions"] == 20
+    assert set(group_averages({"NQ-v0": result(0.4)})) == {"single-hop"}
+
+
+def test_results_table_follows_the_papers_column_order():
+    results = {"Bamboogle-v0": result(0.125), "NQ-v0": result(0.5), "HotpotQA-v0": result(0.25)}
+    lines = results_table(results).splitlines()
+    assert lines[0] == "| | NQ | single-hop avg | HotpotQA | Bamboogle | multi-hop avg |"
+    assert lines[2] == "| EM | 50.0 | 50.0 | 25.0 | 12.5 | 18.8 |"
+    assert [line.split(" | ")[0] for line in lines[2:]] == [
+        "| EM", "| F1", "| tool calls", "| turns", "| answer rate", "| questions"]
+
+
+def test_evaluate_five_questions_of_two_envs(data_dir, tmp_path):
+    main(["--model", "tiny-random", "--envs", "HotpotQA-v0", "NQ-v0", "--limit", "5", "--batch-size", "3",
+          "--max-step-tokens", "8", "--output", str(tmp_path), "--quiet"])
+    table = (tmp_path / "eval.md").read_text()
+    assert "| | NQ | single-hop avg | HotpotQA | multi-hop avg |" in table.splitlines()
+    data = json.loads((tmp_path / "eval.json").read_text())
+    assert set(data["datasets"]) == {"HotpotQA-v0", "NQ-v0"}
+    for env_id, means in data["datasets"].items():
+        assert set(means) == {*EVAL_COLUMNS, "questions"} and means["questions"] == 5
+        assert len(data["questions"][env_id]) == 5
+        assert 1 <= means["turns"] <= 4 and 0 <= means["answered"] <= 1
+    assert set(data["averages"]) == {"single-hop", "multi-hop"}
+
+
+def test_invalid_limit_names_the_option(capsys):
+    with pytest.raises(SystemExit):
+        main(["--model", "tiny-random", "--limit", "0"])
+    assert "--limit must be >= 1" in capsys.readouterr().err

@@ -1,0 +1,170 @@
+"""MLflow tracking of run.py: params, metric series and artifacts in a sqlite store; a real MLflow server serves
+the run over REST; an unreachable store only warns."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import ray
+from mlflow.tracking import MlflowClient
+
+from experiments.run import main
+from experiments.tracking import MLflowTracker, flatten, numeric_metrics
+
+FAST = ["--model", "tiny-random", "--max-step-tokens", "8", "--prompts-per-iter", "2", "--micro-batch-size", "6",
+        "--checkpoint-every", "0", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def tracked_run(tmp_path_factory, data_dir):
+    """Two tracked iterations with trees every iteration and a final evaluation on two envs."""
+    output = tmp_path_factory.mktemp("tracked")
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, object_store_memory=400_000_000, include_dashboard=False, log_to_driver=False)
+    try:
+        main([*FAST, "--iterations", "2", "--trees-every", "1", "--trees-count", "2", "--final-eval",
+              "--eval-envs", "HotpotQA-v0", "NQ-v0", "--eval-questions", "2", "--output", str(output)])
+    finally:
+        ray.shutdown()
+    uri = f"sqlite:///{output / 'mlflow.db'}"
+    return output, uri, (output / "mlflow_run_id").read_text().strip()
+
+
+def artifact_paths(client: MlflowClient, run_id: str, path: str | None = None) -> set[str]:
+    found = set()
+    for item in client.list_artifacts(run_id, path):
+        found |= artifact_paths(client, run_id, item.path) if item.is_dir else {item.path}
+    return found
+
+
+def test_run_logs_params_metrics_and_artifacts(tracked_run):
+    output, uri, run_id = tracked_run
+    client = MlflowClient(uri)
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.info.run_name == output.name
+    params = run.data.params
+    assert params["algo"] == "tree_grpo" and params["M"] == "2" and params["model"] == "tiny-random"
+    assert params["algorithm/advantage_mode"] == "tree" and params["algorithm/env_config/topk"] == "3"
+    rows = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+    for key in ("reward_mean", "tokens_generated", "leaves", "kl", "budget_chains_measured"):
+        history = client.get_metric_history(run_id, key)
+        assert [m.step for m in history] == [1, 2], key
+        assert [m.value for m in history] == pytest.approx([row[key] for row in rows]), key
+    artifacts = artifact_paths(client, run_id)
+    assert {"config.yaml", "metrics.jsonl", "learning_curve.png", "eval/eval.md", "eval/eval.json",
+            "trees/iter_00001.json", "trees/iter_00001.html", "trees/iter_00002.html"} <= artifacts
+
+
+def test_tree_rendering_names_the_actions_and_the_learners_advantages(tracked_run):
+    output, _, _ = tracked_run
+    trees = json.loads((output / "trees" / "iter_00002.json").read_text())
+    page = (output / "trees" / "iter_00002.html").read_text()
+    assert len(trees) == 2
+
+    def nodes(node):
+        yield node
+        for child in node["children"]:
+            yield from nodes(child)
+
+    for tree in trees:
+        all_nodes = list(nodes(tree["root"]))
+        assert len([n for n in all_nodes if n["is_leaf"]]) == tree["root"]["leaves"] == 3  # 1 chain + N=2
+        for node in all_nodes:
+            assert f"class='action {node['action']}'>{node['action']}<" in page
+            assert math.isfinite(node["advantage"])
+
+
+def test_final_evaluation_table_covers_both_envs(tracked_run):
+    output, _, _ = tracked_run
+    table = (output / "eval" / "eval.md").read_text()
+    assert "| | NQ | single-hop avg | HotpotQA | multi-hop avg |" in table.splitlines()
+    data = json.loads((output / "eval" / "eval.json").read_text())
+    assert set(data["datasets"]) == {"HotpotQA-v0", "NQ-v0"}
+    assert all(d["questions"] == 2 for d in data["datasets"].values())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get_json(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def test_mlflow_server_serves_the_run_over_rest(tracked_run):
+    _, uri, run_id = tracked_run
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--host", "127.0.0.1",
+         "--port", str(port), "--workers", "1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "MLFLOW_ALLOW_FILE_STORE": "false"})
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"{base}/health", timeout=2).close()
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"mlflow server did not start: {server.stderr.read().decode()[-2000:]}")
+                time.sleep(0.5)
+        run = get_json(f"{base}/api/2.0/mlflow/runs/get?run_id={run_id}")["run"]
+        assert run["info"]["run_id"] == run_id
+        params = {p["key"]: p["value"] for p in run["data"]["params"]}
+        assert params["algo"] == "tree_grpo" and params["env"] == "HotpotQA-v0"
+        history = get_json(f"{base}/api/2.0/mlflow/metrics/get-history?run_id={run_id}&metric_key=leaves")
+        assert [m["step"] for m in history["metrics"]] == [1, 2]
+        assert all(m["value"] == 12 for m in history["metrics"])  # 2 prompts x 6 leaves
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_unreachable_tracking_uri_only_warns(data_dir, tmp_path):
+    with pytest.warns(RuntimeWarning, match="MLflow tracking at http://127.0.0.1:.* failed"):
+        main([*FAST, "--iterations", "1", "--output", str(tmp_path), "--mlflow-uri",
+              f"http://127.0.0.1:{free_port()}"])
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 1
+    assert not (tmp_path / "mlflow_run_id").exists()
+    ray.shutdown()
+
+
+def test_no_mlflow_writes_no_store(tmp_path):
+    tracker = MLflowTracker(None, experiment="x")
+    tracker.log_params({"a": 1})
+    tracker.log_metrics({"b": 1.0}, step=1)
+    tracker.end()
+    assert not tracker.enabled and not any(Path(tmp_path).iterdir())
+
+
+def test_flatten_and_numeric_metrics():
+    assert flatten({"a": 1, "b": {"c": "x", "d": {"e": None}}, "f": {}}) == {
+        "a": "1", "b/c": "x", "b/d/e": "None", "f": "{}"}
+    assert flatten({"long": "y" * 7000})["long"] == "y" * 6000
+    assert numeric_metrics({"a": 1, "b": 2.5, "c": None, "d": float("nan"), "e": "s", "f": True}) == {
+        "a": 1.0, "b": 2.5}
+
+
+def test_resumed_run_continues_its_mlflow_run(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    first = MLflowTracker(uri, experiment="tree-grpo", run_name="r")
+    first.log_metrics({"reward_mean": 0.25}, step=1)
+    first.end()
+    resumed = MLflowTracker(uri, experiment="tree-grpo", run_id=first.run_id)
+    resumed.log_metrics({"reward_mean": 0.5}, step=2)
+    resumed.end()
+    history = MlflowClient(uri).get_metric_history(first.run_id, "reward_mean")
+    assert [(m.step, m.value) for m in history] == [(1, 0.25), (2, 0.5)]

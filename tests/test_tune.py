@@ -1,0 +1,84 @@
+"""Ray Tune sweeps: the matched-budget shapes, grid parsing, and a 2-trial grid tracked in MLflow."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import ray
+from mlflow.tracking import MlflowClient
+
+from algos.rollout import TreeShape
+from experiments.tune import (
+    budget_points,
+    main,
+    parse_args,
+    parse_grid,
+    shape_cost,
+    shapes_for_budget,
+    sweep_points,
+    trial_table,
+)
+
+
+def test_shape_cost_is_the_papers_formula():
+    assert shape_cost(TreeShape(2, 2, 1)) == 4.0  # 2 (1 + 1 * 2 / 2)
+    assert shape_cost(TreeShape(4, 5, 1)) == 14.0  # the paper's "budget 16" shape
+    assert shape_cost(TreeShape(2, 2, 1), expansion_cost=0.75) == 5.0  # 2 (1 + 2 * 0.75)
+
+
+def test_shapes_for_budget_4():
+    # M=1: 1 + N/2 = 4 -> N=6 (L=1), N=3 (L=2); M=2: 2 (1 + N/2) = 4 -> N=2 (L=1), N=1 (L=2); M=3: 3 (1 + N/2)
+    # is 4.5 for N=1 (12.5% off, within 15%)
+    assert shapes_for_budget(4) == [TreeShape(1, 6, 1), TreeShape(1, 3, 2), TreeShape(2, 2, 1), TreeShape(2, 1, 2),
+                                    TreeShape(3, 1, 1)]
+    assert shapes_for_budget(4, tolerance=0.0) == [TreeShape(1, 6, 1), TreeShape(1, 3, 2), TreeShape(2, 2, 1),
+                                                   TreeShape(2, 1, 2)]
+    # with a measured expansion cost of 1 chain, (2, 1, 1) costs 2 (1 + 1) = 4
+    assert TreeShape(2, 1, 1) in shapes_for_budget(4, expansion_cost=1.0, tolerance=0.0)
+
+
+def test_budget_points_pair_the_papers_tree_with_the_chain_of_the_same_budget():
+    assert budget_points([2, 4], "paper") == [
+        {"M": 1, "N": 2, "L": 1, "advantage_mode": "tree"}, {"M": 2, "N": 0, "L": 0, "advantage_mode": "inter"},
+        {"M": 2, "N": 2, "L": 1, "advantage_mode": "tree"}, {"M": 4, "N": 0, "L": 0, "advantage_mode": "inter"}]
+    with pytest.raises(ValueError, match="budgets \\[2, 4, 8, 16\\], not 6"):
+        budget_points([6], "paper")
+    assert budget_points([6], "all", tolerance=0.0)[-1] == {"M": 6, "N": 0, "L": 0, "advantage_mode": "inter"}
+
+
+def test_parse_grid_and_sweep_points():
+    grid = parse_grid(["M=1,2", "lr=1e-6,3e-6", "advantage_mode=tree,inter"], {"M", "lr", "advantage_mode"})
+    assert grid == {"M": [1, 2], "lr": [1e-6, 3e-6], "advantage_mode": ["tree", "inter"]}
+    points = sweep_points({"M": [1, 2]}, [], [0, 1])
+    assert points == [{"M": 1, "seed": 0}, {"M": 1, "seed": 1}, {"M": 2, "seed": 0}, {"M": 2, "seed": 1}]
+    with pytest.raises(ValueError, match="'lrr' is not a field"):
+        parse_grid(["lrr=1"], {"lr"})
+    with pytest.raises(ValueError, match="KEY=V1,V2"):
+        parse_grid(["M"], {"M"})
+
+
+def test_trial_table_sorts_by_the_metric_trials_without_it_last():
+    rows = [{"trial": "a", "dev_em": 0.1}, {"trial": "b", "dev_em": None}, {"trial": "c", "dev_em": 0.3}]
+    lines = trial_table(rows, "dev_em").splitlines()
+    assert [line.split(" | ")[0] for line in lines[2:]] == ["| c", "| a", "| b"]
+
+
+def test_resume_is_refused():
+    with pytest.raises(SystemExit):
+        parse_args(["--resume", "x"])
+
+
+def test_two_trial_grid_is_tracked_in_mlflow(data_dir, tmp_path):
+    main(["--model", "tiny-random", "--max-step-tokens", "8", "--prompts-per-iter", "2", "--micro-batch-size", "6",
+          "--grid", "M=1,2", "--iterations", "1", "--output", str(tmp_path)])
+    ray.shutdown()
+    results = json.loads((tmp_path / "tune_results.json").read_text())
+    assert sorted(t["M"] for t in results["trials"]) == [1, 2]
+    assert all(t["iterations"] == 1 and t["error"] is None for t in results["trials"])
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("tree-grpo").experiment_id])
+    assert len(runs) == 2 and {r.info.status for r in runs} == {"FINISHED"}
+    assert sorted(r.data.params["M"] for r in runs) == ["1", "2"]
+    # leaves per prompt = M (1 + L N): 3 and 6, two prompts
+    assert sorted(r.data.metrics["env_runners/leaves"] for r in runs) == [6, 12]
