@@ -6,7 +6,8 @@
     env = gym.make("HotpotQA-v0", split="dev", topk=3, max_turns=3)
 
 Every id serves :class:`envs.search_qa.SearchQAEnv` on the shared corpus (``DATA_DIR/wiki/paragraphs.jsonl``);
-every constructor argument can be overridden through ``gym.make`` keyword arguments.
+every constructor argument can be overridden through ``gym.make`` keyword arguments. ``SynthHop-v0`` serves
+the same env over a generated fictional world (``envs.synthetic``; ``gym.make("SynthHop-v0", world={...})``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ ENV_IDS: dict[str, tuple[str, str, str]] = {
     "TriviaQA-v0": ("triviaqa", "test", "test"),
     "PopQA-v0": ("popqa", "test", "test"),
     "Bamboogle-v0": ("bamboogle", "test", "test"),
+    "SynthHop-v0": ("synthhop", "train", "dev"),  # a generated world (envs.synthetic), not the data directory
 }
+PAPER_ENV_IDS = tuple(env_id for env_id in ENV_IDS if env_id != "SynthHop-v0")
 
 
 def eval_split(env_id: str) -> str:
@@ -38,6 +41,9 @@ def eval_split(env_id: str) -> str:
 
 for _env_id, (_dataset, _split, _) in ENV_IDS.items():
     if _env_id not in gym.registry:
-        gym.register(id=_env_id, entry_point=ENTRY_POINT, kwargs={"dataset": _dataset, "split": _split})
+        if _dataset == "synthhop":
+            gym.register(id=_env_id, entry_point="envs.synthetic:make_synthhop_env", kwargs={"split": _split})
+        else:
+            gym.register(id=_env_id, entry_point=ENTRY_POINT, kwargs={"dataset": _dataset, "split": _split})
 
-__all__ = ["ENV_IDS", "SearchQAEnv", "SearchQAState", "UnicodeText", "eval_split", "parse_action"]
+__all__ = ["ENV_IDS", "PAPER_ENV_IDS", "SearchQAEnv", "SearchQAState", "UnicodeText", "eval_split", "parse_action"]

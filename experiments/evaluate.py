@@ -122,7 +122,8 @@ def evaluate_env(env_id: str, model, tokenizer, *, split: str, limit: int | None
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="a run.py --model name, a model directory or a checkpoint")
-    p.add_argument("--envs", nargs="+", default=list(envs.ENV_IDS), choices=list(envs.ENV_IDS), metavar="ENV_ID")
+    p.add_argument("--envs", nargs="+", default=list(envs.PAPER_ENV_IDS), choices=list(envs.ENV_IDS),
+                   metavar="ENV_ID", help="default: the paper's seven")
     p.add_argument("--split", default=None, help="default: each env's evaluation split (dev or test)")
     p.add_argument("--limit", type=int, default=None, help="the first N questions of each split")
     p.add_argument("--batch-size", type=int, default=16, help="questions advancing together")
