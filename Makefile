@@ -11,7 +11,7 @@ TREEGRPO_DATA_DIR ?= $(firstword $(wildcard $(CURDIR)/data) $(wildcard $(abspath
 export TREEGRPO_DATA_DIR
 export RAY_AUTH_MODE ?= disabled
 
-.PHONY: setup run baselines test test-slow lint bench-retrieval bench-generation check-data
+.PHONY: setup run baselines test test-slow lint bench-retrieval bench-generation bench-learning check-data
 
 setup: $(VENV)/.installed
 
@@ -52,3 +52,6 @@ bench-retrieval: setup check-data
 
 bench-generation: setup check-data
 	$(PY) experiments/bench_generation.py
+
+bench-learning: setup check-data
+	$(PY) experiments/bench_learning.py --report $(BENCH_ARGS)

@@ -189,7 +189,8 @@ def metrics_row(iteration: int, result: dict) -> dict[str, Any]:
                            "time_s": result.get(ITERATION_TIME_S)}
     row.update({key: runners.get(key) for key in ENV_RUNNER_KEYS})
     row.update({key: learner.get(key) for key in LEARNER_KEYS})
-    row.update({key: value for key, value in result.items() if key.startswith(DEV_PREFIX)})
+    # evaluation keys only on the iterations that evaluated (RLlib reports NaN for the others)
+    row.update({key: value for key, value in result.items() if key.startswith(DEV_PREFIX) and value == value})
     return {k: (float(v) if hasattr(v, "__float__") and not isinstance(v, int) else v) for k, v in row.items()}
 
 

@@ -28,6 +28,15 @@ DEFAULT_MODEL_CONFIG: dict[str, Any] = {
     "model": "tiny-random", "dtype": "float32", "lora": None, "seed": 0, "logprob_chunk": 256,
 }
 LOGPROBS, ENTROPY = "logprobs", "entropy"
+GENERATED_MASK = "generated_mask"  # optional batch key: the positions to score
+
+
+def _scatter(chunks: list[torch.Tensor], rows: torch.Tensor, cols: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """Per-position values of the next-token predictions back into a [B, T] tensor (0 elsewhere; position t + 1
+    holds the prediction made at t)."""
+    values = torch.cat(chunks) if chunks else torch.zeros(0, device=rows.device)
+    out = torch.zeros(shape, dtype=torch.float32, device=rows.device)
+    return out.index_put((rows, cols + 1), values.to(torch.float32))
 
 
 def token_logprobs_and_entropy(
@@ -72,17 +81,23 @@ class LLMRLModule(TorchRLModule):
     @override(TorchRLModule)
     def _forward_train(self, batch: dict[str, Any], *, return_entropy: bool = False, **kwargs) -> dict[str, Any]:
         """Per-token log-probs: ``logprobs[b, t] = log p(input_ids[b, t] | input_ids[b, :t])`` ([B, T], 0 at t=0
-        and at padding), and ``entropy`` [B, T] of the same next-token distributions when asked."""
+        and at padding), and ``entropy`` [B, T] of the same next-token distributions when asked. With a
+        ``generated_mask`` [B, T] in the batch only its positions are scored (the others are 0): the LM head,
+        which dominates small models, then runs on the generated tokens alone."""
         input_ids, mask = batch["input_ids"], batch["attention_mask"]
         base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
         positions = (mask.long().cumsum(-1) - 1).clamp(min=0)  # right or left padding alike
         hidden = base.get_decoder()(input_ids=input_ids, attention_mask=mask, position_ids=positions).last_hidden_state
         # position t's hidden state predicts token t + 1
-        hidden, head, targets = hidden[:, :-1], base.get_output_embeddings(), input_ids[:, 1:]
+        scored = (mask[:, 1:] * mask[:, :-1]).bool()
+        if GENERATED_MASK in batch:
+            scored &= batch[GENERATED_MASK][:, 1:].bool()
+        rows, cols = scored.nonzero(as_tuple=True)
+        hidden, head, targets = hidden[:, :-1][rows, cols], base.get_output_embeddings(), input_ids[:, 1:][rows, cols]
         chunks_lp, chunks_ent = [], []
-        for start in range(0, targets.shape[1], self.logprob_chunk):
-            span = slice(start, start + self.logprob_chunk)
-            args = (hidden[:, span], head, targets[:, span])
+        chunk = self.logprob_chunk * input_ids.shape[0]  # as many logits at a time as logprob_chunk positions per row
+        for start in range(0, len(targets), chunk):
+            args = (hidden[start:start + chunk], head, targets[start:start + chunk])
             if torch.is_grad_enabled():  # recompute the chunk's logits in backward instead of keeping them
                 lp, ent = checkpoint(token_logprobs_and_entropy, *args, with_entropy=return_entropy,
                                      use_reentrant=False)
@@ -90,11 +105,9 @@ class LLMRLModule(TorchRLModule):
                 lp, ent = token_logprobs_and_entropy(*args, with_entropy=return_entropy)
             chunks_lp.append(lp)
             chunks_ent.append(ent)
-        valid = (mask[:, 1:] * mask[:, :-1]).to(torch.float32)
-        zeros = torch.zeros_like(valid[:, :1])
-        out = {LOGPROBS: torch.cat([zeros, torch.cat(chunks_lp, dim=1) * valid], dim=1)}
+        out = {LOGPROBS: _scatter(chunks_lp, rows, cols, input_ids.shape)}
         if return_entropy:
-            out[ENTROPY] = torch.cat([zeros, torch.cat(chunks_ent, dim=1) * valid], dim=1)
+            out[ENTROPY] = _scatter(chunks_ent, rows, cols, input_ids.shape)
         return out
 
     @override(TorchRLModule)

@@ -21,7 +21,7 @@ from algos.rollout import TreeRollout, TreeShape
 from algos.tree_grpo import TreeGRPO, TreeGRPOConfig
 from experiments.run import ENV_RUNNER_KEYS, main
 from policies.generation import GenerationCounters, StepOutput
-from policies.models import load_model
+from policies.models import build_tiny_random, load_model
 
 CONTRACT_KEYS = ("iteration", "reward_mean", "em_mean", "prompts", "trees", "leaves", "tokens_generated",
                  "tokens_prefilled", "llm_calls", "tool_calls", "time_s")
@@ -102,6 +102,23 @@ def test_invalid_config_names_the_field():
         TreeGRPOConfig().environment("HotpotQA-v0").training(advantage_mode="global").validate()
     with pytest.raises(ValueError, match="tree shape"):
         TreeGRPOConfig().environment("HotpotQA-v0").training(M=0).validate()
+
+
+def test_the_configured_model_reaches_the_runner_and_the_learner(ray_session, data_dir, tmp_path):
+    # a saved model directory that differs from the default tiny-random in shape
+    _, tokenizer = load_model("tiny-random")
+    narrower = build_tiny_random(tokenizer, hidden_size=32, layers=1, heads=2)
+    narrower.save_pretrained(tmp_path / "m")
+    tokenizer.save_pretrained(tmp_path / "m")
+    config = (TreeGRPOConfig().environment("HotpotQA-v0", env_config={"data_dir": str(data_dir)})
+              .rl_module(model_config={"model": str(tmp_path / "m")}).training(prompts_per_iteration=1))
+    algo = config.build_algo()
+    try:
+        learner_module = algo.learner_group._learner.module["default_policy"]
+        for module in (algo.env_runner.module, learner_module):
+            assert module.model.config.hidden_size == 32 and module.model.config.num_hidden_layers == 1
+    finally:
+        algo.stop()
 
 
 # -- rollout accounting with a scripted policy (searches, then answers) ---------------------------------------

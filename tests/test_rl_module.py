@@ -8,9 +8,10 @@ import pytest
 import torch
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
+import algos.batch as batch_keys
 from envs.search_qa import UnicodeText
 from policies.generation import Branch, SamplingSettings, prompt_ids
-from policies.rl_module import ENTROPY, LOGPROBS, LLMRLModule
+from policies.rl_module import ENTROPY, GENERATED_MASK, LOGPROBS, LLMRLModule
 
 
 def build(**model_config) -> LLMRLModule:
@@ -54,6 +55,21 @@ def test_forward_train_matches_full_logits(module, left):
         torch.testing.assert_close(out[LOGPROBS][b, real][1:], lp, atol=1e-5, rtol=0)
         torch.testing.assert_close(out[ENTROPY][b, real][1:], ent, atol=1e-4, rtol=0)
         assert out[LOGPROBS][b, ~real].abs().sum() == 0 and out[LOGPROBS][b, real][0] == 0
+
+
+def test_a_generated_mask_scores_only_its_positions(module):
+    sequences = [list(range(10, 33)), list(range(50, 57))]
+    batch = padded_batch(sequences, module.tokenizer.pad_token_id)
+    generated = torch.zeros_like(batch["attention_mask"])
+    generated[0, 5:9], generated[0, 15:20], generated[1, 3:7] = 1, 1, 1
+    with torch.no_grad():
+        full = module.forward_train(batch, return_entropy=True)
+        masked = module.forward_train({**batch, GENERATED_MASK: generated}, return_entropy=True)
+    keep = generated.bool()
+    for key in (LOGPROBS, ENTROPY):
+        torch.testing.assert_close(masked[key][keep], full[key][keep], atol=1e-5, rtol=0)
+        assert masked[key][~keep].abs().sum() == 0
+    assert GENERATED_MASK == batch_keys.GENERATED_MASK  # the key the learner's batches carry
 
 
 def test_gradients_flow_through_the_chunks(module):

@@ -108,7 +108,9 @@ class TreeGRPOConfig(AlgorithmConfig):
     def get_default_rl_module_spec(self) -> RLModuleSpec:
         from policies.rl_module import LLMRLModule
 
-        return RLModuleSpec(module_class=LLMRLModule, model_config={"model": "tiny-random"})
+        # No model_config here: RLlib merges the default spec's model_config OVER the user's
+        # ``.rl_module(model_config=...)``; the module's own defaults (tiny-random) apply to missing keys.
+        return RLModuleSpec(module_class=LLMRLModule)
 
     @override(AlgorithmConfig)
     def get_default_learner_class(self) -> type:

@@ -1,0 +1,192 @@
+"""Warm start (the "cold start" of agentic RL recipes): supervised fine-tuning on the retrieval oracle's
+trajectories, so that RL starts from a policy that follows the search/answer format.
+
+    python experiments/warmstart.py --env SynthHop-v0 --model scratch --output outputs/warm/synthhop
+    python experiments/warmstart.py --env HotpotQA-v0 --model smollm2-135m --questions 300 --output outputs/warm/hq
+    python experiments/run.py --env SynthHop-v0 --model outputs/warm/synthhop/model ...      # then RL from it
+
+The oracle searches each hop's gold query (a question's supporting titles, in order) and answers with the gold
+answer. Its steps are run through the env, so the observations are the real retrieved passages, and the
+trajectory is laid out token for token as the RL rollouts are (chat-templated prompt, step ids, observation
+ids, the end-of-turn token after the answer). Only the generated tokens are trained; observations are masked.
+``--model scratch`` is a small Llama (SmolLM2's tokenizer) trained from random weights; any ``run.py --model``
+is fine-tuned. Writes OUTPUT/model (a directory ``--model`` accepts) and OUTPUT/warmstart.json (settings,
+loss curve, greedy dev EM before and after).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+import envs
+from envs.datasets import resolve_data_dir
+from experiments.baselines import OracleAgent
+from experiments.evaluate import evaluate_env
+from policies.generation import SamplingSettings, end_of_turn_ids, observation_ids, prompt_ids
+
+
+def oracle_trajectory(env: gym.Env, tokenizer, index: int, max_searches: int,
+                      end_of_turn: int) -> tuple[list[int], list[int]]:
+    """Question ``index``'s oracle trajectory: token ids and a 0/1 mask of the generated ones."""
+    prompt, _ = env.reset(options={"index": index})
+    agent = OracleAgent(max_searches)
+    agent.start(prompt, env.unwrapped.record)
+    ids, generated = list(prompt_ids(tokenizer, prompt)), []
+    generated = [0] * len(ids)
+    observation, done = prompt, False
+    while not done:
+        text = agent.act(observation)
+        step = tokenizer(text, add_special_tokens=False)["input_ids"]
+        observation, _, terminated, truncated, _ = env.step(text)
+        done = terminated or truncated
+        if done:
+            step = [*step, end_of_turn]  # the model must learn to end its turn after the answer
+        ids += step
+        generated += [1] * len(step)
+        if observation:
+            obs = observation_ids(tokenizer, observation)
+            ids += obs
+            generated += [0] * len(obs)
+    return ids, generated
+
+
+def sft_loss(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, generated: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of the generated tokens; the LM head runs on their positions only (the head of a
+    small model with a 49k vocabulary costs more than the rest of it)."""
+    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    select = generated[:, 1:].bool()  # position t predicts token t + 1
+    logits = model.get_output_embeddings()(hidden[:, :-1][select]).float()
+    return torch.nn.functional.cross_entropy(logits, input_ids[:, 1:][select])
+
+
+def pad(rows: Sequence[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, ...]:
+    width = max(len(ids) for ids, _ in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(rows), width), dtype=torch.long)
+    generated = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, (row_ids, row_mask) in enumerate(rows):
+        ids[i, :len(row_ids)] = torch.tensor(row_ids)
+        attention[i, :len(row_ids)] = 1
+        generated[i, :len(row_ids)] = torch.tensor(row_mask)
+    return ids, attention, generated
+
+
+def train(model, data: list[tuple[list[int], list[int]]], *, epochs: int, lr: float, batch_size: int, seed: int,
+          pad_id: int, max_minutes: float | None = None, log=print) -> list[float]:
+    """AdamW over shuffled batches (sorted by length within a chunk, to pad less), linear warm-up then cosine
+    decay; the mean loss of each epoch."""
+    rng = np.random.default_rng(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    steps = epochs * -(-len(data) // batch_size)
+    warmup = max(1, steps // 20)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + np.cos(np.pi * min(s, steps) / steps)))
+    model.train()
+    start, curve = time.perf_counter(), []
+    for epoch in range(epochs):
+        order = rng.permutation(len(data))
+        batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+        losses = []
+        for batch in batches:
+            ids, attention, generated = pad([data[i] for i in batch], pad_id)
+            loss = sft_loss(model, ids, attention, generated)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            schedule.step()
+            losses.append(loss.item())
+        curve.append(float(np.mean(losses)))
+        log(f"epoch {epoch + 1}/{epochs}: loss {curve[-1]:.4f}  ({time.perf_counter() - start:.0f} s)")
+        if max_minutes is not None and time.perf_counter() - start > 60 * max_minutes:
+            log(f"stopping: --max-minutes {max_minutes} reached")
+            break
+    model.eval()
+    return curve
+
+
+def build_model(args: argparse.Namespace):
+    """(model, tokenizer): a fresh small Llama for ``scratch``, else ``load_model(--model)``."""
+    from policies.models import build_tiny_random, load_model
+
+    if args.model != "scratch":
+        return load_model(args.model, seed=args.seed)
+    _, tokenizer = load_model("tiny-random")
+    model = build_tiny_random(tokenizer, seed=args.seed, hidden_size=args.hidden_size, layers=args.layers,
+                              heads=args.heads)
+    return model, tokenizer
+
+
+def dev_em(model, tokenizer, args: argparse.Namespace, env_kwargs: dict) -> dict[str, float]:
+    """Greedy dev results (means) on the first --dev-questions of the env's evaluation split."""
+    from algos.evaluation import mean_results
+
+    rows = evaluate_env(args.env, model, tokenizer, split=envs.eval_split(args.env), limit=args.dev_questions,
+                        batch_size=32, env_kwargs=env_kwargs,
+                        sampling=SamplingSettings(greedy=True, max_step_tokens=args.max_step_tokens))
+    return mean_results(rows)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--env", choices=list(envs.ENV_IDS), default="SynthHop-v0")
+    p.add_argument("--model", default="scratch", help="scratch (a small Llama from random weights) or a "
+                                                      "run.py --model to fine-tune")
+    p.add_argument("--hidden-size", type=int, default=192, help="--model scratch: width")
+    p.add_argument("--layers", type=int, default=3, help="--model scratch: depth")
+    p.add_argument("--heads", type=int, default=6, help="--model scratch: attention heads")
+    p.add_argument("--questions", type=int, default=None, help="oracle trajectories (default: the whole split)")
+    p.add_argument("--epochs", type=int, default=6)
+    p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (use ~1e-5 to fine-tune smollm2)")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--max-minutes", type=float, default=None, help="stop after the epoch that passes this")
+    p.add_argument("--max-turns", type=int, default=3)
+    p.add_argument("--topk", type=int, default=3)
+    p.add_argument("--max-step-tokens", type=int, default=64, help="step cap of the dev evaluation")
+    p.add_argument("--dev-questions", type=int, default=100)
+    p.add_argument("--data-dir", default=None, help="default: $TREEGRPO_DATA_DIR, else ./data")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--output", default="outputs/warmstart")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> Path:
+    args = parse_args(argv)
+    torch.manual_seed(args.seed)
+    output = Path(args.output)
+    env_kwargs = {"data_dir": str(resolve_data_dir(args.data_dir).resolve()), "max_turns": args.max_turns,
+                  "topk": args.topk}
+    model, tokenizer = build_model(args)
+    env = gym.make(args.env, **env_kwargs)
+    count = len(env.unwrapped.records) if args.questions is None else min(args.questions, len(env.unwrapped.records))
+    end_of_turn = min(end_of_turn_ids(tokenizer, model))
+    data = [oracle_trajectory(env, tokenizer, i, args.max_turns, end_of_turn) for i in range(count)]
+    tokens = sum(len(ids) for ids, _ in data)
+    print(f"{len(data)} oracle trajectories, {tokens} tokens ({sum(sum(m) for _, m in data)} trained); "
+          f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters")
+    before = dev_em(model, tokenizer, args, env_kwargs)
+    print(f"dev before: EM {before['em']:.3f}, reward {before['reward']:.3f}, answer rate {before['answered']:.2f}")
+    curve = train(model, data, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, seed=args.seed,
+                  pad_id=tokenizer.pad_token_id, max_minutes=args.max_minutes)
+    after = dev_em(model, tokenizer, args, env_kwargs)
+    print(f"dev after: EM {after['em']:.3f}, reward {after['reward']:.3f}, answer rate {after['answered']:.2f}, "
+          f"tool calls {after['tool_calls']:.2f}")
+    model.save_pretrained(output / "model")
+    tokenizer.save_pretrained(output / "model")
+    summary = {"settings": vars(args), "trajectories": len(data), "tokens": tokens, "loss_per_epoch": curve,
+               "dev_before": before, "dev_after": after}
+    (output / "warmstart.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
+    print(f"model: {output / 'model'} (use --model {output / 'model'})")
+    return output / "model"
+
+
+if __name__ == "__main__":
+    main()
