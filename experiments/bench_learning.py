@@ -112,9 +112,10 @@ def summarize(runs: dict[str, list[list[dict]]], before: float) -> dict[str, dic
     return summary
 
 
-def mean_rows(seeds: list[list[dict]]) -> list[dict]:
-    """Rows averaged over seeds, iteration by iteration (for the plot)."""
-    by_iteration: dict[int, list[dict]] = {}
+def mean_rows(seeds: list[list[dict]], before: float) -> list[dict]:
+    """Rows averaged over seeds, iteration by iteration, after the start point (iteration 0) (for the plot)."""
+    by_iteration: dict[int, list[dict]] = {0: [{"iteration": 0, "tokens_generated": 0, "reward_mean": float("nan"),
+                                                "dev_em": before}]}
     for rows in seeds:
         for row in rows:
             by_iteration.setdefault(row["iteration"], []).append(row)
@@ -164,7 +165,7 @@ def main(argv: list[str] | None = None) -> Path:
     (output / "learning.md").write_text(table, encoding="utf-8")
     (output / "learning.json").write_text(json.dumps({"settings": vars(args), "summary": summary}, indent=1),
                                           encoding="utf-8")
-    plot = plot_runs({name: mean_rows(seeds) for name, seeds in runs.items()}, output / "learning.png",
+    plot = plot_runs({name: mean_rows(seeds, before) for name, seeds in runs.items()}, output / "learning.png",
                      metrics=("dev_em", "reward_mean"))
     print(table)
     if args.report:

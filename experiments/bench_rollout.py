@@ -2,6 +2,7 @@
 
     python experiments/bench_rollout.py                       # smollm2-135m, HotpotQA dev questions 0..7
     python experiments/bench_rollout.py --model tiny-random --max-step-tokens 16 --output /tmp/b.md  # smoke
+    python experiments/bench_rollout.py --env SynthHop-v0 --model outputs/warm/synthhop/model --max-step-tokens 64
 
 Part 1: the same questions, the same model and seed: tree (2,2,1) against chains G=4 and G=6; per leaf:
 tokens generated, tokens prefilled, LLM calls, tool calls, wall seconds (prefix reuse on for all).
@@ -19,7 +20,7 @@ import time
 import gymnasium as gym
 from ray.rllib.utils.metrics import LEARNER_UPDATE_TIMER, SYNCH_WORKER_WEIGHTS_TIMER, TIMERS
 
-import envs  # noqa: F401  (registers the env ids)
+import envs
 from algos.rollout import TreeRollout, TreeShape
 from algos.tree_grpo import TreeGRPOConfig
 from algos.tree_grpo import metrics as M
@@ -36,10 +37,11 @@ NO_TOOL_CALLS_NOTE = (
 SHAPES = {"tree (2,2,1)": TreeShape(2, 2, 1), "chain G=4": TreeShape(4, 0, 0), "chain G=6": TreeShape(6, 0, 0)}
 
 
-def per_leaf_costs(model_name: str, questions: list[int], settings: SamplingSettings, seed: int) -> dict[str, dict]:
+def per_leaf_costs(model_name: str, env_id: str, questions: list[int], settings: SamplingSettings,
+                   seed: int) -> dict[str, dict]:
     model, tokenizer = load_model(model_name)
     model.eval()
-    env = gym.make("HotpotQA-v0", split="dev")
+    env = gym.make(env_id, split=envs.eval_split(env_id))
     rows = {}
     for name, shape in SHAPES.items():
         generator = HFStepGenerator(model, tokenizer, settings)
@@ -55,13 +57,14 @@ def per_leaf_costs(model_name: str, questions: list[int], settings: SamplingSett
     return rows
 
 
-def iteration_shares(model_name: str, prompts: int, settings: SamplingSettings, seed: int) -> dict[str, float]:
+def iteration_shares(model_name: str, env_id: str, prompts: int, settings: SamplingSettings,
+                     seed: int) -> dict[str, float]:
     import ray
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray.init(num_cpus=os.cpu_count(), object_store_memory=1_000_000_000, include_dashboard=False,
              log_to_driver=False, ignore_reinit_error=True)
-    config = (TreeGRPOConfig().environment("HotpotQA-v0")
+    config = (TreeGRPOConfig().environment(env_id)
               .training(M=2, N=2, L=1, prompts_per_iteration=prompts, max_step_tokens=settings.max_step_tokens)
               .rl_module(model_config={"model": model_name}).debugging(seed=seed))
     algo = config.build_algo()
@@ -84,11 +87,13 @@ def iteration_shares(model_name: str, prompts: int, settings: SamplingSettings, 
 
 def report(args: argparse.Namespace, costs: dict[str, dict], shares: dict[str, float] | None) -> str:
     lines = [
-        f"Command: `python experiments/bench_rollout.py --model {args.model} --questions {args.questions} "
+        f"Command: `python experiments/bench_rollout.py --env {args.env} --model {args.model} "
+        f"--questions {args.questions} "
         f"--max-step-tokens {args.max_step_tokens} --iteration-prompts {args.iteration_prompts} --seed {args.seed}`  ",
         f"Machine: {machine_description()}",
         "",
-        f"Per leaf, HotpotQA dev questions 0..{args.questions - 1}, same model and seed, prefix reuse on:",
+        f"Per leaf, {args.env} {envs.eval_split(args.env)} questions 0..{args.questions - 1}, same model and seed, "
+        f"prefix reuse on:",
         "",
         "| rollout | leaves | tokens generated | tokens prefilled | LLM calls | tool calls | seconds | "
         "budget (chains/prompt) measured / paper's estimate | generated vs G=4 | vs G=6 | tool calls vs G=4 | vs G=6 |",
@@ -114,6 +119,7 @@ def report(args: argparse.Namespace, costs: dict[str, dict], shares: dict[str, f
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--env", default="HotpotQA-v0", choices=list(envs.ENV_IDS))
     parser.add_argument("--questions", type=int, default=8)
     parser.add_argument("--max-step-tokens", type=int, default=500)
     parser.add_argument("--iteration-prompts", type=int, default=2, help="0 skips part 2")
@@ -121,13 +127,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--output", default="docs/benchmarks.md")
     args = parser.parse_args(argv)
     settings = SamplingSettings(max_step_tokens=args.max_step_tokens)
-    costs = per_leaf_costs(args.model, list(range(args.questions)), settings, args.seed)
+    costs = per_leaf_costs(args.model, args.env, list(range(args.questions)), settings, args.seed)
     shares = None
     if args.iteration_prompts:
-        shares = iteration_shares(args.model, args.iteration_prompts, settings, args.seed)
+        shares = iteration_shares(args.model, args.env, args.iteration_prompts, settings, args.seed)
     section = report(args, costs, shares)
     print(section)
-    replace_section(args.output, "rollout", "Rollouts: tree vs chain per leaf, iteration time (issue 4)", section)
+    key = "rollout" if args.env == "HotpotQA-v0" else f"rollout-{args.env}"
+    replace_section(args.output, key, f"Rollouts on {args.env}: tree vs chain per leaf, iteration time (issue 4)",
+                    section)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,81 @@
+"""Warm start: oracle trajectories laid out like RL rollouts, and SFT that trains the generated tokens only."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import pytest
+import torch
+
+import envs  # noqa: F401  (registers the env ids)
+from envs.synthetic import WorldSpec, write_world
+from experiments.bench_learning import mean_rows, summarize
+from experiments.warmstart import oracle_trajectory, pad, sft_loss, train
+from policies.generation import observation_ids, prompt_ids
+from policies.models import build_tiny_random, load_model
+
+WORLD = WorldSpec(people=20, companies=10, cities=6, countries=3, train_questions=20, dev_questions=10)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = write_world(WORLD, tmp_path_factory.mktemp("world"))
+    env = gym.make("SynthHop-v0", split="train", data_dir=root)
+    _, tokenizer = load_model("tiny-random")
+    return env, tokenizer
+
+
+def test_oracle_trajectory_is_prompt_steps_and_masked_observations(setup):
+    env, tokenizer = setup
+    ids, generated = oracle_trajectory(env, tokenizer, 0, max_searches=3, end_of_turn=tokenizer.eos_token_id)
+    record = env.unwrapped.records[0]
+    prompt = prompt_ids(tokenizer, env.unwrapped.prompt)
+    assert tuple(ids[:len(prompt)]) == prompt and not any(generated[:len(prompt)])
+    text = tokenizer.decode([i for i, g in zip(ids, generated, strict=True) if g])
+    assert text.count("<search>") == len(record.supporting_titles) and text.count("<answer>") == 1
+    assert f"<answer> {record.answers[0]} </answer>" in text and ids[-1] == tokenizer.eos_token_id and generated[-1]
+    # every observation (retrieved passages) is in the sequence and masked out
+    masked = [i for i, g in zip(ids[len(prompt):], generated[len(prompt):], strict=True) if not g]
+    first_hop = env.unwrapped.retriever.search([record.supporting_titles[0]], k=3)[0]
+    assert first_hop[0].title in tokenizer.decode(masked)
+    assert len(masked) >= len(observation_ids(tokenizer, "\n\n<information>"))
+
+
+def test_sft_loss_ignores_masked_tokens(setup):
+    _, tokenizer = setup
+    model = build_tiny_random(tokenizer, hidden_size=32, layers=1, heads=2)
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    attention = torch.ones_like(ids)
+    generated = torch.tensor([[0, 0, 0, 1, 1, 0]])
+    with torch.no_grad():
+        loss = sft_loss(model, ids, attention, generated)
+        logp = torch.log_softmax(model(ids).logits[0].float(), -1)
+    expected = -(logp[2, 8] + logp[3, 9]) / 2  # tokens 3 and 4 are predicted at positions 2 and 3
+    torch.testing.assert_close(loss, expected, atol=1e-5, rtol=0)
+
+
+def test_sft_fits_a_few_oracle_trajectories(setup):
+    env, tokenizer = setup
+    model = build_tiny_random(tokenizer, hidden_size=64, layers=2, heads=4)
+    data = [oracle_trajectory(env, tokenizer, i, 3, tokenizer.eos_token_id) for i in range(4)]
+    ids, attention, generated = pad(data, tokenizer.pad_token_id)
+    with torch.no_grad():
+        before = sft_loss(model, ids, attention, generated).item()
+    train(model, data, epochs=30, lr=3e-3, batch_size=4, seed=0, pad_id=tokenizer.pad_token_id, log=lambda _: None)
+    with torch.no_grad():
+        after = sft_loss(model, ids, attention, generated).item()
+    assert after < 0.5 * before
+
+
+def test_bench_learning_summary_and_plot_rows():
+    runs = {"tree (2,2,1)": [
+        [{"iteration": 1, "dev_em": None, "tokens_generated": 100, "reward_mean": 0.2, "time_s": 3.0},
+         {"iteration": 2, "dev_em": 0.5, "tokens_generated": 50, "reward_mean": 0.4, "time_s": 2.0}],
+        [{"iteration": 1, "dev_em": None, "tokens_generated": 80, "reward_mean": 0.1, "time_s": 4.0},
+         {"iteration": 2, "dev_em": 0.3, "tokens_generated": 70, "reward_mean": 0.3, "time_s": 1.0}]]}
+    s = summarize(runs, before=0.1)["tree (2,2,1)"]
+    assert s["budget"] == 4 and s["dev_em_final_mean"] == pytest.approx(0.4)
+    assert s["dev_em_final_std"] == pytest.approx(0.1) and s["tokens_generated_per_seed"] == [150, 150]
+    assert s["seconds_per_seed"] == [5.0, 5.0]
+    rows = mean_rows(runs["tree (2,2,1)"], before=0.1)
+    assert [r["iteration"] for r in rows] == [0, 1, 2] and rows[0]["dev_em"] == 0.1
+    assert rows[1]["tokens_generated"] == 90 and rows[1]["dev_em"] is None and rows[2]["dev_em"] == pytest.approx(0.4)
