@@ -28,27 +28,33 @@ import torch
 
 import envs
 from envs.datasets import resolve_data_dir
-from experiments.baselines import OracleAgent
+from experiments.baselines import OracleAgent, in_format
 from experiments.evaluate import evaluate_env
 from policies.generation import SamplingSettings, end_of_turn_ids, observation_ids, prompt_ids
 
 
-def oracle_trajectory(env: gym.Env, tokenizer, index: int, max_searches: int,
-                      end_of_turn: int) -> tuple[list[int], list[int]]:
-    """Question ``index``'s oracle trajectory: token ids and a 0/1 mask of the generated ones."""
+def oracle_trajectory(env: gym.Env, tokenizer, index: int, max_searches: int, end_of_turn: int,
+                      answer: bool = True) -> tuple[list[int], list[int]]:
+    """Question ``index``'s oracle trajectory: token ids and a 0/1 mask of the generated ones. With
+    ``answer=False`` the oracle never answers: where it would, it repeats its last search until the episode
+    ends unanswered."""
     prompt, _ = env.reset(options={"index": index})
     agent = OracleAgent(max_searches)
     agent.start(prompt, env.unwrapped.record)
-    ids, generated = list(prompt_ids(tokenizer, prompt)), []
+    ids = list(prompt_ids(tokenizer, prompt))
     generated = [0] * len(ids)
-    observation, done = prompt, False
+    observation, done, last_query = prompt, False, env.unwrapped.record.question
     while not done:
         text = agent.act(observation)
+        if "<search>" in text:
+            last_query = agent.pending
+        elif not answer:
+            text = in_format("I should check again", "search", last_query)
         step = tokenizer(text, add_special_tokens=False)["input_ids"]
         observation, _, terminated, truncated, _ = env.step(text)
         done = terminated or truncated
-        if done:
-            step = [*step, end_of_turn]  # the model must learn to end its turn after the answer
+        if terminated:  # answered: as in the rollouts, the end-of-turn token follows </answer>
+            step = [*step, end_of_turn]
         ids += step
         generated += [1] * len(step)
         if observation:
@@ -144,6 +150,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=3, help="--model scratch: depth")
     p.add_argument("--heads", type=int, default=6, help="--model scratch: attention heads")
     p.add_argument("--questions", type=int, default=None, help="oracle trajectories (default: the whole split)")
+    p.add_argument("--unanswered", type=float, default=0.0,
+                   help="share of oracle trajectories that never answer (a deliberately weaker start)")
     p.add_argument("--epochs", type=int, default=6)
     p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (use ~1e-5 to fine-tune smollm2)")
     p.add_argument("--batch-size", type=int, default=16)
@@ -168,7 +176,9 @@ def main(argv: list[str] | None = None) -> Path:
     env = gym.make(args.env, **env_kwargs)
     count = len(env.unwrapped.records) if args.questions is None else min(args.questions, len(env.unwrapped.records))
     end_of_turn = min(end_of_turn_ids(tokenizer, model))
-    data = [oracle_trajectory(env, tokenizer, i, args.max_turns, end_of_turn) for i in range(count)]
+    unanswered = set(np.random.default_rng(args.seed).permutation(count)[: round(args.unanswered * count)].tolist())
+    data = [oracle_trajectory(env, tokenizer, i, args.max_turns, end_of_turn, answer=i not in unanswered)
+            for i in range(count)]
     tokens = sum(len(ids) for ids, _ in data)
     print(f"{len(data)} oracle trajectories, {tokens} tokens ({sum(sum(m) for _, m in data)} trained); "
           f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters")

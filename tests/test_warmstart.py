@@ -40,6 +40,14 @@ def test_oracle_trajectory_is_prompt_steps_and_masked_observations(setup):
     assert len(masked) >= len(observation_ids(tokenizer, "\n\n<information>"))
 
 
+def test_an_unanswering_oracle_searches_until_the_episode_ends(setup):
+    env, tokenizer = setup
+    ids, generated = oracle_trajectory(env, tokenizer, 0, 3, tokenizer.eos_token_id, answer=False)
+    text = tokenizer.decode([i for i, g in zip(ids, generated, strict=True) if g])
+    assert "<answer>" not in text and text.count("<search>") == 4  # 3 turns + the final one, all searches
+    assert ids[-1] != tokenizer.eos_token_id
+
+
 def test_sft_loss_ignores_masked_tokens(setup):
     _, tokenizer = setup
     model = build_tiny_random(tokenizer, hidden_size=32, layers=1, heads=2)
