@@ -15,10 +15,13 @@ from pathlib import Path
 
 import pytest
 import ray
+import torch
 from mlflow.tracking import MlflowClient
 
+from experiments.evaluate import load_policy
 from experiments.run import main
 from experiments.tracking import MLflowTracker, flatten, numeric_metrics
+from policies.models import load_model
 
 FAST = ["--model", "tiny-random", "--max-step-tokens", "8", "--prompts-per-iter", "2", "--micro-batch-size", "6",
         "--checkpoint-every", "0", "--quiet"]
@@ -90,6 +93,15 @@ def test_final_evaluation_table_covers_both_envs(tracked_run):
     data = json.loads((output / "eval" / "eval.json").read_text())
     assert set(data["datasets"]) == {"HotpotQA-v0", "NQ-v0"}
     assert all(d["questions"] == 2 for d in data["datasets"].values())
+
+
+def test_evaluate_loads_the_trained_policy_from_a_checkpoint(tracked_run):
+    output, _, _ = tracked_run
+    model, tokenizer = load_policy(str(output / "checkpoints" / "latest"))
+    initial = load_model("tiny-random")[0].state_dict()  # the untrained start point
+    trained = model.state_dict()
+    assert set(trained) == set(initial) and tokenizer.chat_template
+    assert any(not torch.equal(trained[k], initial[k]) for k in trained)  # two updates moved the weights
 
 
 def free_port() -> int:
