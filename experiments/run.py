@@ -61,7 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--iterations", type=int, default=20)
     p.add_argument("--max-turns", type=int, default=3)
     p.add_argument("--topk", type=int, default=3)
-    p.add_argument("--max-step-tokens", type=int, default=500)
+    p.add_argument("--max-step-tokens", type=int, default=None,
+                   help="token cap of one step (default: 128 on CPU, where an untrained model rarely closes a tag "
+                        "and every step runs to the cap; 500, the paper's, with a GPU)")
     p.add_argument("--lr", type=float, default=1e-6)
     p.add_argument("--warmup-steps", type=int, default=0)
     p.add_argument("--micro-batch-size", type=int, default=4)
@@ -142,6 +144,12 @@ def default_prompts_per_iter() -> int:
     return 32 if torch.cuda.is_available() else 4
 
 
+def default_max_step_tokens() -> int:
+    import torch
+
+    return 500 if torch.cuda.is_available() else 128
+
+
 def build_config(args: argparse.Namespace):
     """The algorithm config for the command-line settings."""
     config_cls = ALGORITHMS[args.algo][1]
@@ -154,7 +162,8 @@ def build_config(args: argparse.Namespace):
     return (
         config_cls()
         .environment(args.env, env_config=env_config)
-        .training(**shape, prompts_per_iteration=prompts, max_step_tokens=args.max_step_tokens,
+        .training(**shape, prompts_per_iteration=prompts,
+                  max_step_tokens=args.max_step_tokens or default_max_step_tokens(),
                   lr=args.lr, warmup_steps=args.warmup_steps, micro_batch_size=args.micro_batch_size,
                   log_rollout_steps=not args.quiet, trees_every=args.trees_every, trees_count=args.trees_count,
                   trees_dir=str((Path(args.output) / "trees").resolve()), dev_eval_every=args.eval_every,
