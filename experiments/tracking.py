@@ -25,6 +25,21 @@ def default_tracking_uri(output: str | Path) -> str:
     return f"sqlite:///{Path(output).resolve() / 'mlflow.db'}"
 
 
+def artifact_location(tracking_uri: str) -> str | None:
+    """Where a new experiment's artifacts go: beside a sqlite store (``mlartifacts/``), not MLflow's default
+    ``./mlruns`` in whatever directory the process runs in; None (the server decides) for other stores."""
+    if tracking_uri.startswith("sqlite:///"):
+        return (Path(tracking_uri.removeprefix("sqlite:///")).parent / "mlartifacts").resolve().as_uri()
+    return None
+
+
+def ensure_experiment(client, name: str, tracking_uri: str) -> str:
+    """The id of experiment ``name``, created (with ``artifact_location``) if missing."""
+    found = client.get_experiment_by_name(name)
+    return found.experiment_id if found else client.create_experiment(
+        name, artifact_location=artifact_location(tracking_uri))
+
+
 def flatten(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     """Nested mappings as ``a/b`` keys; values as strings cut to MLflow's limit."""
     flat: dict[str, str] = {}
@@ -69,8 +84,7 @@ class MLflowTracker:
         if run_id is not None:  # a resumed training run continues its MLflow run
             client.update_run(run_id, status="RUNNING")
         else:
-            found = client.get_experiment_by_name(experiment)
-            experiment_id = found.experiment_id if found else client.create_experiment(experiment)
+            experiment_id = ensure_experiment(client, experiment, self.tracking_uri)
             run_id = client.create_run(experiment_id, run_name=run_name, tags=tags).info.run_id
         self._client, self.run_id = client, run_id
 

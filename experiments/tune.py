@@ -27,7 +27,7 @@ from algos.rollout import TreeShape
 from algos.tree_grpo import TreeGRPO
 from experiments.run import build_config, build_parser, check_resources
 from experiments.run import parse_args as parse_run_args
-from experiments.tracking import default_tracking_uri
+from experiments.tracking import default_tracking_uri, ensure_experiment
 
 # The paper's budget table (notes/tree-grpo.md): budget in full chains -> tree (M, N, L); chain GRPO uses G = budget.
 PAPER_SHAPES: dict[int, TreeShape] = {2: TreeShape(1, 2, 1), 4: TreeShape(2, 2, 1), 8: TreeShape(2, 6, 1),
@@ -198,8 +198,13 @@ def main(argv: list[str] | None = None) -> Path:
     for key in points[0]:
         space[key] = tune.choice(sorted({p[key] for p in points}, key=str))
     space["trees_dir"] = None  # each trial writes its trees into its own directory (uploaded to MLflow at its end)
+    tracking_uri = args.mlflow_uri or default_tracking_uri(output)
+    if not args.no_mlflow:  # created here so that its artifacts go beside the store, not into ./mlruns
+        from mlflow.tracking import MlflowClient
+
+        ensure_experiment(MlflowClient(tracking_uri), args.experiment, tracking_uri)
     callbacks = [] if args.no_mlflow else [MLflowLoggerCallback(
-        tracking_uri=args.mlflow_uri or default_tracking_uri(output), experiment_name=args.experiment,
+        tracking_uri=tracking_uri, experiment_name=args.experiment,
         save_artifact=True, tags={"algo": args.algo, "env": args.env, "model": args.model, "sweep": output.name})]
     stop = {"training_iteration": args.iterations}
     if args.time_budget_s:

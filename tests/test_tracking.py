@@ -63,6 +63,7 @@ def test_run_logs_params_metrics_and_artifacts(tracked_run):
         assert [m.step for m in history] == [1, 2], key
         assert [m.value for m in history] == pytest.approx([row[key] for row in rows]), key
     artifacts = artifact_paths(client, run_id)
+    assert (output / "mlartifacts").is_dir()  # beside the store, not ./mlruns in the working directory
     assert {"config.yaml", "metrics.jsonl", "learning_curve.png", "eval/eval.md", "eval/eval.json",
             "trees/iter_00001.json", "trees/iter_00001.html", "trees/iter_00002.html"} <= artifacts
 

@@ -79,6 +79,7 @@ def test_two_trial_grid_is_tracked_in_mlflow(data_dir, tmp_path):
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("tree-grpo").experiment_id])
     assert len(runs) == 2 and {r.info.status for r in runs} == {"FINISHED"}
+    assert all(r.info.artifact_uri.startswith((tmp_path / "mlartifacts").as_uri()) for r in runs)
     assert sorted(r.data.params["M"] for r in runs) == ["1", "2"]
     # leaves per prompt = M (1 + L N): 3 and 6, two prompts
     assert sorted(r.data.metrics["env_runners/leaves"] for r in runs) == [6, 12]
