@@ -20,6 +20,7 @@ import argparse
 import json
 import time
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 
 import gymnasium as gym
@@ -28,6 +29,7 @@ import torch
 
 import envs
 from envs.datasets import resolve_data_dir
+from envs.synthetic import WorldSpec
 from experiments.baselines import OracleAgent, in_format
 from experiments.evaluate import evaluate_env
 from policies.generation import SamplingSettings, end_of_turn_ids, observation_ids, prompt_ids
@@ -141,6 +143,20 @@ def dev_em(model, tokenizer, args: argparse.Namespace, env_kwargs: dict) -> dict
     return mean_results(rows)
 
 
+def oracle_envs(args: argparse.Namespace, env_kwargs: dict) -> list[gym.Env]:
+    """The train-split envs whose oracle trajectories are trained: ``--env``, then ``--extra-worlds`` SynthHop
+    worlds shaped like the served one (its ``world.json`` in the data directory, else the default world) with
+    the seeds that follow its seed."""
+    first = gym.make(args.env, **env_kwargs)
+    if args.extra_worlds == 0:
+        return [first]
+    served = Path(env_kwargs["data_dir"]) / "synthhop" / "world.json"
+    spec = json.loads(served.read_text()) if served.exists() else asdict(WorldSpec())
+    others = {key: value for key, value in env_kwargs.items() if key != "data_dir"}
+    return [first, *(gym.make(args.env, world={**spec, "seed": spec["seed"] + k}, **others)
+                     for k in range(1, args.extra_worlds + 1))]
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--env", choices=list(envs.ENV_IDS), default="SynthHop-v0")
@@ -150,6 +166,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=3, help="--model scratch: depth")
     p.add_argument("--heads", type=int, default=6, help="--model scratch: attention heads")
     p.add_argument("--questions", type=int, default=None, help="oracle trajectories (default: the whole split)")
+    p.add_argument("--extra-worlds", type=int, default=0,
+                   help="SynthHop-v0: also train on the train questions of this many other worlds (the same sizes, "
+                        "other seeds), whose names differ, so the model must learn to copy names from the question "
+                        "and the passages instead of memorising them")
     p.add_argument("--unanswered", type=float, default=0.0,
                    help="share of oracle trajectories that never answer (a deliberately weaker start)")
     p.add_argument("--epochs", type=int, default=6)
@@ -163,7 +183,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data-dir", default=None, help="default: $TREEGRPO_DATA_DIR, else ./data")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output", default="outputs/warmstart")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.extra_worlds < 0:
+        p.error(f"--extra-worlds must be >= 0, got {args.extra_worlds}")
+    if args.extra_worlds and args.env != "SynthHop-v0":
+        p.error(f"--extra-worlds needs --env SynthHop-v0, got --env {args.env}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -173,12 +198,14 @@ def main(argv: list[str] | None = None) -> Path:
     env_kwargs = {"data_dir": str(resolve_data_dir(args.data_dir).resolve()), "max_turns": args.max_turns,
                   "topk": args.topk}
     model, tokenizer = build_model(args)
-    env = gym.make(args.env, **env_kwargs)
-    count = len(env.unwrapped.records) if args.questions is None else min(args.questions, len(env.unwrapped.records))
     end_of_turn = min(end_of_turn_ids(tokenizer, model))
-    unanswered = set(np.random.default_rng(args.seed).permutation(count)[: round(args.unanswered * count)].tolist())
-    data = [oracle_trajectory(env, tokenizer, i, args.max_turns, end_of_turn, answer=i not in unanswered)
-            for i in range(count)]
+    data = []
+    for env in oracle_envs(args, env_kwargs):
+        count = min(args.questions or len(env.unwrapped.records), len(env.unwrapped.records))
+        unanswered = set(np.random.default_rng(args.seed).permutation(count)[: round(args.unanswered * count)].tolist())
+        data += [oracle_trajectory(env, tokenizer, i, args.max_turns, end_of_turn, answer=i not in unanswered)
+                 for i in range(count)]
+        env.close()
     tokens = sum(len(ids) for ids, _ in data)
     print(f"{len(data)} oracle trajectories, {tokens} tokens ({sum(sum(m) for _, m in data)} trained); "
           f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters")

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import gymnasium as gym
 import pytest
 import torch
 
 import envs  # noqa: F401  (registers the env ids)
-from envs.synthetic import WorldSpec, write_world
+from envs.synthetic import World, WorldSpec, write_world
 from experiments.bench_learning import mean_rows, summarize
-from experiments.warmstart import oracle_trajectory, pad, sft_loss, train
+from experiments.warmstart import oracle_envs, oracle_trajectory, pad, parse_args, sft_loss, train
 from policies.generation import observation_ids, prompt_ids
 from policies.models import build_tiny_random, load_model
 
@@ -21,11 +23,11 @@ def setup(tmp_path_factory):
     root = write_world(WORLD, tmp_path_factory.mktemp("world"))
     env = gym.make("SynthHop-v0", split="train", data_dir=root)
     _, tokenizer = load_model("tiny-random")
-    return env, tokenizer
+    return env, tokenizer, root
 
 
 def test_oracle_trajectory_is_prompt_steps_and_masked_observations(setup):
-    env, tokenizer = setup
+    env, tokenizer, _ = setup
     ids, generated = oracle_trajectory(env, tokenizer, 0, max_searches=3, end_of_turn=tokenizer.eos_token_id)
     record = env.unwrapped.records[0]
     prompt = prompt_ids(tokenizer, env.unwrapped.prompt)
@@ -41,15 +43,30 @@ def test_oracle_trajectory_is_prompt_steps_and_masked_observations(setup):
 
 
 def test_an_unanswering_oracle_searches_until_the_episode_ends(setup):
-    env, tokenizer = setup
+    env, tokenizer, _ = setup
     ids, generated = oracle_trajectory(env, tokenizer, 0, 3, tokenizer.eos_token_id, answer=False)
     text = tokenizer.decode([i for i, g in zip(ids, generated, strict=True) if g])
     assert "<answer>" not in text and text.count("<search>") == 4  # 3 turns + the final one, all searches
     assert ids[-1] != tokenizer.eos_token_id
 
 
+def test_extra_worlds_have_the_served_worlds_sizes_other_seeds_and_other_names(setup, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TREEGRPO_CACHE_DIR", str(tmp_path))  # the extra worlds are generated into the cache
+    served = setup[2]
+    args = parse_args(["--extra-worlds", "2", "--data-dir", str(served)])
+    worlds = oracle_envs(args, {"data_dir": str(served), "max_turns": 3, "topk": 3})
+    questions = [[r.question for r in env.unwrapped.records] for env in worlds]
+    expected = [[q.question for q in World(replace(WORLD, seed=seed)).split_questions()["train"]] for seed in (0, 1, 2)]
+    assert questions == expected and len({tuple(q) for q in questions}) == 3
+    for bad in (["--env", "HotpotQA-v0", "--extra-worlds", "1"], ["--extra-worlds", "-1"]):
+        with pytest.raises(SystemExit):
+            parse_args(bad)
+    err = capsys.readouterr().err
+    assert "--extra-worlds needs --env SynthHop-v0, got --env HotpotQA-v0" in err and "must be >= 0, got -1" in err
+
+
 def test_sft_loss_ignores_masked_tokens(setup):
-    _, tokenizer = setup
+    _, tokenizer, _ = setup
     model = build_tiny_random(tokenizer, hidden_size=32, layers=1, heads=2)
     ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
     attention = torch.ones_like(ids)
@@ -62,7 +79,7 @@ def test_sft_loss_ignores_masked_tokens(setup):
 
 
 def test_sft_fits_a_few_oracle_trajectories(setup):
-    env, tokenizer = setup
+    env, tokenizer, _ = setup
     model = build_tiny_random(tokenizer, hidden_size=64, layers=2, heads=4)
     data = [oracle_trajectory(env, tokenizer, i, 3, tokenizer.eos_token_id) for i in range(4)]
     ids, attention, generated = pad(data, tokenizer.pad_token_id)

@@ -91,12 +91,12 @@ class TreeGRPO(Algorithm):
         self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
         with self.metrics.log_time((TIMERS, SYNCH_WORKER_WEIGHTS_TIMER)):
             self.env_runner_group.sync_weights(from_worker_or_learner_group=self.learner_group, inference_only=True)
-        self.metrics.log_value(PROMPTS, len(prompts), reduce="sum", clear_on_reduce=True)
+        self.metrics.log_value(PROMPTS, len(prompts), reduce="sum")
         self.metrics.log_value(ITERATION_TIME_S, time.perf_counter() - start, window=1)  # evaluation not included
         if self.config.dev_eval_every and (iteration + 1) % self.config.dev_eval_every == 0:
             means = self.greedy_eval(envs.eval_split(self.config.env), self.config.dev_eval_questions)
             for key, value in means.items():  # top-level result keys dev_em, dev_f1, ... (this iteration only)
-                self.metrics.log_value(f"{DEV_PREFIX}{key}", value, reduce="sum", clear_on_reduce=True)
+                self.metrics.log_value(f"{DEV_PREFIX}{key}", value, reduce="sum")
 
     def _write_trees(self, results: list, advantages: np.ndarray, iteration: int) -> None:
         """``trees_count`` of this iteration's trees, with the advantages the learner gets, as

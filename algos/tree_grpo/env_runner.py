@@ -110,12 +110,12 @@ class TreeSearchEnvRunner(EnvRunner, Checkpointable):
                 M.LEAVES: len(records), M.TREES: rollout.counters.trees, M.SAMPLE_TIME_S: seconds,
                 M.GENERATION_TIME_S: rollout.counters.generation_s, M.ENV_TIME_S: rollout.counters.env_s}
         for key, value in sums.items():
-            self.metrics.log_value(key, value, reduce="sum", clear_on_reduce=True)
+            self.metrics.log_value(key, value, reduce="sum")
         self.metrics.log_value(M.BUDGET_ESTIMATE, self.config.tree_shape.budget_estimate, window=1)
         self.metrics.log_value(M.BUDGET_MEASURED, rollout.counters.budget_measured, window=1)
         for record in records:
-            self.metrics.log_value(M.REWARD, record.reward, reduce="mean", clear_on_reduce=True)
-            self.metrics.log_value(M.EM, record.info.get("em", 0.0), reduce="mean", clear_on_reduce=True)
+            self.metrics.log_value(M.REWARD, record.reward, reduce="mean")
+            self.metrics.log_value(M.EM, record.info.get("em", 0.0), reduce="mean")
         self.num_env_steps_sampled_lifetime += len(records)
 
     @override(EnvRunner)
