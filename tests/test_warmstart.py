@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import gymnasium as gym
@@ -11,6 +12,7 @@ import torch
 import envs  # noqa: F401  (registers the env ids)
 from envs.synthetic import World, WorldSpec, write_world
 from experiments.bench_learning import mean_rows, summarize
+from experiments.warmstart import main as warmstart_main
 from experiments.warmstart import oracle_envs, oracle_trajectory, pad, parse_args, sft_loss, train
 from policies.generation import observation_ids, prompt_ids
 from policies.models import build_tiny_random, load_model
@@ -104,3 +106,15 @@ def test_bench_learning_summary_and_plot_rows():
     rows = mean_rows(runs["tree (2,2,1)"], before=0.1)
     assert [r["iteration"] for r in rows] == [0, 1, 2] and rows[0]["dev_em"] == 0.1
     assert rows[1]["tokens_generated"] == 90 and rows[1]["dev_em"] is None and rows[2]["dev_em"] == pytest.approx(0.4)
+
+
+def test_warmstart_main_trains_on_extra_worlds_and_saves_a_loadable_model(setup, tmp_path, monkeypatch):
+    monkeypatch.setenv("TREEGRPO_CACHE_DIR", str(tmp_path / "cache"))
+    model_dir = warmstart_main(["--data-dir", str(setup[2]), "--extra-worlds", "1", "--hidden-size", "32",
+                                "--layers", "1", "--heads", "2", "--epochs", "1", "--dev-questions", "2",
+                                "--max-step-tokens", "8", "--output", str(tmp_path / "warm")])
+    summary = json.loads((tmp_path / "warm" / "warmstart.json").read_text())
+    assert summary["trajectories"] == 2 * WORLD.train_questions and len(summary["loss_per_epoch"]) == 1
+    assert set(summary["dev_after"]) >= {"em", "answered"}
+    model, _ = load_model(str(model_dir))
+    assert model.config.hidden_size == 32
