@@ -1,7 +1,7 @@
 """Warm start (the "cold start" of agentic RL recipes): supervised fine-tuning on the retrieval oracle's
 trajectories, so that RL starts from a policy that follows the search/answer format.
 
-    python experiments/warmstart.py --env SynthHop-v0 --model scratch --output outputs/warm/synthhop
+    python experiments/warmstart.py --env SynthHop-v0 --model scratch --extra-worlds 4 --output outputs/warm/synthhop
     python experiments/warmstart.py --env HotpotQA-v0 --model smollm2-135m --questions 300 --output outputs/warm/hq
     python experiments/run.py --env SynthHop-v0 --model outputs/warm/synthhop/model ...      # then RL from it
 
@@ -186,6 +186,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.extra_worlds < 0:
         p.error(f"--extra-worlds must be >= 0, got {args.extra_worlds}")
+    if args.questions is not None and args.questions < 1:
+        p.error(f"--questions must be >= 1, got {args.questions}")
     if args.extra_worlds and args.env != "SynthHop-v0":
         p.error(f"--extra-worlds needs --env SynthHop-v0, got --env {args.env}")
     return args
