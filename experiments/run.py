@@ -58,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--L", type=int, default=1, help="expansion rounds")
     p.add_argument("--group-size", type=int, default=4, help="chains per prompt for --algo grpo")
     p.add_argument("--prompts-per-iter", type=int, default=None, help="default: 4 on CPU, 32 with a GPU")
+    p.add_argument("--train-questions", type=int, default=None,
+                   help="draw prompts from the first k training questions only (default: all)")
     p.add_argument("--iterations", type=int, default=20)
     p.add_argument("--max-turns", type=int, default=3)
     p.add_argument("--topk", type=int, default=3)
@@ -162,7 +164,7 @@ def build_config(args: argparse.Namespace):
     return (
         config_cls()
         .environment(args.env, env_config=env_config)
-        .training(**shape, prompts_per_iteration=prompts,
+        .training(**shape, prompts_per_iteration=prompts, train_questions=args.train_questions,
                   max_step_tokens=args.max_step_tokens or default_max_step_tokens(),
                   lr=args.lr, warmup_steps=args.warmup_steps, micro_batch_size=args.micro_batch_size,
                   log_rollout_steps=not args.quiet, trees_every=args.trees_every, trees_count=args.trees_count,

@@ -102,6 +102,20 @@ def test_invalid_config_names_the_field():
         TreeGRPOConfig().environment("HotpotQA-v0").training(advantage_mode="global").validate()
     with pytest.raises(ValueError, match="tree shape"):
         TreeGRPOConfig().environment("HotpotQA-v0").training(M=0).validate()
+    with pytest.raises(ValueError, match="train_questions"):
+        TreeGRPOConfig().environment("HotpotQA-v0").training(train_questions=0).validate()
+
+
+def test_train_questions_limits_the_prompts_to_the_first_questions(ray_session, data_dir):
+    config = (TreeGRPOConfig().environment("HotpotQA-v0", env_config={"data_dir": str(data_dir)})
+              .training(prompts_per_iteration=2, train_questions=3))
+    algo = config.build_algo()
+    try:
+        drawn = [algo._prompts_of(iteration) for iteration in range(12)]
+    finally:
+        algo.stop()
+    assert all(len(prompts) == 2 for prompts in drawn)
+    assert set().union(*drawn) == {0, 1, 2}  # every one of the first three, and nothing after them
 
 
 def test_the_configured_model_reaches_the_runner_and_the_learner(ray_session, data_dir, tmp_path):

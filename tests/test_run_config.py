@@ -58,3 +58,10 @@ def test_shipped_configs_build_valid_algorithm_configs(path, data_dir):
         shape = (config.M, config.N, config.L)
         expected = (budget, 0, 0) if args.algo == "grpo" else PAPER_TABLE[budget]
         assert shape == expected
+
+
+def test_train_questions_reaches_the_algorithm_config(data_dir):
+    assert build_config(parse_args(["--data-dir", str(data_dir)])).train_questions is None
+    config = build_config(parse_args(["--data-dir", str(data_dir), "--train-questions", "8"]))
+    config.validate()
+    assert config.train_questions == 8

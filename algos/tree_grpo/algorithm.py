@@ -45,13 +45,15 @@ class TreeGRPO(Algorithm):
     def setup(self, config: TreeGRPOConfig) -> None:
         super().setup(config)
         env = gym.make(self.config.env, **dict(self.config.env_config))
-        self._num_questions = len(env.unwrapped.records)
+        records = len(env.unwrapped.records)
+        self._num_questions = min(records, self.config.train_questions or records)
         env.close()
         self.tree_files: list[Path] = []  # the tree renderings written by the last iteration, if any
 
     def _prompts_of(self, iteration: int) -> list[int]:
-        """An iteration's prompts: a draw without replacement from the training split, seeded by (seed,
-        iteration) so that a run resumed from a checkpoint continues exactly as the uninterrupted run."""
+        """An iteration's prompts: a draw without replacement from the training split (its first
+        ``train_questions`` when set), seeded by (seed, iteration) so that a run resumed from a checkpoint
+        continues exactly as the uninterrupted run."""
         rng = np.random.default_rng([self.config.seed or 0, iteration])
         n = min(self.config.prompts_per_iteration, self._num_questions)
         return sorted(rng.choice(self._num_questions, size=n, replace=False).tolist())

@@ -19,6 +19,8 @@ TREE_GRPO_DEFAULTS: dict[str, tuple[Any, str]] = {
     "N": (2, "nodes expanded per tree in each expansion round"),
     "L": (1, "expansion rounds"),
     "prompts_per_iteration": (4, "prompts sampled from the training split per iteration"),
+    "train_questions": (None, "draw prompts from the first k questions of the training split only (None: all); "
+                              "k = prompts_per_iteration replays the same prompts, the check that RL fits them"),
     "advantage_mode": ("tree", "tree (intra + inter), intra or inter (chain GRPO)"),
     "temperature": (1.0, "sampling temperature of rollouts"),
     "top_p": (0.95, "nucleus sampling of rollouts"),
@@ -97,6 +99,9 @@ class TreeGRPOConfig(AlgorithmConfig):
         for name in ("prompts_per_iteration", "micro_batch_size", "trees_count", "dev_eval_questions"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
+        if self.train_questions is not None and (not isinstance(self.train_questions, int)
+                                                 or self.train_questions < 1):
+            raise ValueError(f"train_questions must be None or a positive int, got {self.train_questions!r}")
         for name in ("trees_every", "dev_eval_every"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 raise ValueError(f"{name} must be an int >= 0, got {getattr(self, name)!r}")
