@@ -127,7 +127,8 @@ def summarize(runs: dict[str, list[list[dict]]], before: float) -> dict[str, dic
 
 
 def mean_rows(seeds: list[list[dict]], before: float) -> list[dict]:
-    """Rows averaged over seeds, iteration by iteration, after the start point (iteration 0) (for the plot)."""
+    """Rows averaged over seeds, iteration by iteration, after the start point (iteration 0) (for the plot);
+    ``dev_em_std`` is the spread over seeds."""
     by_iteration: dict[int, list[dict]] = {0: [{"iteration": 0, "tokens_generated": 0, "reward_mean": float("nan"),
                                                 "dev_em": before}]}
     for rows in seeds:
@@ -138,7 +139,8 @@ def mean_rows(seeds: list[list[dict]], before: float) -> list[dict]:
         devs = [r["dev_em"] for r in rows if r.get("dev_em") is not None]
         out.append({"iteration": it, "tokens_generated": float(np.mean([r["tokens_generated"] or 0 for r in rows])),
                     "reward_mean": float(np.mean([r["reward_mean"] for r in rows])),
-                    "dev_em": float(np.mean(devs)) if devs else None})
+                    "dev_em": float(np.mean(devs)) if devs else None,
+                    "dev_em_std": float(np.std(devs)) if devs else None})
     return out
 
 

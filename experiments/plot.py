@@ -29,6 +29,7 @@ ITERATION = "iteration"
 TOKENS_GENERATED = "tokens_generated"
 X_AXES = {"iteration": "iteration", "tokens": "tokens generated (cumulative)"}
 METRICS_FILE = "metrics.jsonl"
+SPREAD_SUFFIX = "_std"  # a row's "<metric>_std" (e.g. the std over seeds) is drawn as a band around the metric
 
 
 def load_metrics(path: str | Path) -> list[dict]:
@@ -117,10 +118,14 @@ def plot_runs(runs: dict[str, list[dict]], path: str | Path,
 
 
 def _draw_panel(ax, runs: dict[str, list[dict]], metric: str, x: str) -> None:
-    """One line per run of ``metric`` against ``x`` (markers, so sparse series such as dev_em show)."""
+    """One line per run of ``metric`` against ``x`` (markers, so sparse series such as dev_em show), with a band
+    of +- ``<metric>_std`` where the rows give one at every point of the line."""
     for label, rows in runs.items():
         xs, ys = curve(rows, metric, x)
-        ax.plot(xs, ys, marker=".", label=label)
+        (line,) = ax.plot(xs, ys, marker=".", label=label)
+        spread_xs, spread = curve(rows, metric + SPREAD_SUFFIX, x)
+        if len(ys) and np.array_equal(spread_xs, xs):
+            ax.fill_between(xs, ys - spread, ys + spread, color=line.get_color(), alpha=0.15, linewidth=0)
     if x == "iteration":
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)

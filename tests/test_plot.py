@@ -90,6 +90,20 @@ def test_plot_runs_writes_png(tmp_path):
     assert path.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_a_std_column_at_every_point_draws_a_band():
+    from matplotlib.figure import Figure
+
+    from experiments.plot import _draw_panel
+
+    banded = [{"iteration": 0, "dev_em": 0.5, "dev_em_std": 0.0}, {"iteration": 6, "dev_em": 0.6, "dev_em_std": 0.1}]
+    partial = [{"iteration": 0, "dev_em": 0.5, "dev_em_std": 0.0}, {"iteration": 6, "dev_em": 0.6}]
+    ax = Figure().subplots()
+    _draw_panel(ax, {"seeds": banded, "one seed": partial}, "dev_em", "iteration")
+    (band,) = ax.collections  # the partial spread draws none
+    lower, upper = band.get_paths()[0].vertices[:, 1].min(), band.get_paths()[0].vertices[:, 1].max()
+    assert (lower, upper) == pytest.approx((0.5, 0.7))
+
+
 def test_plot_runs_leaves_out_absent_metrics(tmp_path):
     with pytest.warns(UserWarning, match="em_mean"):
         plot_runs({"tree": ROWS}, tmp_path / "curves.png", metrics=("reward_mean", "em_mean"))

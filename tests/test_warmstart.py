@@ -106,6 +106,8 @@ def test_bench_learning_summary_and_plot_rows():
     rows = mean_rows(runs["tree (2,2,1)"], before=0.1)
     assert [r["iteration"] for r in rows] == [0, 1, 2] and rows[0]["dev_em"] == 0.1
     assert rows[1]["tokens_generated"] == 90 and rows[1]["dev_em"] is None and rows[2]["dev_em"] == pytest.approx(0.4)
+    assert rows[0]["dev_em_std"] == 0.0 and rows[1]["dev_em_std"] is None
+    assert rows[2]["dev_em_std"] == pytest.approx(0.1)  # population std of 0.5 and 0.3
 
 
 def test_warmstart_main_trains_on_extra_worlds_and_saves_a_loadable_model(setup, tmp_path, monkeypatch):
