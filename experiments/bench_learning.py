@@ -1,6 +1,6 @@
 """Learning benchmark on SynthHop-v0: tree vs chain at matched budgets, from the same warm start, several seeds.
 
-    python experiments/bench_learning.py                      # warm start (~40 min) + 5 settings x 3 seeds
+    python experiments/bench_learning.py                      # warm start (~45 min) + 5 settings x 3 seeds (~80 min)
     python experiments/bench_learning.py --warm outputs/bench_learning/warm2/model          # reuse a warm start
     python experiments/bench_learning.py --quick --warm DIR   # 1 seed, 6 iterations, 60 questions (~15 min)
 
@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> Path:
         command = " ".join(["python experiments/bench_learning.py", *(sys.argv[1:] if argv is None else argv)])
         replace_section("docs/benchmarks.md", "learning", "Learning: tree vs chain on SynthHop-v0 (issue 6)",
                         f"Command: `{command}`. Machine: {machine_description()}.\n\n{table}\n"
-                        f"Plot: `{plot}` (mean over seeds; not committed).\n")
+                        f"Plot: `{plot}` (mean over seeds, a band of one std; not committed).\n")
     return output / "learning.md"
 
 
