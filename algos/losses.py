@@ -11,6 +11,7 @@ observation and padding tokens.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -22,9 +23,16 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (values * mask).sum() / mask.sum().clamp(min=1.0)
 
 
-def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, bound: float = 10.0) -> torch.Tensor:
-    """Per-token k3 estimate of KL(pi || pi_ref): exp(d) - d - 1 with d = ref - logp, clamped to [-bound, bound]."""
-    delta = ref_logprobs - logprobs
+def k3_kl(
+    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, bound: float = 10.0, log_ratio_bound: float = 20.0
+) -> torch.Tensor:
+    """Per-token k3 estimate of KL(pi || pi_ref): exp(d) - d - 1 with d = ref - logp clamped to
+    [-log_ratio_bound, log_ratio_bound], the estimate clamped to [-bound, bound].
+
+    Clamping d before the exponential keeps exp(d) finite: an overflowing exp(d) = inf makes the backward pass
+    compute 0 * inf = NaN even where the estimate clamp has cut the gradient.
+    """
+    delta = (ref_logprobs - logprobs).clamp(-log_ratio_bound, log_ratio_bound)
     return (torch.exp(delta) - delta - 1.0).clamp(-bound, bound)
 
 
@@ -48,12 +56,13 @@ def clipped_policy_loss(
     clip: float = 0.2,
     dual_clip: float | None = 3.0,
     log_ratio_bound: float = 20.0,
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, PolicyLossStats]:
     """Token-mean PPO loss with dual clipping.
 
     per token: l = max(-A r, -A clip(r, 1 - clip, 1 + clip)); for A < 0 additionally l = min(l, -A c),
-    with r = exp(clamp(logp - old_logp, -bound, bound)). ``advantages`` is broadcast per token ([B, T] or
-    [B, 1]).
+    with r = exp(clamp(logp - old_logp, -bound, bound)), multiplied by ``weights`` (truncated importance
+    weights, no gradient) when given. ``advantages`` is broadcast per token ([B, T] or [B, 1]).
     """
     ratio = torch.exp((logprobs - old_logprobs).clamp(-log_ratio_bound, log_ratio_bound))
     advantages = advantages.expand_as(ratio)
@@ -65,6 +74,8 @@ def clipped_policy_loss(
         capped = torch.minimum(loss, -advantages * dual_clip)
         dual = (advantages < 0) & (capped < loss)
         loss = torch.where(advantages < 0, capped, loss)
+    if weights is not None:
+        loss = loss * weights.detach()
     with torch.no_grad():
         m = mask.bool()
         real = ratio[m] if m.any() else ratio.new_ones(1)
@@ -74,3 +85,38 @@ def clipped_policy_loss(
             ratio_mean=real.mean().item(), ratio_max=real.max().item(), ratio_min=real.min().item(),
         )
     return masked_mean(loss, mask), stats
+
+
+def truncated_importance_weights(
+    old_logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, mask: torch.Tensor, *, cap: float,
+    level: str = "token",
+) -> torch.Tensor:
+    """Truncated importance sampling between the sampler and the learner's old policy: per token
+    ``min(exp(old - sampler), cap)``, or per trajectory ``min(exp(sum of its tokens' old - sampler), cap)``
+    broadcast over its tokens. The log-ratio is capped before the exponential, so nothing overflows."""
+    log_ratio = (old_logprobs - sampling_logprobs) * mask
+    if level == "sequence":
+        log_ratio = log_ratio.sum(-1, keepdim=True).expand_as(old_logprobs)
+    elif level != "token":
+        raise ValueError(f"level must be token or sequence, got {level!r}")
+    return torch.exp(log_ratio.clamp(max=math.log(cap)))
+
+
+@dataclass(frozen=True)
+class MismatchStats:
+    """How far the sampler's log-probs are from the learner's, over generated tokens: the ratio
+    r = exp(learner - sampler)'s mean, 99th percentile, and share of tokens outside [0.9, 1.1]."""
+
+    ratio_mean: float
+    ratio_p99: float
+    outside: float
+
+
+def sampler_mismatch(learner_logprobs: torch.Tensor, sampling_logprobs: torch.Tensor,
+                     mask: torch.Tensor) -> MismatchStats:
+    with torch.no_grad():
+        ratio = torch.exp((learner_logprobs - sampling_logprobs)[mask.bool()].double().clamp(-20.0, 20.0))
+        if ratio.numel() == 0:
+            return MismatchStats(1.0, 1.0, 0.0)
+        return MismatchStats(ratio.mean().item(), torch.quantile(ratio, 0.99).item(),
+                             ((ratio < 0.9) | (ratio > 1.1)).double().mean().item())

@@ -38,10 +38,14 @@ class TreeShape:
     def leaves_per_prompt(self) -> int:
         return self.M * (1 + self.L * self.N)
 
+    def cost(self, expansion_cost: float = 0.5) -> float:
+        """Cost per prompt in full chains when one expansion costs ``expansion_cost`` chains: M (1 + L N c)."""
+        return self.M * (1 + self.L * self.N * expansion_cost)
+
     @property
     def budget_estimate(self) -> float:
         """The paper's cost per prompt in full chains, an expansion counted as half a chain: M (1 + L N / 2)."""
-        return self.M * (1 + self.L * self.N / 2)
+        return self.cost(0.5)
 
 
 @dataclass

@@ -58,7 +58,6 @@ def token_f1(prediction: str, answers: Sequence[str]) -> float:
 # ---------------------------------------------------------------------------------------------------------
 # Parsing the response
 
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _TAG = re.compile(r"</?(?:think|search|information|answer)>")
 
 # The format as a state machine over tags: (state, tag) -> next state. Inside a tag only its closing tag
@@ -76,15 +75,6 @@ _TRANSITIONS = {
 }
 _CLOSING = {"in_think": "</think>", "in_search": "</search>", "in_information": "</information>",
             "in_answer": "</answer>"}
-
-
-def extract_answer(generated: str) -> str | None:
-    """The text of the last ``<answer>..</answer>`` in the model's generated text, stripped; None if none.
-
-    Pass only what the model generated (never the prompt, whose instructions contain an example answer).
-    """
-    matches = _ANSWER.findall(generated)
-    return matches[-1].strip() if matches else None
 
 
 def is_valid_format(response: str) -> bool:

@@ -258,10 +258,15 @@ def make_synthhop_env(split: str = "train", *, world: Mapping[str, Any] | None =
     generated into the cache."""
     from envs.search_qa import SearchQAEnv
 
-    if data_dir is None or not (Path(data_dir) / "synthhop" / "world.json").exists():
-        spec = WorldSpec(**{k: tuple(v) if k == "hop_mix" else v for k, v in (world or {}).items()})
-        data_dir = world_data_dir(spec)
-    return SearchQAEnv("synthhop", split, data_dir=data_dir, **env_kwargs)
+    return SearchQAEnv("synthhop", split, data_dir=synthhop_data_dir(world, data_dir), **env_kwargs)
+
+
+def synthhop_data_dir(world: Mapping[str, Any] | None = None, data_dir: str | os.PathLike | None = None) -> Path:
+    """The data directory ``make_synthhop_env`` serves: ``data_dir`` when it holds ``synthhop/`` files, else the
+    cached world of ``world`` (``WorldSpec`` fields), written on first use."""
+    if data_dir is not None and (Path(data_dir) / "synthhop" / "world.json").exists():
+        return Path(data_dir)
+    return world_data_dir(WorldSpec(**{k: tuple(v) if k == "hop_mix" else v for k, v in (world or {}).items()}))
 
 
 if __name__ == "__main__":

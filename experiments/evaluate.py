@@ -4,7 +4,8 @@
     python experiments/evaluate.py --model outputs/run/checkpoints/latest --output outputs/run/eval
     python experiments/evaluate.py --model Qwen/Qwen2.5-3B-Instruct            # all seven envs, full splits
 
-``--model`` takes what ``run.py --model`` takes, or a training checkpoint (``OUTPUT/checkpoints/latest``).
+``--model`` takes what ``run.py --model`` takes (a name, or a model directory such as one written by
+``experiments/export.py``), or a training checkpoint (``OUTPUT/checkpoints/latest``).
 Writes OUTPUT/eval.md (a table shaped like the paper's: single-hop sets, their average, multi-hop sets,
 their average; rows EM, F1, tool calls, turns, answer rate) and OUTPUT/eval.json (the same numbers plus every
 question's result). The questions of a batch advance together through the generator.
@@ -22,6 +23,7 @@ from typing import Any
 import envs
 from algos.evaluation import EVAL_COLUMNS, greedy_chains, mean_results
 from envs.datasets import resolve_data_dir
+from experiments.checkpoints import RLLIB_MARKER, restore_errors, verify_checkpoint
 
 # The paper's column groups (Tree-GRPO, Table 1): single-hop then multi-hop, each with its unweighted average.
 SINGLE_HOP = ("NQ-v0", "TriviaQA-v0", "PopQA-v0")
@@ -85,14 +87,16 @@ def load_policy(model: str, dtype: str = "float32"):
     from policies.models import load_model
 
     checkpoint = Path(model)
-    if (checkpoint / "rllib_checkpoint.json").exists():
+    if (checkpoint / RLLIB_MARKER).exists():
         from ray.rllib.core.rl_module.rl_module import RLModule
 
+        verify_checkpoint(checkpoint, hashes=False)  # names a missing or truncated file; hashing is resume's job
         module_dir = checkpoint / "learner_group" / "learner" / "rl_module" / "default_policy"
         if not module_dir.is_dir():
             raise FileNotFoundError(f"{checkpoint} is an RLlib checkpoint without a policy module at {module_dir} "
                                     f"(expected a Tree-GRPO training checkpoint, e.g. OUTPUT/checkpoints/latest)")
-        module = RLModule.from_checkpoint(str(module_dir))
+        with restore_errors(checkpoint):
+            module = RLModule.from_checkpoint(str(module_dir))
         return module.model, module.tokenizer
     return load_model(model, dtype=dtype)
 
@@ -129,7 +133,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=16, help="questions advancing together")
     p.add_argument("--max-turns", type=int, default=3)
     p.add_argument("--topk", type=int, default=3)
-    p.add_argument("--max-step-tokens", type=int, default=500)
+    p.add_argument("--max-step-tokens", type=int, default=None,
+                   help="token cap of one step (default: training's, 500 with a GPU and 128 on CPU)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--data-dir", default=None, help="default: $TREEGRPO_DATA_DIR, else ./data")
     p.add_argument("--output", default="outputs/eval")
@@ -149,7 +154,8 @@ def main(argv: list[str] | None = None) -> Path:
     from policies.generation import SamplingSettings
 
     model, tokenizer = load_policy(args.model, args.dtype)
-    sampling = SamplingSettings(greedy=True, max_step_tokens=args.max_step_tokens)
+    cap = {} if args.max_step_tokens is None else {"max_step_tokens": args.max_step_tokens}
+    sampling = SamplingSettings(greedy=True, **cap)  # without a cap given, SamplingSettings' one default
     env_kwargs = {"data_dir": str(resolve_data_dir(args.data_dir).resolve()), "max_turns": args.max_turns,
                   "topk": args.topk}
     results, per_question = {}, {}

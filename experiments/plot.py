@@ -1,6 +1,6 @@
 """Compare training runs: each metric against iterations and against cumulative tokens generated.
 
-    python experiments/plot.py outputs/tree outputs/chain --output curves.png
+    python experiments/plot.py outputs/tree outputs/chain                      # writes ./curves.png
     python experiments/plot.py outputs/tree/metrics.jsonl outputs/chain/metrics.jsonl --labels tree chain \\
         --metrics reward_mean em_mean dev_em --output outputs/curves.png
     python experiments/plot.py 3f2a9c... 8b41d0... --mlflow-uri sqlite:///mlruns.db --labels tree chain \\
@@ -9,6 +9,8 @@
 Each RUN is a metrics.jsonl file or a run directory holding one (written by experiments/run.py), or, with
 --mlflow-uri, an MLflow run id. The figure has one row per metric and two columns: the metric against the
 iteration, and against the tokens generated so far (the budget view: what the run got for what it spent).
+The figure goes to --output, by default curves.png in the current directory (not into a run directory, where
+run.py keeps its own learning_curve.png); its path is printed.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ ITERATION = "iteration"
 TOKENS_GENERATED = "tokens_generated"
 X_AXES = {"iteration": "iteration", "tokens": "tokens generated (cumulative)"}
 METRICS_FILE = "metrics.jsonl"
+DEFAULT_OUTPUT = "curves.png"
 SPREAD_SUFFIX = "_std"  # a row's "<metric>_std" (e.g. the std over seeds) is drawn as a band around the metric
 
 
@@ -143,7 +146,7 @@ def run_label(run: str) -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+", metavar="RUN", help="metrics.jsonl, run directory, or MLflow run id")
-    p.add_argument("--output", required=True, help="the PNG to write")
+    p.add_argument("--output", default=DEFAULT_OUTPUT, help=f"the PNG to write (default: ./{DEFAULT_OUTPUT})")
     p.add_argument("--labels", nargs="+", default=None, help="one per run (default: run directory name or run id)")
     p.add_argument("--metrics", nargs="+", default=["reward_mean", "em_mean"], help="one figure row each")
     p.add_argument("--mlflow-uri", default=None, help="MLflow tracking URI: then each RUN is a run id")

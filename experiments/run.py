@@ -3,306 +3,257 @@
     python experiments/run.py --algo tree_grpo --env HotpotQA-v0                 # CPU defaults, smollm2-135m
     python experiments/run.py --algo grpo --group-size 4 --env HotpotQA-v0
     python experiments/run.py --model tiny-random --iterations 2 --output outputs/smoke
-    python experiments/run.py --resume outputs/run/checkpoints/latest --iterations 10
+    python experiments/run.py --resume outputs/smoke --iterations 10                 # continue a run
     python experiments/run.py --config experiments/configs/hotpotqa_tree.yaml --iterations 5   # file + overrides
 
-Writes OUTPUT/config.yaml (every option, reusable with --config), OUTPUT/metrics.jsonl (one JSON object per
-iteration), checkpoints under OUTPUT/checkpoints/ (every --checkpoint-every iterations, at the end, and on
-Ctrl-C), a few sampled trees every --trees-every iterations (OUTPUT/trees/iter_N.json and .html), and at the
-end OUTPUT/learning_curve.png (and with --final-eval OUTPUT/eval/eval.md + eval.json). Everything is tracked in
-MLflow: by default in sqlite:///OUTPUT/mlflow.db (open it with
-`mlflow ui --backend-store-uri sqlite:///ABS/OUTPUT/mlflow.db --host 127.0.0.1`).
+Every option is a field of ``experiments.settings.RunSettings`` (``--help`` lists them); a ``--config`` YAML
+file takes the same names. Everything is checked before Ray starts.
+
+The run's directory (``--output``) gets ``config.yaml`` (every setting; ``--config`` reads it back),
+``metrics.jsonl`` (one JSON object per iteration), ``checkpoints/iter_NNNNNN`` (every ``--checkpoint-every``
+iterations, at the end and on SIGINT / SIGTERM; the last ``--keep-checkpoints`` kept, ``checkpoints/latest``
+points at the newest), ``trees/`` (sampled trees every ``--trees-every`` iterations), ``learning_curve.png``,
+with ``--final-eval`` ``eval/eval.md`` + ``eval.json``, and the MLflow store ``mlflow.db`` (open it with
+``mlflow ui --backend-store-uri sqlite:///ABS/OUTPUT/mlflow.db --host 127.0.0.1``).
+
+Lifecycle: a directory that already holds a run is refused unless ``--resume`` continues it (``--resume`` takes
+the run's directory or one of its checkpoints, and continues in the run's own directory). Options that would
+change the experiment (shape, lr, model, env, seed, ...) are refused on resume unless ``--allow-changes``;
+options that may change (iterations, evaluation and checkpoint cadence, tracking) are applied and recorded.
+SIGINT (Ctrl-C) and SIGTERM save a checkpoint once and exit with 130 / 143; a second signal does not interrupt
+the save. Checkpoints are pickles: load only your own (``experiments/export.py`` writes safetensors).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import functools
 import math
 import os
 import sys
-import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 import envs
-from algos.tree_grpo import ALGORITHMS
 from algos.tree_grpo import metrics as M
-from algos.tree_grpo.algorithm import DEV_PREFIX, ITERATION_TIME_S, PROMPTS
-from envs.datasets import resolve_data_dir
+from experiments.checkpoints import CheckpointError, CheckpointManager, resolve_checkpoint, restore_errors
+from experiments.cli import SettingsError, build_parser, dump_yaml, given_options, read_yaml, validate
 from experiments.evaluate import write_results
 from experiments.plot import load_metrics, plot_runs
-from experiments.tracking import MLflowTracker, default_tracking_uri
+from experiments.settings import CLI_ALIASES, RunSettings, build_config, resume_conflicts
+from experiments.signals import GracefulStop, StopRequested
+from experiments.tracking import METRICS_FILE, RunTracker, default_tracking_uri, tracker_of, truncate_rows
 
-# metrics.jsonl columns: (name, where in RLlib's result: env runner results, learner results or top level)
-ENV_RUNNER_KEYS = (M.REWARD, M.EM, M.TREES, M.LEAVES, M.TOKENS_GENERATED, M.TOKENS_PREFILLED, M.LLM_CALLS,
-                   M.TOOL_CALLS, M.SAMPLE_TIME_S, M.GENERATION_TIME_S, M.ENV_TIME_S, M.BUDGET_ESTIMATE,
-                   M.BUDGET_MEASURED)
-LEARNER_KEYS = (M.POLICY_LOSS, M.KL, M.ENTROPY, M.CLIP_FRACTION, M.DUAL_CLIP_FRACTION, M.RATIO_MEAN, M.RATIO_MAX,
-                M.RATIO_MIN, M.GRAD_NORM, M.LEARNING_RATE, M.SAMPLER_LOGPROB_GAP, M.TRAINED_TOKENS)
+CONFIG_FILE = "config.yaml"
+RUN_FILES = (METRICS_FILE, "checkpoints")  # any of them: the directory holds a run
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", default=None, help="a YAML file of options (keys as the option names); the "
-                                                  "command line overrides it")
-    p.add_argument("--algo", choices=list(ALGORITHMS), default="tree_grpo")
-    p.add_argument("--env", choices=list(envs.ENV_IDS), default="HotpotQA-v0")
-    p.add_argument("--split", default=None, help="training split (default: the env id's default)")
-    p.add_argument("--model", default="smollm2-135m", help="tiny-random, smollm2-135m, a hub id or a directory")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
-    p.add_argument("--M", type=int, default=2, help="trees per prompt")
-    p.add_argument("--N", type=int, default=2, help="nodes expanded per tree per round")
-    p.add_argument("--L", type=int, default=1, help="expansion rounds")
-    p.add_argument("--group-size", type=int, default=4, help="chains per prompt for --algo grpo")
-    p.add_argument("--prompts-per-iter", type=int, default=None, help="default: 4 on CPU, 32 with a GPU")
-    p.add_argument("--train-questions", type=int, default=None,
-                   help="draw prompts from the first k training questions only (default: all)")
-    p.add_argument("--iterations", type=int, default=20)
-    p.add_argument("--max-turns", type=int, default=3)
-    p.add_argument("--topk", type=int, default=3)
-    p.add_argument("--max-step-tokens", type=int, default=None,
-                   help="token cap of one step (default: 128 on CPU, where an untrained model rarely closes a tag "
-                        "and every step runs to the cap; 500, the paper's, with a GPU)")
-    p.add_argument("--lr", type=float, default=1e-6)
-    p.add_argument("--warmup-steps", type=int, default=0)
-    p.add_argument("--micro-batch-size", type=int, default=4)
-    p.add_argument("--output", default="outputs/run")
-    p.add_argument("--data-dir", default=None, help="default: $TREEGRPO_DATA_DIR, else ./data")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--num-env-runners", type=int, default=0, help="remote Ray env runners (0: in this process)")
-    p.add_argument("--num-learners", type=int, default=0, help="remote learners, DDP (0: in this process)")
-    p.add_argument("--num-gpus-per-learner", type=float, default=0)
-    p.add_argument("--num-cpus-per-learner", type=float, default=1)
-    p.add_argument("--num-cpus-per-env-runner", type=float, default=1)
-    p.add_argument("--checkpoint-every", type=int, default=10)
-    p.add_argument("--eval-every", type=int, default=0, help="greedy evaluation every k iterations (0: never)")
-    p.add_argument("--eval-questions", type=int, default=50, help="questions of the evaluation split")
-    p.add_argument("--resume", default=None, help="a checkpoint directory to continue from")
-    p.add_argument("--final-eval", action="store_true", help="greedy evaluation at the end: eval/eval.md + .json")
-    p.add_argument("--eval-envs", nargs="+", default=None, choices=list(envs.ENV_IDS), metavar="ENV_ID",
-                   help="envs of the final evaluation (default: the training env)")
-    p.add_argument("--trees-every", type=int, default=10, help="write sampled trees every k iterations (0: never)")
-    p.add_argument("--trees-count", type=int, default=4, help="trees written each time")
-    p.add_argument("--mlflow-uri", default=None, help="MLflow tracking URI (default: sqlite:///OUTPUT/mlflow.db)")
-    p.add_argument("--no-mlflow", action="store_true", help="no MLflow tracking")
-    p.add_argument("--experiment", default="tree-grpo", help="MLflow experiment name")
-    p.add_argument("--run-name", default=None, help="MLflow run name (default: the output directory's name)")
-    p.add_argument("--quiet", action="store_true", help="no progress line per rollout step")
-    return p
+@dataclass
+class RunPlan:
+    """What ``main`` will do, decided and checked before anything starts."""
+
+    settings: RunSettings
+    checkpoint: Path | None = None  # resume from it
+    changes: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # options changed on resume
 
 
-def read_config_file(path: str | Path, parser: argparse.ArgumentParser, _seen: tuple[Path, ...] = ()) -> dict:
-    """The options of a YAML file, checked like command-line values: unknown keys, invalid choices and values
-    of the wrong type are errors that name the key. ``base: OTHER.yaml`` (relative to the file) is read first
-    and overridden by the file's own keys."""
-    import yaml
-
-    path = Path(path).resolve()
-    if not path.is_file():
-        parser.error(f"--config: no file {path} (expected a YAML mapping of option names to values)")
-    if path in _seen:
-        parser.error(f"--config {path}: 'base' files include each other in a cycle")
-    values = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    if not isinstance(values, dict):
-        parser.error(f"--config {path}: expected a YAML mapping of option names to values")
-    base = values.pop("base", None)
-    options = read_config_file(path.parent / base, parser, (*_seen, path)) if base else {}
-    actions = {action.dest: action for action in parser._actions if action.dest not in ("help", "config")}
-    for key, value in values.items():
-        dest = str(key).replace("-", "_")
-        if dest not in actions:
-            parser.error(f"--config {path}: unknown option {key!r}; known: base, {', '.join(sorted(actions))}")
-        options[dest] = _checked_value(parser, path, key, actions[dest], value)
-    return options
+def run_parser() -> argparse.ArgumentParser:
+    parser = build_parser(RunSettings, description=__doc__, aliases=CLI_ALIASES)
+    parser.add_argument("--resume", metavar="RUN_OR_CHECKPOINT", default=None,
+                        help="continue a run: its directory (from its newest checkpoint) or a checkpoint of it")
+    parser.add_argument("--allow-changes", action="store_true", default=False,
+                        help="with --resume: allow options that change the experiment (listed when refused)")
+    return parser
 
 
-def _checked_value(parser: argparse.ArgumentParser, path: Path, key: str, action: argparse.Action, value: Any):
-    if value is not None and action.type is not None:
-        try:
-            value = [action.type(v) for v in value] if isinstance(value, list) else action.type(value)
-        except (TypeError, ValueError):
-            parser.error(f"--config {path}: {key} must be {action.type.__name__}, got {value!r}")
-    values = value if isinstance(value, list) else [value]
-    if action.choices is not None and value is not None and any(v not in action.choices for v in values):
-        parser.error(f"--config {path}: {key} must be one of {list(action.choices)}, got {value!r}")
-    return value
+def run_directory(checkpoint: Path) -> Path:
+    """The run directory holding ``checkpoint`` (the nearest parent with a config.yaml)."""
+    for parent in checkpoint.resolve().parents:
+        if (parent / CONFIG_FILE).is_file():
+            return parent
+    raise CheckpointError(f"--resume {checkpoint}: no {CONFIG_FILE} in any parent directory, so this is not a "
+                          f"checkpoint of a run written by experiments/run.py")
 
 
-def parse_args(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> argparse.Namespace:
-    """The command line over the --config file over the defaults (of ``parser``, default ``build_parser()``)."""
-    parser = parser or build_parser()
-    known, _ = parser.parse_known_args(argv)
-    if known.config:
-        parser.set_defaults(**read_config_file(known.config, parser))
-    return parser.parse_args(argv)
+def plan(argv: list[str] | None = None) -> RunPlan:
+    """Parse and check everything (no Ray, no model): a ``SettingsError`` / ``CheckpointError`` names the problem."""
+    namespace = run_parser().parse_args(argv)
+    given, sources = given_options(RunSettings, namespace)
+    if not namespace.resume:
+        if namespace.allow_changes:
+            raise SettingsError("--allow-changes only applies with --resume")
+        settings = validate(RunSettings, given, sources)
+        existing = [name for name in RUN_FILES if (Path(settings.output) / name).exists()]
+        if existing:
+            raise SettingsError(f"--output {settings.output} already holds a run ({', '.join(existing)}): continue "
+                                f"it with --resume {settings.output}, or choose another --output")
+        return RunPlan(settings)
+    checkpoint = resolve_checkpoint(namespace.resume)
+    run_dir = run_directory(checkpoint)
+    saved, saved_sources = read_yaml(run_dir / CONFIG_FILE, RunSettings)
+    if "output" in given and Path(given["output"]).resolve() != run_dir.resolve():
+        raise SettingsError(f"--resume continues the run in its own directory {run_dir}; drop --output "
+                            f"{given['output']} (or copy the run there first)")
+    given["output"] = saved["output"] = str(run_dir)
+    conflicts = resume_conflicts(saved, given)
+    if conflicts and not namespace.allow_changes:
+        listed = "; ".join(f"{name}: {old!r} -> {new!r}" for name, (old, new) in conflicts.items())
+        raise SettingsError(f"--resume {namespace.resume}: these options would change the experiment: {listed}. "
+                            f"Drop them, or pass --allow-changes to continue with the new values")
+    settings = validate(RunSettings, {**saved, **given}, {**saved_sources, **sources})
+    changes = {name: (saved.get(name), value) for name, value in given.items() if saved.get(name) != value}
+    return RunPlan(settings, checkpoint, changes)
 
 
-def default_prompts_per_iter() -> int:
-    import torch
+def start_ray(settings: RunSettings) -> None:
+    """A local Ray instance listening on loopback only, with the dashboard only if asked for (unless Ray is
+    already initialised, or ``RAY_ADDRESS`` names a cluster to join)."""
+    import ray
+    from ray._private import ray_constants
 
-    return 32 if torch.cuda.is_available() else 4
-
-
-def default_max_step_tokens() -> int:
-    import torch
-
-    return 500 if torch.cuda.is_available() else 128
-
-
-def build_config(args: argparse.Namespace):
-    """The algorithm config for the command-line settings."""
-    config_cls = ALGORITHMS[args.algo][1]
-    prompts = args.prompts_per_iter or default_prompts_per_iter()
-    env_config: dict[str, Any] = {"data_dir": str(resolve_data_dir(args.data_dir).resolve()),
-                                  "max_turns": args.max_turns, "topk": args.topk}
-    if args.split:
-        env_config["split"] = args.split
-    shape = {"group_size": args.group_size} if args.algo == "grpo" else {"M": args.M, "N": args.N, "L": args.L}
-    return (
-        config_cls()
-        .environment(args.env, env_config=env_config)
-        .training(**shape, prompts_per_iteration=prompts, train_questions=args.train_questions,
-                  max_step_tokens=args.max_step_tokens or default_max_step_tokens(),
-                  lr=args.lr, warmup_steps=args.warmup_steps, micro_batch_size=args.micro_batch_size,
-                  log_rollout_steps=not args.quiet, trees_every=args.trees_every, trees_count=args.trees_count,
-                  trees_dir=str((Path(args.output) / "trees").resolve()), dev_eval_every=args.eval_every,
-                  dev_eval_questions=args.eval_questions)
-        .rl_module(model_config={"model": args.model, "dtype": args.dtype, "seed": args.seed})
-        .env_runners(num_env_runners=args.num_env_runners, create_local_env_runner=args.num_env_runners == 0,
-                     num_cpus_per_env_runner=args.num_cpus_per_env_runner)
-        .learners(num_learners=args.num_learners, num_gpus_per_learner=args.num_gpus_per_learner,
-                  num_cpus_per_learner=args.num_cpus_per_learner)
-        .debugging(seed=args.seed)
-    )
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if ray.is_initialized():
+        return
+    if not os.environ.get("RAY_ADDRESS"):
+        # Ray turns _node_ip_address="127.0.0.1" into the machine's address and its gRPC servers bind to all
+        # interfaces; with clusters off (the switch Ray reads on macOS/Windows) the node is 127.0.0.1 and
+        # every server binds there. The constant is read at import, so set it too; spawned processes read the env.
+        os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
+        ray_constants.ENABLE_RAY_CLUSTER = False
+    ray.init(num_cpus=os.cpu_count(), object_store_memory=1_000_000_000, include_dashboard=settings.ray_dashboard,
+             log_to_driver=settings.log_rollout_steps)
 
 
-def check_resources(args: argparse.Namespace, available: dict[str, float]) -> None:
+def check_resources(settings: RunSettings, available: dict[str, float]) -> None:
     """Fail fast, naming the options, when the actors cannot all be placed (Ray would wait forever)."""
-    gpus = args.num_learners * args.num_gpus_per_learner
-    cpus = args.num_env_runners * args.num_cpus_per_env_runner
-    cpus += args.num_learners * (args.num_cpus_per_learner if not args.num_gpus_per_learner else 0)
+    gpus = settings.num_learners * settings.num_gpus_per_learner
+    cpus = settings.num_env_runners * settings.num_cpus_per_env_runner
+    cpus += settings.num_learners * (settings.num_cpus_per_learner if not settings.num_gpus_per_learner else 0)
     if cpus > available.get("CPU", 0) or gpus > available.get("GPU", 0):
-        raise SystemExit(
+        raise SettingsError(
             f"the requested actors need {cpus:g} CPUs and {gpus:g} GPUs but Ray has {available.get('CPU', 0):g} "
             f"CPUs and {available.get('GPU', 0):g} GPUs: lower --num-env-runners / --num-learners, or "
-            f"--num-cpus-per-env-runner / --num-cpus-per-learner (fractions are fine, e.g. 0.5)"
-        )
-
-
-def metrics_row(iteration: int, result: dict) -> dict[str, Any]:
-    """One metrics.jsonl line from RLlib's result dict."""
-    runners = result.get("env_runners", {})
-    learner = result.get("learners", {}).get("default_policy", {})
-    row: dict[str, Any] = {"iteration": iteration, "prompts": result.get(PROMPTS),
-                           "time_s": result.get(ITERATION_TIME_S)}
-    row.update({key: runners.get(key) for key in ENV_RUNNER_KEYS})
-    row.update({key: learner.get(key) for key in LEARNER_KEYS})
-    # evaluation keys only on the iterations that evaluated (RLlib reports NaN for the others)
-    row.update({key: value for key, value in result.items() if key.startswith(DEV_PREFIX) and value == value})
-    return {k: (float(v) if hasattr(v, "__float__") and not isinstance(v, int) else v) for k, v in row.items()}
+            f"--num-cpus-per-env-runner / --num-cpus-per-learner (fractions are fine, e.g. 0.5)")
 
 
 def progress_line(row: dict[str, Any], total: int) -> str:
+    """One console line per iteration (counts are ints whatever the number of runners)."""
+
     def f(key: str, fmt: str) -> str:
         value = row.get(key)
-        return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, fmt)
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return "-"
+        return format(round(value) if fmt == "d" else value, fmt)
 
     return (f"iter {row['iteration']:>4}/{total}  reward {f(M.REWARD, '.3f')}  EM {f(M.EM, '.3f')}  "
             f"leaves {f(M.LEAVES, 'd')}  tokens {f(M.TOKENS_GENERATED, 'd')}  tool calls {f(M.TOOL_CALLS, 'd')}  "
             f"KL {f(M.KL, '.4f')}  {f('time_s', '.1f')} s"
-            + (f"  dev EM {row['dev_em']:.3f}" if "dev_em" in row else ""))
+            + (f"  dev EM {f('dev_em', '.3f')}" if "dev_em" in row else "")
+            + (f"  runner restarts {f(M.ENV_RUNNER_RESTARTS, 'd')}" if row.get(M.ENV_RUNNER_RESTARTS) else ""))
 
 
-def start_tracking(args: argparse.Namespace, output: Path) -> MLflowTracker:
-    """The run's MLflow run (continued when resuming in the same output directory), or a disabled tracker."""
-    if args.no_mlflow:
-        return MLflowTracker(None, experiment=args.experiment)
-    run_id_file = output / "mlflow_run_id"
-    run_id = run_id_file.read_text().strip() if args.resume and run_id_file.exists() else None
-    tracker = MLflowTracker(args.mlflow_uri or default_tracking_uri(output), experiment=args.experiment,
-                            run_name=args.run_name or output.resolve().name, run_id=run_id,
-                            tags={"algo": args.algo, "env": args.env, "model": args.model})
-    if tracker.enabled:
-        run_id_file.write_text(tracker.run_id)
-    return tracker
+def build_algorithm(run: RunPlan):
+    """The algorithm of ``run``, with its tracker, restored from the checkpoint when resuming."""
+    settings = run.settings
+    output = Path(settings.output).resolve()
+    mlflow_uri = (settings.mlflow_uri or default_tracking_uri(output)) if settings.mlflow else None
+    tracker = functools.partial(
+        RunTracker, output=output, mlflow_uri=mlflow_uri, experiment=settings.experiment,
+        run_name=settings.run_name, tags={"model": settings.model}, resume=run.checkpoint is not None,
+        params={**settings.model_dump(), "trained_on_eval_split": settings.contaminated})
+    algo = build_config(settings).callbacks(tracker).build_algo()
+    if run.checkpoint is not None:
+        with restore_errors(run.checkpoint):
+            algo.restore_from_path(str(run.checkpoint))
+        dropped = truncate_rows(output / METRICS_FILE, algo.iteration)
+        if dropped:
+            print(f"resume: dropped {dropped} metrics row(s) written after the checkpoint (iteration "
+                  f"{algo.iteration})", file=sys.stderr)
+    return algo
 
 
-def final_evaluation(algo, args: argparse.Namespace, output: Path) -> list[Path]:
-    """Greedy evaluation of the trained policy on --eval-envs: eval/eval.md and eval/eval.json."""
-    results = {env_id: algo.greedy_eval(envs.eval_split(env_id), args.eval_questions, env_id=env_id)
-               for env_id in args.eval_envs or [args.env]}
-    details = {"model": f"{args.algo} on {args.env} ({args.model}), iteration {algo.iteration}",
-               "questions per env": args.eval_questions}
+def final_evaluation(algo, settings: RunSettings, output: Path) -> list[Path]:
+    """Greedy evaluation of the trained policy on the evaluation envs: eval/eval.md and eval/eval.json."""
+    env_ids = settings.eval_envs or [settings.env]
+    results = {env_id: algo.greedy_eval(envs.eval_split(env_id), settings.eval_questions, env_id=env_id)
+               for env_id in env_ids}
+    details = {"model": f"{settings.algo} on {settings.env} ({settings.model}), iteration {algo.iteration}",
+               "questions per env": settings.eval_questions}
+    if settings.contaminated:
+        details["warning"] = f"trained on {settings.env}'s evaluation split ({settings.training_split})"
     return list(write_results(output / "eval", results, details))
 
 
 def save_learning_curve(output: Path) -> Path | None:
-    rows = load_metrics(output / "metrics.jsonl")
-    if not rows:
+    if not (output / METRICS_FILE).exists() or not (rows := load_metrics(output / METRICS_FILE)):
         return None
     metrics = [m for m in (M.REWARD, M.EM, "dev_em") if any(row.get(m) is not None for row in rows)]
     return plot_runs({output.resolve().name: rows}, output / "learning_curve.png", metrics=metrics)
 
 
-def main(argv: list[str] | None = None) -> Path:
-    args = parse_args(argv)
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+def train(run: RunPlan) -> tuple[Path | None, int]:
+    """Run the plan; (the newest checkpoint, the exit status: 0, or 130 / 143 after SIGINT / SIGTERM)."""
     import ray
 
-    output = Path(args.output)
-    (output / "checkpoints").mkdir(parents=True, exist_ok=True)
-    config_file = output / "config.yaml"
-    config_file.write_text(yaml.safe_dump({k: v for k, v in vars(args).items() if k != "config"}, sort_keys=False),
-                           encoding="utf-8")
-    if not ray.is_initialized():
-        ray.init(num_cpus=os.cpu_count(), object_store_memory=1_000_000_000, include_dashboard=False,
-                 log_to_driver=not args.quiet)  # remote runners' progress lines reach this console
-    check_resources(args, ray.cluster_resources())
-    algo = ALGORITHMS[args.algo][0].from_checkpoint(args.resume) if args.resume else build_config(args).build_algo()
-    tracker = start_tracking(args, output)
-    tracker.log_params({**{k: v for k, v in vars(args).items() if k != "config"},
-                        "algorithm": algo.config.tracked_params()})
-    tracker.log_artifact(config_file)
-    start_iteration = algo.iteration
-    latest = output / "checkpoints" / "latest"
-    status = "FINISHED"
+    settings = run.settings
+    output = Path(settings.output).resolve()
+    output.mkdir(parents=True, exist_ok=True)
+    if settings.contaminated:
+        print(f"warning: training on {settings.env}'s evaluation split ({settings.training_split}); its "
+              f"evaluations score questions the policy trained on", file=sys.stderr)
+    start_ray(settings)
+    check_resources(settings, ray.cluster_resources())
+    algo = build_algorithm(run)
+    dump_yaml(settings, output / CONFIG_FILE, "# experiments/run.py --config this file reproduces the run\n")
+    tracker = tracker_of(algo)
+    for name, (old, new) in run.changes.items():
+        print(f"resume: {name} {old!r} -> {new!r}", file=sys.stderr)
+    tracker.mlflow.log_artifact(output / CONFIG_FILE)
+    checkpoints = CheckpointManager(output / "checkpoints", keep=settings.keep_checkpoints)
+    latest, saved_at, status = None, None, "FINISHED"
+    end = algo.iteration + settings.iterations
+    with GracefulStop(can_interrupt=lambda: not algo.mid_update) as stop:
+        try:
+            while algo.iteration < end:
+                algo.train()
+                print(progress_line(tracker.last_row, end), flush=True)
+                if settings.checkpoint_every and algo.iteration % settings.checkpoint_every == 0:
+                    latest, saved_at = checkpoints.save(algo, algo.iteration), algo.iteration
+                stop.check()
+            if settings.final_eval:
+                for path in final_evaluation(algo, settings, output):
+                    tracker.mlflow.log_artifact(path, "eval")
+        except StopRequested:
+            status = "KILLED"
+            print("stopping: saving a checkpoint (a second signal does not interrupt it)", file=sys.stderr)
+        except BaseException:
+            status = "FAILED"
+            raise
+        finally:
+            if algo.iteration and not algo.mid_update and saved_at != algo.iteration:  # never a half-done update
+                latest = checkpoints.save(algo, algo.iteration)
+            algo.stop()
+            tracker.mlflow.log_artifact(output / METRICS_FILE)
+            curve = save_learning_curve(output)
+            if curve is not None:
+                tracker.mlflow.log_artifact(curve)
+            tracker.mlflow.end(status)
+    mlflow = tracker.mlflow
+    print(f"metrics: {output / METRICS_FILE}; checkpoint: {latest}"
+          + (f"; MLflow: {mlflow.tracking_uri} (run {mlflow.run_id})" if mlflow.enabled else ""))
+    return latest, stop.exit_code if stop.requested else 0
+
+
+def main(argv: list[str] | None = None) -> Path | None:
+    """The command line's entry point; returns the newest checkpoint (exits non-zero on a signal)."""
     try:
-        with (output / "metrics.jsonl").open("a", encoding="utf-8") as log:
-            for _ in range(args.iterations):
-                start = time.perf_counter()
-                result = algo.train()
-                row = metrics_row(algo.iteration, result)
-                row["time_s"] = row["time_s"] or time.perf_counter() - start
-                log.write(json.dumps(row) + "\n")
-                log.flush()
-                tracker.log_metrics(row, step=algo.iteration)
-                for path in algo.tree_files:
-                    tracker.log_artifact(path, "trees")
-                print(progress_line(row, start_iteration + args.iterations), flush=True)
-                if args.checkpoint_every and algo.iteration % args.checkpoint_every == 0:
-                    algo.save_to_path(str(latest.resolve()))
-        if args.final_eval:
-            for path in final_evaluation(algo, args, output):
-                tracker.log_artifact(path, "eval")
-    except KeyboardInterrupt:
-        status = "KILLED"
-        print("interrupted: saving a checkpoint before stopping", file=sys.stderr)
-    except BaseException:
-        status = "FAILED"
-        raise
-    finally:
-        algo.save_to_path(str(latest.resolve()))
-        algo.stop()
-        tracker.log_artifact(output / "metrics.jsonl")
-        curve = save_learning_curve(output)
-        if curve is not None:
-            tracker.log_artifact(curve)
-        tracker.end(status)
-    print(f"metrics: {output / 'metrics.jsonl'}; checkpoint: {latest}"
-          + (f"; MLflow: {tracker.tracking_uri} (run {tracker.run_id})" if tracker.enabled else ""))
+        run = plan(argv)
+        latest, status = train(run)
+    except (SettingsError, CheckpointError) as error:
+        run_parser().exit(2, f"run.py: error: {error}\n")
+    if status:
+        sys.exit(status)
     return latest
 
 

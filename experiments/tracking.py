@@ -1,12 +1,18 @@
-"""MLflow tracking for training runs that never stops training: a store that cannot be reached gives one
-warning, and the run goes on untracked.
+"""Tracking, one path for run.py and tune.py: the :class:`RunTracker` RLlib callback writes each iteration's row
+to ``OUTPUT/metrics.jsonl``, logs it to MLflow, and writes the sampled trees (JSON + HTML) as files and MLflow
+artifacts. The metric names are those of ``algos.tree_grpo.metrics``; ``metrics_row`` is the only reader of
+RLlib's result dict.
 
-Uses ``MlflowClient`` with an explicit run id (no global active run), so several trackers can live in one
-process (tests, Tune). Default store: ``sqlite:///<output>/mlflow.db`` (MLflow 3 refuses plain file stores).
+MLflow goes through ``MlflowClient`` with an explicit run id (no global active run), so several trackers can
+live in one process (tests, Tune). A store that cannot be reached gives one warning and the run goes on
+untracked. Default store: ``sqlite:///<output>/mlflow.db`` (MLflow 3 refuses plain file stores), artifacts
+beside it. A resumed run continues its MLflow run (``OUTPUT/mlflow_run_id``): params already logged are
+kept, an option that changed on resume is recorded as a ``changed_on_resume/<name>`` tag.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
@@ -16,8 +22,29 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ray.rllib.callbacks.callbacks import RLlibCallback
+from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, EVALUATION_RESULTS, LEARNER_RESULTS
+
+from algos.tree_grpo import metrics as M
+from algos.tree_view import trees_html
+
 PARAM_VALUE_LIMIT = 6000  # MLflow's limit on a param value
 BATCH_LIMIT = 100  # params per log_batch call
+RUN_ID_FILE = "mlflow_run_id"
+METRICS_FILE = "metrics.jsonl"
+
+# metrics.jsonl columns by where they are in RLlib's result dict
+ENV_RUNNER_KEYS = (M.REWARD, M.EM, M.TREES, M.LEAVES, M.TOKENS_GENERATED, M.TOKENS_PREFILLED, M.LLM_CALLS,
+                   M.TOOL_CALLS, M.SAMPLE_TIME_S, M.GENERATION_TIME_S, M.ENV_TIME_S, M.BUDGET_ESTIMATE,
+                   M.BUDGET_MEASURED)
+LEARNER_KEYS = (M.POLICY_LOSS, M.KL, M.ENTROPY, M.CLIP_FRACTION, M.DUAL_CLIP_FRACTION, M.RATIO_MEAN, M.RATIO_MAX,
+                M.RATIO_MIN, M.GRAD_NORM, M.LEARNING_RATE, M.SAMPLER_LOGPROB_GAP, M.TRAINED_TOKENS, M.OPTIMIZER_STEPS,
+                M.OLD_LOGPROBS_RECOMPUTED, M.SAMPLER_RATIO_MEAN, M.SAMPLER_RATIO_P99, M.SAMPLER_RATIO_OUTSIDE,
+                M.TIS_WEIGHT_MEAN, M.UNIQUE_TOKEN_SHARE, M.FORWARDED_TOKEN_SHARE)
+TOP_LEVEL_KEYS = (M.PROMPTS, M.ITERATION_TIME_S, M.ENV_RUNNER_RESTARTS)
+# Counts summed over runners come back as floats from RLlib's metrics: written as ints.
+COUNT_KEYS = frozenset({M.TREES, M.LEAVES, M.TOKENS_GENERATED, M.TOKENS_PREFILLED, M.LLM_CALLS, M.TOOL_CALLS,
+                        M.PROMPTS, M.ENV_RUNNER_RESTARTS, M.OPTIMIZER_STEPS})
 
 
 def default_tracking_uri(output: str | Path) -> str:
@@ -58,15 +85,52 @@ def numeric_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
             if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)}
 
 
-class MLflowTracker:
-    """One MLflow run. Every method is a no-op once tracking is off (``--no-mlflow``) or has failed."""
+def metrics_row(result: Mapping[str, Any]) -> dict[str, Any]:
+    """One ``metrics.jsonl`` line from RLlib's result dict: the iteration, the runners' and the learner's
+    metrics, and on evaluating iterations the greedy evaluation as ``dev_<column>``."""
+    runners = result.get(ENV_RUNNER_RESULTS, {})
+    learner = result.get(LEARNER_RESULTS, {}).get("default_policy", {})
+    row: dict[str, Any] = {"iteration": result.get("training_iteration")}
+    row.update({key: result.get(key) for key in TOP_LEVEL_KEYS})
+    row.update({key: runners.get(key) for key in ENV_RUNNER_KEYS})
+    row.update({key: learner.get(key) for key in LEARNER_KEYS})
+    evaluation = result.get(EVALUATION_RESULTS) or {}
+    row.update({f"{M.DEV_PREFIX}{key}": value for key, value in evaluation.items()
+                if isinstance(value, int | float) and value == value})
+    row["time_s"] = row.pop(M.ITERATION_TIME_S)
+    for key, value in row.items():
+        if hasattr(value, "__float__") and not isinstance(value, int | bool):
+            value = float(value)
+            row[key] = round(value) if key in COUNT_KEYS and math.isfinite(value) else value
+    return row
+
+
+def read_rows(path: str | Path) -> list[dict[str, Any]]:
+    """The rows of a metrics.jsonl file ([] if it does not exist)."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def truncate_rows(path: str | Path, last_iteration: int) -> int:
+    """Drop the rows after ``last_iteration`` (written after the checkpoint a run resumes from); the count."""
+    rows = read_rows(path)
+    kept = [row for row in rows if row["iteration"] <= last_iteration]
+    if len(kept) < len(rows):
+        Path(path).write_text("".join(json.dumps(row) + "\n" for row in kept), encoding="utf-8")
+    return len(rows) - len(kept)
+
+
+class MLflowRun:
+    """One MLflow run. Every method is a no-op once tracking is off or has failed (one warning)."""
 
     def __init__(self, tracking_uri: str | None, *, experiment: str, run_name: str | None = None,
                  run_id: str | None = None, tags: Mapping[str, str] | None = None):
         self.tracking_uri, self.run_id, self._client = tracking_uri, None, None
-        if tracking_uri is None:
-            return
-        self._guard(self._start, experiment, run_name, run_id, dict(tags or {}))
+        self.params: dict[str, str] = {}  # already logged (a continued run's)
+        if tracking_uri is not None:
+            self._guard(self._start, experiment, run_name, run_id, dict(tags or {}))
 
     @property
     def enabled(self) -> bool:
@@ -83,6 +147,7 @@ class MLflowTracker:
         client = MlflowClient(self.tracking_uri)
         if run_id is not None:  # a resumed training run continues its MLflow run
             client.update_run(run_id, status="RUNNING")
+            self.params = dict(client.get_run(run_id).data.params)
         else:
             experiment_id = ensure_experiment(client, experiment, self.tracking_uri)
             run_id = client.create_run(experiment_id, run_name=run_name, tags=tags).info.run_id
@@ -96,15 +161,25 @@ class MLflowTracker:
                           f"training goes on without it", RuntimeWarning, stacklevel=3)
             self._client = None
 
-    def log_params(self, params: Mapping[str, Any]) -> None:
-        """Nested params, flattened (``env_config/topk``)."""
+    def log_params(self, params: Mapping[str, Any], *, step: int = 0) -> None:
+        """Nested params, flattened (``env_config/topk``). MLflow params cannot change: a value that differs from
+        the one already logged (a resumed run) becomes the tag ``changed_on_resume/<name>``."""
         from mlflow.entities import Param
 
         if not self.enabled:
             return
-        flat = [Param(k, v) for k, v in flatten(params).items()]
-        for start in range(0, len(flat), BATCH_LIMIT):
-            self._guard(self._client.log_batch, self.run_id, [], flat[start:start + BATCH_LIMIT])
+        flat = flatten(params)
+        new = [Param(k, v) for k, v in flat.items() if k not in self.params]
+        for start in range(0, len(new), BATCH_LIMIT):
+            self._guard(self._client.log_batch, self.run_id, [], new[start:start + BATCH_LIMIT])
+        for key, value in flat.items():
+            if key in self.params and self.params[key] != value:
+                self.set_tag(f"changed_on_resume/{key}", f"{self.params[key]} -> {value} (from iteration {step})")
+        self.params.update(flat)
+
+    def set_tag(self, key: str, value: str) -> None:
+        if self.enabled:
+            self._guard(self._client.set_tag, self.run_id, key, value)
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int) -> None:
         """The finite numbers of ``metrics`` at ``step`` (None and NaN are skipped)."""
@@ -124,3 +199,75 @@ class MLflowTracker:
     def end(self, status: str = "FINISHED") -> None:
         if self.enabled:
             self._guard(self._client.set_terminated, self.run_id, status)
+
+
+def write_trees(trees: list[dict[str, Any]], directory: Path, iteration: int, title: str) -> list[Path]:
+    """``directory/iter_NNNNN.json`` and ``.html`` of the exported trees."""
+    directory.mkdir(parents=True, exist_ok=True)
+    stem = directory / f"iter_{iteration:05d}"
+    stem.with_suffix(".json").write_text(json.dumps(trees, indent=1), encoding="utf-8")
+    stem.with_suffix(".html").write_text(trees_html(trees, title), encoding="utf-8")
+    return [stem.with_suffix(".json"), stem.with_suffix(".html")]
+
+
+class RunTracker(RLlibCallback):
+    """The RLlib callback that records every iteration (see the module docstring).
+
+    ``output``: the run's directory (default: the algorithm's log directory, a Tune trial's own directory).
+    ``mlflow_uri``: None for no MLflow. ``params``: what to log as MLflow params (default: the algorithm's
+    settings, env and model configs). ``resume``: continue the MLflow run recorded in ``output``.
+    ``final_iteration``: end the MLflow run (FINISHED, with metrics.jsonl) after that iteration, for callers that
+    do not end it themselves (Tune trials); run.py ends it with the run's status.
+    """
+
+    def __init__(self, *, output: str | Path | None = None, mlflow_uri: str | None = None,
+                 experiment: str = "tree-grpo", run_name: str | None = None, tags: Mapping[str, str] | None = None,
+                 params: Mapping[str, Any] | None = None, resume: bool = False, final_iteration: int | None = None):
+        super().__init__()
+        self._options = dict(output=output, mlflow_uri=mlflow_uri, experiment=experiment, run_name=run_name,
+                             tags=dict(tags or {}), params=params, resume=resume, final_iteration=final_iteration)
+        self.output: Path | None = None
+        self.mlflow: MLflowRun | None = None
+        self.last_row: dict[str, Any] | None = None
+
+    def on_algorithm_init(self, *, algorithm, metrics_logger=None, **kwargs) -> None:
+        options = self._options
+        self.output = Path(options["output"] or algorithm.logdir).resolve()
+        self.output.mkdir(parents=True, exist_ok=True)
+        run_id_file = self.output / RUN_ID_FILE
+        run_id = run_id_file.read_text().strip() if options["resume"] and run_id_file.exists() else None
+        self.mlflow = MLflowRun(options["mlflow_uri"], experiment=options["experiment"],
+                                run_name=options["run_name"] or self.output.name, run_id=run_id,
+                                tags={"algo": algorithm.config.algo, "env": str(algorithm.config.env),
+                                      **options["tags"]})
+        if self.mlflow.enabled:
+            run_id_file.write_text(self.mlflow.run_id)
+        config = algorithm.config
+        self.mlflow.log_params(options["params"] or {
+            **config.settings_dict(), "env": config.env, "env_config": dict(config.env_config),
+            "model_config": dict(config.model_config or {}), "seed": config.seed}, step=algorithm.iteration)
+
+    def on_train_result(self, *, algorithm, metrics_logger=None, result: dict, **kwargs) -> None:
+        row = metrics_row(result)
+        with (self.output / METRICS_FILE).open("a", encoding="utf-8") as log:
+            log.write(json.dumps(row) + "\n")
+        self.mlflow.log_metrics(row, step=row["iteration"])
+        trees = getattr(algorithm, "exported_trees", None)
+        if trees:
+            title = f"{algorithm.config.algo}, iteration {row['iteration']}"
+            for path in write_trees(trees, self.output / "trees", row["iteration"], title):
+                self.mlflow.log_artifact(path, "trees")
+        self.last_row = row
+        final = self._options["final_iteration"]
+        if final is not None and row["iteration"] >= final:
+            self.mlflow.log_artifact(self.output / METRICS_FILE)
+            self.mlflow.end("FINISHED")
+
+
+def tracker_of(algorithm) -> RunTracker:
+    """The algorithm's :class:`RunTracker` instance."""
+    callbacks = algorithm.callbacks if isinstance(algorithm.callbacks, list) else [algorithm.callbacks]
+    found = [c for c in callbacks if isinstance(c, RunTracker)]
+    if not found:
+        raise ValueError("the algorithm has no RunTracker callback (config.callbacks(...))")
+    return found[0]

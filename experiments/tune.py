@@ -5,40 +5,42 @@
     python experiments/tune.py --budget 2 4 8 16 --iterations 20 --eval-every 5       # the paper's budget table
     python experiments/tune.py --config experiments/configs/hotpotqa_tree.yaml --grid lr=1e-6,3e-6
 
-Every run.py option sets the base config (``--config FILE`` too). ``--grid KEY=V1,V2`` sweeps a field of the
-algorithm config (M, N, L, lr, kl_coef, temperature, ...; the cross product of all grids). ``--budget B``
+Every run.py option sets the base settings (``--config FILE`` too). ``--grid KEY=V1,V2`` sweeps a setting of
+the algorithm (M, N, L, lr, kl_coef, temperature, ...; the cross product of all grids); values are read as
+YAML scalars and every trial's settings are checked, like run.py's, before Ray starts. ``--budget B``
 is the matched-budget mode: for each budget in full-chain equivalents, the tree shapes whose cost matches it
 (``--shapes paper``: the paper's shape; ``all``: every shape within ``--tolerance``) and chain GRPO with
-G = B. Trials run as many at a time as Ray's resources allow. Writes OUTPUT/tune_results.md and .json (trials
-sorted by ``--metric``) and tracks every trial in MLflow (default ``sqlite:///OUTPUT/mlflow.db``).
+G = B (``algo: grpo``, the same code path). Trials run as many at a time as Ray's resources allow. Every trial is
+tracked as run.py's runs are (the ``RunTracker`` callback: its directory's metrics.jsonl and trees, one MLflow
+run per trial, default store ``sqlite:///OUTPUT/mlflow.db``). Writes OUTPUT/tune_results.md and .json (trials
+sorted by ``--metric``, a metrics.jsonl column).
 """
 
 from __future__ import annotations
 
-import argparse
+import functools
 import itertools
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
 
 from algos.rollout import TreeShape
 from algos.tree_grpo import TreeGRPO
-from experiments.run import build_config, build_parser, check_resources
-from experiments.run import parse_args as parse_run_args
-from experiments.tracking import default_tracking_uri, ensure_experiment
+from algos.tree_grpo import metrics as M
+from algos.tree_grpo.settings import ALGORITHM_FIELDS
+from experiments.cli import SettingsError, build_parser, given_options, validate, yaml_scalar
+from experiments.run import check_resources, start_ray
+from experiments.settings import CLI_ALIASES, RunSettings, build_config
+from experiments.tracking import METRICS_FILE, RunTracker, default_tracking_uri, ensure_experiment, read_rows
 
 # The paper's budget table (notes/tree-grpo.md): budget in full chains -> tree (M, N, L); chain GRPO uses G = budget.
 PAPER_SHAPES: dict[int, TreeShape] = {2: TreeShape(1, 2, 1), 4: TreeShape(2, 2, 1), 8: TreeShape(2, 6, 1),
                                       16: TreeShape(4, 5, 1)}
-SHAPE_FIELDS = ("M", "N", "L", "advantage_mode")
-REWARD = "env_runners/reward_mean"
-
-
-def shape_cost(shape: TreeShape, expansion_cost: float = 0.5) -> float:
-    """Cost per prompt in full chains when one expansion costs ``expansion_cost`` chains (the paper: 0.5)."""
-    return shape.M * (1 + shape.L * shape.N * expansion_cost)
+GRID_FIELDS = (*ALGORITHM_FIELDS, "seed")  # what a trial may vary: the algorithm's settings and the seed
+SUMMARY_FIELDS = ("algo", "M", "N", "L", "advantage_mode")
+SWEEP_DEFAULTS = {"output": "outputs/tune", "iterations": 5, "checkpoint_every": 0, "trees_every": 0,
+                  "log_rollout_steps": False}
 
 
 def shapes_for_budget(budget: float, *, expansion_cost: float = 0.5, tolerance: float = 0.15, max_L: int = 2,
@@ -47,55 +49,47 @@ def shapes_for_budget(budget: float, *, expansion_cost: float = 0.5, tolerance: 
     closest first, then by fewer trees."""
     shapes = []
     for L in range(1, max_L + 1):
-        for M in range(1, max(1, math.ceil(budget))):
+        for M_ in range(1, max(1, math.ceil(budget))):
             # the cost grows with N: try the N values around the exact match
-            exact = (budget / M - 1) / (L * expansion_cost)
+            exact = (budget / M_ - 1) / (L * expansion_cost)
             for N in {math.floor(exact), math.ceil(exact)}:
-                if N >= 1 and abs(shape_cost(TreeShape(M, N, L), expansion_cost) - budget) <= tolerance * budget:
-                    shapes.append(TreeShape(M, N, L))
-    return sorted(set(shapes), key=lambda s: (abs(shape_cost(s, expansion_cost) - budget), s.M, s.L, s.N))
+                if N >= 1 and abs(TreeShape(M_, N, L).cost(expansion_cost) - budget) <= tolerance * budget:
+                    shapes.append(TreeShape(M_, N, L))
+    return sorted(set(shapes), key=lambda s: (abs(s.cost(expansion_cost) - budget), s.M, s.L, s.N))
 
 
 def budget_points(budgets: list[float], mode: str, *, expansion_cost: float = 0.5,
                   tolerance: float = 0.15) -> list[dict[str, Any]]:
-    """The trials of the matched-budget mode: per budget the tree shapes (``paper`` or ``all``) and the chain of
-    group size G = budget, as config fields."""
+    """The trials of the matched-budget mode: per budget the tree shapes (``paper`` or ``all``) and chain GRPO
+    with G = budget, as settings."""
     points = []
     for budget in budgets:
         if mode == "paper":
             if budget not in PAPER_SHAPES:
-                raise ValueError(f"the paper's table has budgets {sorted(PAPER_SHAPES)}, not {budget:g}; "
-                                 f"use --shapes all for other budgets")
+                raise SettingsError(f"--budget: the paper's table has budgets {sorted(PAPER_SHAPES)}, not "
+                                    f"{budget:g}; use --shapes all for other budgets")
             trees = [PAPER_SHAPES[int(budget)]]
         else:
             trees = shapes_for_budget(budget, expansion_cost=expansion_cost, tolerance=tolerance)
-        points += [{"M": s.M, "N": s.N, "L": s.L, "advantage_mode": "tree"} for s in trees]
+        points += [{"algo": "tree_grpo", "M": s.M, "N": s.N, "L": s.L, "advantage_mode": "tree"} for s in trees]
         if budget != int(budget):
-            raise ValueError(f"a chain group needs a whole number of chains, got budget {budget:g}")
-        points.append({"M": int(budget), "N": 0, "L": 0, "advantage_mode": "inter"})
+            raise SettingsError(f"--budget: a chain group needs a whole number of chains, got {budget:g}")
+        points.append({"algo": "grpo", "group_size": int(budget)})
     return points
 
 
-def parse_value(text: str) -> Any:
-    """A grid value: int, float, bool, None, else the string."""
-    for convert in (int, float):
-        try:
-            return convert(text)
-        except ValueError:
-            pass
-    return {"true": True, "false": False, "none": None}.get(text.lower(), text)
-
-
-def parse_grid(items: list[str], fields: set[str]) -> dict[str, list[Any]]:
-    """``["M=1,2", "lr=1e-6,3e-6"]`` -> ``{"M": [1, 2], "lr": [1e-06, 3e-06]}``; unknown fields are errors."""
+def parse_grid(items: list[str]) -> dict[str, list[Any]]:
+    """``["M=1,2", "lr=1e-6,3e-6"]`` -> ``{"M": [1, 2], "lr": [1e-06, 3e-06]}`` (values as YAML scalars; checked
+    later with the trial's settings); unknown fields are errors."""
     grid = {}
     for item in items:
         key, sep, values = item.partition("=")
         if not sep or not values:
-            raise ValueError(f"--grid takes KEY=V1,V2,...; got {item!r}")
-        if key not in fields:
-            raise ValueError(f"--grid: {key!r} is not a field of the algorithm config (e.g. M, N, L, lr, kl_coef)")
-        grid[key] = [parse_value(v) for v in values.split(",")]
+            raise SettingsError(f"--grid takes KEY=V1,V2,...; got {item!r}")
+        if key not in GRID_FIELDS:
+            raise SettingsError(f"--grid: {key!r} is not a setting a trial may vary; choose from "
+                                f"{', '.join(GRID_FIELDS)}")
+        grid[key] = [yaml_scalar(v) for v in values.split(",")]
     return grid
 
 
@@ -106,38 +100,57 @@ def sweep_points(grid: dict[str, list[Any]], shapes: list[dict[str, Any]], seeds
     return [{**combo, **shape, "seed": seed} for combo in combos for shape in (shapes or [{}]) for seed in seeds]
 
 
-def build_tune_parser() -> argparse.ArgumentParser:
-    parser = build_parser()
-    parser.description = __doc__
-    parser.set_defaults(output="outputs/tune", iterations=5, checkpoint_every=0, trees_every=0, quiet=True)
-    tune = parser.add_argument_group("sweep")
-    tune.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2", help="sweep a config field")
-    tune.add_argument("--budget", type=float, nargs="+", default=None,
-                      help="matched-budget mode: budgets in full-chain equivalents")
-    tune.add_argument("--shapes", choices=["paper", "all"], default="paper", help="tree shapes of a budget")
-    tune.add_argument("--expansion-cost", type=float, default=0.5,
-                      help="one expansion in full chains (paper 0.5; a measured value, e.g. 0.7, works too)")
-    tune.add_argument("--tolerance", type=float, default=0.15, help="relative budget mismatch allowed (--shapes all)")
-    tune.add_argument("--seeds", type=int, nargs="+", default=None, help="default: --seed")
-    tune.add_argument("--time-budget-s", type=float, default=None, help="stop each trial after this many seconds")
-    tune.add_argument("--metric", default=None, help="sort key (default: dev_em with --eval-every, else "
-                                                     "env_runners/reward_mean)")
-    tune.add_argument("--max-concurrent", type=int, default=0, help="trials at a time (0: as resources allow)")
+def trial_settings(base: dict[str, Any], points: list[dict[str, Any]]) -> list[RunSettings]:
+    """Every trial's settings, checked (a wrong grid value names the trial and the field)."""
+    trials = []
+    for point in points:
+        try:
+            trials.append(validate(RunSettings, {**base, **point}))
+        except SettingsError as error:
+            raise SettingsError(f"trial {point}: {error}") from None
+    return trials
+
+
+def varied_fields(trials: list[RunSettings]) -> dict[str, list[Any]]:
+    """Per trial, the values of the fields that differ between trials (the searched keys)."""
+    keys = [k for k in GRID_FIELDS if len({json.dumps(getattr(t, k)) for t in trials}) > 1] or ["seed"]
+    return {k: [getattr(t, k) for t in trials] for k in keys}
+
+
+def tune_parser():
+    parser = build_parser(RunSettings, description=__doc__, aliases=CLI_ALIASES)
+    sweep = parser.add_argument_group("sweep")
+    sweep.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2", help="sweep a setting")
+    sweep.add_argument("--budget", type=float, nargs="+", default=None,
+                       help="matched-budget mode: budgets in full-chain equivalents")
+    sweep.add_argument("--shapes", choices=["paper", "all"], default="paper", help="tree shapes of a budget")
+    sweep.add_argument("--expansion-cost", type=float, default=0.5,
+                       help="one expansion in full chains (paper 0.5; a measured value, e.g. 0.7, works too)")
+    sweep.add_argument("--tolerance", type=float, default=0.15, help="relative budget mismatch allowed (--shapes all)")
+    sweep.add_argument("--seeds", type=int, nargs="+", default=None, help="default: --seed")
+    sweep.add_argument("--time-budget-s", type=float, default=None, help="stop each trial after this many seconds")
+    sweep.add_argument("--metric", default=None, help="a metrics.jsonl column to sort by (default: dev_em with "
+                                                      "--eval-every, else reward_mean)")
+    sweep.add_argument("--max-concurrent", type=int, default=0, help="trials at a time (0: as resources allow)")
     return parser
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = build_tune_parser()
-    args = parse_run_args(argv, parser)
-    if args.resume:
-        parser.error("--resume is not a sweep option: restore a trial with Tuner.restore on OUTPUT")
-    return args
+def plan(argv: list[str] | None = None):
+    """(base settings, every trial's settings, sweep options), all checked before Ray starts."""
+    namespace = tune_parser().parse_args(argv)
+    given, sources = given_options(RunSettings, namespace)
+    base_values = {**SWEEP_DEFAULTS, **given}
+    base = validate(RunSettings, base_values, sources)
+    shapes = budget_points(namespace.budget, namespace.shapes, expansion_cost=namespace.expansion_cost,
+                           tolerance=namespace.tolerance) if namespace.budget else []
+    points = sweep_points(parse_grid(namespace.grid), shapes, namespace.seeds or [base.seed])
+    return base, trial_settings(base_values, points), namespace
 
 
 def trial_table(rows: list[dict[str, Any]], metric: str) -> str:
     """Markdown: one line per trial, best ``metric`` first (trials without it last)."""
-    columns = list(dict.fromkeys(["trial", *SHAPE_FIELDS, "seed", "iterations", metric, REWARD, "tokens_generated",
-                                  "budget_chains_measured"]))
+    columns = list(dict.fromkeys(["trial", *SUMMARY_FIELDS, "seed", "iterations", metric, M.REWARD,
+                                  M.TOKENS_GENERATED, M.BUDGET_MEASURED]))
     rows = sorted(rows, key=lambda r: (r.get(metric) is None, -(r.get(metric) or 0.0)))
     lines = ["| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]
     for row in rows:
@@ -147,81 +160,69 @@ def trial_table(rows: list[dict[str, Any]], metric: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def trial_summary(result, metric: str) -> dict[str, Any]:
-    """One trial's row: its settings, the last value of ``metric`` it reported, its total tokens."""
-    frame = result.metrics_dataframe
-    config = result.config
+def trial_summary(trial_dir: Path, config: dict[str, Any], metric: str, error: Any = None) -> dict[str, Any]:
+    """One trial's row from its metrics.jsonl: its settings, the last value of ``metric``, its total tokens."""
+    rows = read_rows(trial_dir / METRICS_FILE)
 
-    def last(column: str) -> float | None:
-        if frame is None or column not in frame:
-            return None
-        values = frame[column].dropna()
-        return float(values.iloc[-1]) if len(values) else None
+    def last(column: str) -> Any:
+        values = [row[column] for row in rows if row.get(column) is not None]
+        return values[-1] if values else None
 
-    tokens = frame["env_runners/tokens_generated"].sum() if frame is not None and \
-        "env_runners/tokens_generated" in frame else None
-    return {"trial": Path(result.path).name, **{f: config.get(f) for f in SHAPE_FIELDS}, "seed": config.get("seed"),
-            "iterations": last("training_iteration"), metric: last(metric),
-            REWARD: last(REWARD), "tokens_generated": None if tokens is None else
-            float(tokens), "budget_chains_measured": last("env_runners/budget_chains_measured"),
-            "error": str(result.error) if result.error else None}
+    tokens = sum(row.get(M.TOKENS_GENERATED) or 0 for row in rows) if rows else None
+    return {"trial": trial_dir.name, **{f: config.get(f) for f in SUMMARY_FIELDS}, "seed": config.get("seed"),
+            "iterations": last("iteration"), metric: last(metric), M.REWARD: last(M.REWARD),
+            M.TOKENS_GENERATED: tokens, M.BUDGET_MEASURED: last(M.BUDGET_MEASURED),
+            "error": str(error) if error else None}
 
 
 def main(argv: list[str] | None = None) -> Path:
-    args = parse_args(argv)
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    try:
+        base, trials, options = plan(argv)
+    except SettingsError as error:
+        tune_parser().exit(2, f"tune.py: error: {error}\n")
     import ray
     from ray import tune
-    from ray.air.integrations.mlflow import MLflowLoggerCallback
     from ray.tune.search.basic_variant import BasicVariantGenerator
 
-    output = Path(args.output).resolve()
+    output = Path(base.output).resolve()
     output.mkdir(parents=True, exist_ok=True)
-    base = build_config(args)
-    try:
-        grid = parse_grid(args.grid, set(base.to_dict()))
-        shapes = budget_points(args.budget, args.shapes, expansion_cost=args.expansion_cost,
-                               tolerance=args.tolerance) if args.budget else []
-    except ValueError as error:
-        build_tune_parser().error(str(error))
-    points = sweep_points(grid, shapes, args.seeds or [args.seed])
-    metric = args.metric or ("dev_em" if args.eval_every else REWARD)
+    metric = options.metric or (f"{M.DEV_PREFIX}em" if base.eval_every else M.REWARD)
+    varied = varied_fields(trials)
+    points = [{key: values[i] for key, values in varied.items()} for i in range(len(trials))]
     print(f"{len(points)} trials: " + "; ".join(", ".join(f"{k}={v}" for k, v in p.items()) for p in points))
 
-    if not ray.is_initialized():
-        ray.init(num_cpus=os.cpu_count(), object_store_memory=1_000_000_000, include_dashboard=False,
-                 log_to_driver=False)
-    check_resources(args, ray.cluster_resources())
-    # Explicit trials (points_to_evaluate) instead of grid_search: the budget mode's shapes are a list, not a
-    # cross product. The searched keys need a domain in the space for the points to fill.
-    space = base.to_dict()
-    for key in points[0]:
-        space[key] = tune.choice(sorted({p[key] for p in points}, key=str))
-    space["trees_dir"] = None  # each trial writes its trees into its own directory (uploaded to MLflow at its end)
-    tracking_uri = args.mlflow_uri or default_tracking_uri(output)
-    if not args.no_mlflow:  # created here so that its artifacts go beside the store, not into ./mlruns
+    start_ray(base)
+    check_resources(base, ray.cluster_resources())
+    mlflow_uri = (base.mlflow_uri or default_tracking_uri(output)) if base.mlflow else None
+    if mlflow_uri:  # created here so that its artifacts go beside the store, not into ./mlruns
         from mlflow.tracking import MlflowClient
 
-        ensure_experiment(MlflowClient(tracking_uri), args.experiment, tracking_uri)
-    callbacks = [] if args.no_mlflow else [MLflowLoggerCallback(
-        tracking_uri=tracking_uri, experiment_name=args.experiment,
-        save_artifact=True, tags={"algo": args.algo, "env": args.env, "model": args.model, "sweep": output.name})]
-    stop = {"training_iteration": args.iterations}
-    if args.time_budget_s:
-        stop["time_total_s"] = args.time_budget_s
+        ensure_experiment(MlflowClient(mlflow_uri), base.experiment, mlflow_uri)
+    tracker = functools.partial(RunTracker, mlflow_uri=mlflow_uri, experiment=base.experiment,
+                                tags={"model": base.model, "sweep": output.name}, final_iteration=base.iterations)
+    # Explicit trials (points_to_evaluate) instead of grid_search: the budget mode's shapes are a list, not a
+    # cross product. Every point sets every searched key; the keys need a domain in the space to be filled.
+    space = build_config(base).callbacks(tracker).to_dict()
+    for key, values in varied.items():
+        space[key] = tune.choice(list(dict.fromkeys(values)))
+    stop = {"training_iteration": base.iterations}
+    if options.time_budget_s:
+        stop["time_total_s"] = options.time_budget_s
     tuner = tune.Tuner(
-        TreeGRPO if shapes else base.algo_class,  # chain GRPO is TreeGRPO with L = 0 and inter advantages
+        TreeGRPO,
         param_space=space,
         tune_config=tune.TuneConfig(
             search_alg=BasicVariantGenerator(points_to_evaluate=points), num_samples=len(points),
-            max_concurrent_trials=args.max_concurrent or None),
+            max_concurrent_trials=options.max_concurrent or None),
         run_config=tune.RunConfig(
-            name="sweep", storage_path=str(output), stop=stop, callbacks=callbacks, verbose=1,
-            checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=args.checkpoint_every,
+            name="sweep", storage_path=str(output), stop=stop, verbose=1,
+            # each trial's RunTracker writes into its working directory; Tune copies it to the trial directory
+            sync_config=tune.SyncConfig(sync_artifacts=True),
+            checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=base.checkpoint_every,
                                                     checkpoint_at_end=True, num_to_keep=1)),
     )
     results = tuner.fit()
-    rows = [trial_summary(result, metric) for result in results]
+    rows = [trial_summary(Path(result.path), result.config, metric, result.error) for result in results]
     table = trial_table(rows, metric)
     (output / "tune_results.md").write_text(table, encoding="utf-8")
     (output / "tune_results.json").write_text(json.dumps({"metric": metric, "trials": rows}, indent=1),

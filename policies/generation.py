@@ -4,7 +4,9 @@ A *branch* is a token-id context (prompt, then generated steps and tokenized obs
 the KV cache of a prefix of it. ``generate_step`` advances every branch by one agent step in the same
 batched forward passes: it prefills only what no cache covers, samples until each branch closes its first
 ``</search>`` or ``</answer>`` (or emits an end-of-turn token, or hits its token cap), and returns per branch
-the sampled ids, their log-probs under the unmodified policy (temperature 1, no top-p), and a cache handle
+the sampled ids, their log-probs under the sampling distribution before top-p (the full softmax at the
+sampling temperature, what the learner computes; top-p's renormalisation over the survivors would bias the
+PPO ratio), and a cache handle
 for the new context, so a child branch forked from it prefills only its observation.
 
 Token ids are the truth: generated ids are never decoded and re-encoded; only observations are tokenized,
@@ -17,13 +19,19 @@ the first backend; a vLLM backend implements the same calls with prefix caching 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 STOP_STRINGS = ("</search>", "</answer>")
+
+
+def default_max_step_tokens() -> int:
+    """The token cap of one agent step: 500 (the paper's) with a GPU; 128 on CPU, where an untrained model rarely
+    closes a tag and every step runs to the cap."""
+    return 500 if torch.cuda.is_available() else 128
 
 
 @dataclass(frozen=True)
@@ -33,7 +41,7 @@ class SamplingSettings:
     temperature: float = 1.0
     top_p: float = 0.95
     greedy: bool = False
-    max_step_tokens: int = 500
+    max_step_tokens: int = field(default_factory=default_max_step_tokens)
     max_context_tokens: int = 4096
     stop_strings: tuple[str, ...] = STOP_STRINGS
     # After these stop strings one more token is sampled, normally the end-of-turn token: the model must learn to
@@ -181,6 +189,8 @@ class HFStepGenerator:
         self.model, self.tokenizer = model, tokenizer
         self.settings = settings or SamplingSettings()
         self.keep_cache = keep_cache
+        # the distribution the recorded log-probs are of: the tempered softmax (greedy decoding: the model's own)
+        self._logprob_temperature = 1.0 if self.settings.greedy else self.settings.temperature
         self.eot_ids = end_of_turn_ids(tokenizer, model)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eot_ids)
         self.counters = GenerationCounters()
@@ -196,7 +206,8 @@ class HFStepGenerator:
         state, cache, logits = self._prefill(branches, caps)
         while True:
             tokens = sample_tokens(logits, self.settings, generator).cpu()
-            chosen = torch.log_softmax(logits.float(), dim=-1).gather(-1, tokens.to(logits.device)[:, None])
+            chosen = torch.log_softmax(logits.float() / self._logprob_temperature, dim=-1).gather(
+                -1, tokens.to(logits.device)[:, None])
             self._record(state, tokens.tolist(), chosen.squeeze(-1).tolist(), caps)
             active = torch.tensor([f is None for f in state.finish])
             if not active.any():

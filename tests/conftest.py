@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+import ray
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,3 +25,12 @@ def data_dir() -> Path:
     if not path or not Path(path).is_dir():
         pytest.skip("no data directory: set TREEGRPO_DATA_DIR (see envs/datasets.py for the layout)")
     return Path(path)
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    """A local Ray instance for a test module (2 CPUs), shut down after it."""
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, object_store_memory=400_000_000, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()

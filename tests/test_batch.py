@@ -9,16 +9,18 @@ from algos.advantages import tree_grpo_advantages
 from algos.batch import (
     ADVANTAGES,
     ATTENTION_MASK,
-    GENERATED_MASK,
     INPUT_IDS,
     SAMPLING_LOGPROBS,
     LeafRecord,
     leaf_records,
+    minibatch_slices,
     pad_batch,
     prompt_advantages,
+    prompt_group_chunks,
 )
 from algos.tree import Node, Tree
 from policies.generation import StepOutput
+from policies.logprobs import GENERATED_MASK
 from policies.trajectory import TokenTrajectory
 
 
@@ -61,3 +63,24 @@ def test_leaf_records_from_a_tree():
 def test_unknown_mode_is_named():
     with pytest.raises(ValueError, match="mode"):
         prompt_advantages([record(0, 0, 1.0)], mode="nope")
+
+
+def test_minibatch_slices_keep_prompt_groups_whole():
+    prompts = np.array([7, 7, 7, 3, 3, 3, 9, 9, 9, 5, 5, 5])
+    assert minibatch_slices(prompts, 2) == [slice(0, 6), slice(6, 12)]
+    assert minibatch_slices(prompts, 3) == [slice(0, 6), slice(6, 9), slice(9, 12)]  # 4 groups: 2 + 1 + 1
+    assert minibatch_slices(prompts, 1) == [slice(0, 12)]
+
+
+def test_minibatch_slices_split_rows_when_groups_are_too_few():
+    assert minibatch_slices(np.array([1, 1, 1, 1, 2]), 3) == [slice(0, 2), slice(2, 4), slice(4, 5)]
+    with pytest.raises(ValueError, match="cannot split 2 rows into 3"):
+        minibatch_slices(np.array([1, 2]), 3)
+
+
+def test_prompt_group_chunks_keep_groups_whole_within_the_row_budget():
+    prompts = np.array([1, 1, 1, 2, 2, 2, 3, 3, 4])
+    assert prompt_group_chunks(prompts, 4) == [slice(0, 3), slice(3, 6), slice(6, 9)]
+    assert prompt_group_chunks(prompts, 6) == [slice(0, 6), slice(6, 9)]
+    assert prompt_group_chunks(prompts, 100) == [slice(0, 9)]
+    assert prompt_group_chunks(np.array([5] * 7 + [6]), 2) == [slice(0, 7), slice(7, 8)]  # a big group alone

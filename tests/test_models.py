@@ -7,7 +7,7 @@ import importlib.util
 import pytest
 import torch
 
-from policies.models import LoraSettings, disable_dropout, load_model
+from policies.models import LoraSettings, ModelNotFoundError, disable_dropout, load_model
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +57,35 @@ def test_lora_trains_only_adapters(cache):
 
 def test_unknown_model_offline_names_the_choices(cache, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(OSError, match="tiny-random"):
+    with pytest.raises(ModelNotFoundError, match="not a known name") as error:
         load_model("no-such-org/no-such-model", cache_dir=cache)
+    message = str(error.value)
+    assert "'tiny-random'" in message and "'smollm2-135m'" in message and "needs internet" in message
+
+
+@pytest.mark.parametrize("contents", [{}, {"notes.txt": "hi"}, {"config.json": "{}", "model.safetensors": ""}])
+def test_a_directory_that_is_not_a_model_says_what_a_model_directory_holds(tmp_path, contents):
+    for name, text in contents.items():
+        (tmp_path / name).write_text(text)
+    with pytest.raises(ModelNotFoundError) as error:
+        load_model(str(tmp_path))
+    message = str(error.value)
+    assert f"{tmp_path} is not a model directory" in message and "sentencepiece" not in message
+    assert "config.json" in message and "weights" in message and "tokenizer" in message
+    if "config.json" in contents:  # only what is missing is listed as missing
+        assert "has no tokenizer files" in message
+
+
+@pytest.mark.parametrize("name", ["./no-such-dir", "/no/such/model/dir"])
+def test_a_missing_local_path_is_not_read_as_a_hub_id(name):
+    with pytest.raises(ModelNotFoundError, match=f"{name}: no such model directory.*'tiny-random'"):
+        load_model(name)
+
+
+def test_a_file_is_not_a_model_directory(tmp_path):
+    (tmp_path / "model.bin").write_bytes(b"")
+    with pytest.raises(ModelNotFoundError, match="is a file, not a model directory"):
+        load_model(str(tmp_path / "model.bin"))
 
 
 def test_smollm2_loads_offline_and_answers(cache, monkeypatch):

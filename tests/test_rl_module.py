@@ -8,10 +8,10 @@ import pytest
 import torch
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
-import algos.batch as batch_keys
 from envs.search_qa import UnicodeText
 from policies.generation import Branch, SamplingSettings, prompt_ids
-from policies.rl_module import ENTROPY, GENERATED_MASK, LOGPROBS, LLMRLModule
+from policies.logprobs import ENTROPY, GENERATED_MASK, LOGPROBS
+from policies.rl_module import LLMRLModule
 
 
 def build(**model_config) -> LLMRLModule:
@@ -69,7 +69,6 @@ def test_a_generated_mask_scores_only_its_positions(module):
     for key in (LOGPROBS, ENTROPY):
         torch.testing.assert_close(masked[key][keep], full[key][keep], atol=1e-5, rtol=0)
         assert masked[key][~keep].abs().sum() == 0
-    assert GENERATED_MASK == batch_keys.GENERATED_MASK  # the key the learner's batches carry
 
 
 def test_gradients_flow_through_the_chunks(module):
@@ -87,6 +86,22 @@ def test_generator_uses_the_module_weights(module):
     (out,) = gen.generate_step([Branch(prompt_ids(module.tokenizer, "Who wrote Hamlet?"))], seed=0)
     assert len(out.token_ids) > 0 and len(out.logprobs) == len(out.token_ids)
     assert gen.model is module.model
+
+
+@pytest.mark.parametrize("temperature", [0.6, 1.0, 1.7])
+def test_sampler_logprobs_are_the_learners_at_the_sampling_temperature(module, temperature):
+    # top-p 0.8 cuts the tail: the recorded log-probs are still of the full tempered softmax, not renormalised
+    gen = module.generator(SamplingSettings(temperature=temperature, top_p=0.8, max_step_tokens=12))
+    prompt = prompt_ids(module.tokenizer, "Who wrote Hamlet?")
+    (out,) = gen.generate_step([Branch(prompt)], seed=3)
+    sequence = list(prompt) + list(out.token_ids)
+    batch = padded_batch([sequence], module.tokenizer.pad_token_id)
+    with torch.no_grad():
+        learner = module.forward_train(batch, temperature=temperature)[LOGPROBS][0, len(prompt):]
+        untempered = module.forward_train(batch)[LOGPROBS][0, len(prompt):]
+    torch.testing.assert_close(learner, torch.tensor(out.logprobs), rtol=0, atol=1e-4)
+    if temperature != 1.0:  # the temperature matters: the untempered log-probs are another distribution's
+        assert (untempered - learner).abs().max() > 1e-2
 
 
 def test_bf16_state_round_trip():

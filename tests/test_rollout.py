@@ -1,4 +1,5 @@
-"""Tree rollouts over env snapshots: shapes, uniform expansion picks, exact env clones and token trajectories."""
+"""Tree rollouts over env snapshots: shapes, uniform expansion picks, exact env clones, token trajectories,
+prefix reuse and what a tree costs per leaf against chains."""
 
 from __future__ import annotations
 
@@ -11,7 +12,14 @@ import pytest
 import envs  # noqa: F401  (registers the env ids)
 from algos.rollout import TreeRollout, TreeShape
 from algos.tree import Node, Tree, pick_expansion_nodes
-from policies.generation import HFStepGenerator, SamplingSettings, observation_ids, prompt_ids
+from policies.generation import (
+    GenerationCounters,
+    HFStepGenerator,
+    SamplingSettings,
+    StepOutput,
+    observation_ids,
+    prompt_ids,
+)
 from policies.models import load_model
 from policies.trajectory import TokenTrajectory
 
@@ -81,13 +89,33 @@ def test_env_clones_see_what_the_path_saw(grown):
 
 
 def test_expansions_share_prefixes(grown):
-    trees, _, _ = grown
+    trees, _, generator = grown
     for tree in trees:
-        leaves = tree.leaves()
-        assert len(leaves) == 3
-        # every leaf descends from the root; branches after the first chain fork from the root or a step
+        assert len(tree.leaves()) == 3
         forks = [node for node in tree.nodes() if len(node.children) > 1]
-        assert forks and all(len(node.children) <= 3 for node in forks)
+        assert forks and sum(len(node.children) - 1 for node in forks) == 2  # N x L expansions, one branch each
+        for node in tree.nodes()[1:]:  # a child continues its parent's exact tokens, masks and log-probs
+            parent, n = node.parent.trajectory, len(node.parent.trajectory)
+            assert len(node.trajectory) > n
+            assert node.trajectory.token_ids[:n] == parent.token_ids
+            assert node.trajectory.generated_mask[:n] == parent.generated_mask
+            assert node.trajectory.sampling_logprobs[:n] == parent.sampling_logprobs
+    # Every branch hits its node's cache: the prompt is prefilled once for the M trees that share it (all but its
+    # last token), and a step from a node prefills only what the node's cache lacks: the node's last sampled token
+    # and its observation. Without reuse, every step would prefill its node's whole context.
+    steps = [node for tree in trees for node in tree.nodes()[1:]]
+    prompts = sum(len(tree.root.trajectory) - 1 for tree in trees if tree.tree_id == 0)
+    uncached = sum(1 + observation_length(node.parent) for node in steps)
+    assert generator.counters.tokens_prefilled == prompts + uncached
+    assert prompts + uncached < 0.5 * sum(len(node.parent.trajectory) for node in steps)
+
+
+def observation_length(node: Node) -> int:
+    """How many observation tokens ``node``'s step appended after its generated ones (0 for the root)."""
+    if node.parent is None:
+        return 0
+    step = node.trajectory.generated_mask[len(node.parent.trajectory):]
+    return len(step) - sum(step)
 
 
 def test_chain_shape_and_cost(tiny, data_dir):
@@ -145,3 +173,46 @@ def test_tree_shape_validates():
         TreeShape(0, 2, 1)
     with pytest.raises(ValueError, match="tree shape"):
         TreeShape(2, 0, 1)
+
+
+# -- rollout accounting with a scripted policy (searches, then answers) ---------------------------------------
+
+
+class ScriptedGenerator:
+    """A policy stand-in: each step searches a random word until its third step, then answers."""
+
+    def __init__(self, tokenizer, seed: int):
+        self.tokenizer, self.rng = tokenizer, np.random.default_rng(seed)
+        self.counters = GenerationCounters()
+        self.words = ["album", "rapper", "film", "river", "novel", "king", "city", "band"]
+
+    def prefix_cache(self, token_ids):
+        return None
+
+    def generate_step(self, branches, *, seed=None):
+        outputs = []
+        for branch in branches:
+            steps_so_far = self.tokenizer.decode(branch.token_ids).count("<think>go</think>")
+            word = self.words[self.rng.integers(len(self.words))]
+            text = f"<think>go</think><search>{word}</search>" if steps_so_far < 2 else "<answer>x</answer>"
+            ids = tuple(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+            outputs.append(StepOutput(ids, (0.0,) * len(ids), "stop", None))
+            self.counters.tokens_generated += len(ids)
+            self.counters.llm_calls += 1
+        return outputs
+
+
+def test_tree_costs_less_per_leaf_than_chains(tiny, data_dir):
+    _, tokenizer = tiny
+
+    def per_leaf(shape: TreeShape) -> tuple[float, float]:
+        generator = ScriptedGenerator(tokenizer, seed=0)
+        rollout = TreeRollout(gym.make("HotpotQA-v0", split="dev"), generator, tokenizer, seed=0)
+        rollout.grow([0, 1, 2], shape)
+        leaves = rollout.counters.leaves
+        return generator.counters.tokens_generated / leaves, rollout.counters.tool_calls / leaves
+
+    tree_tokens, tree_tools = per_leaf(TreeShape(2, 2, 1))
+    chain_tokens, chain_tools = per_leaf(TreeShape(6, 0, 0))
+    assert chain_tools == 2.0  # every chain searches twice, then answers
+    assert tree_tokens < chain_tokens and tree_tools < chain_tools

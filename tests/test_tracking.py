@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import warnings
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from mlflow.tracking import MlflowClient
 
 from experiments.evaluate import load_policy
 from experiments.run import main
-from experiments.tracking import MLflowTracker, flatten, numeric_metrics
+from experiments.tracking import MLflowRun, flatten, metrics_row, numeric_metrics, read_rows, truncate_rows
 from policies.models import load_model
 
 FAST = ["--model", "tiny-random", "--max-step-tokens", "8", "--prompts-per-iter", "2", "--micro-batch-size", "6",
@@ -56,12 +57,15 @@ def test_run_logs_params_metrics_and_artifacts(tracked_run):
     assert run.info.status == "FINISHED" and run.info.run_name == output.name
     params = run.data.params
     assert params["algo"] == "tree_grpo" and params["M"] == "2" and params["model"] == "tiny-random"
-    assert params["algorithm/advantage_mode"] == "tree" and params["algorithm/env_config/topk"] == "3"
+    assert params["advantage_mode"] == "tree" and params["topk"] == "3" and params["kl_coef"] == "0.001"
     rows = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
-    for key in ("reward_mean", "tokens_generated", "leaves", "kl", "budget_chains_measured"):
+    for key in ("reward_mean", "tokens_generated", "leaves", "kl", "budget_chains_measured", "unique_token_share",
+                "optimizer_steps", "sampler_ratio_mean"):
         history = client.get_metric_history(run_id, key)
         assert [m.step for m in history] == [1, 2], key
         assert [m.value for m in history] == pytest.approx([row[key] for row in rows]), key
+    assert 0 < rows[-1]["unique_token_share"] < 1  # the trees' shared prompts and steps
+    assert [row["optimizer_steps"] for row in rows] == [1, 2]  # 2 prompts: one mini-batch per iteration
     artifacts = artifact_paths(client, run_id)
     assert (output / "mlartifacts").is_dir()  # beside the store, not ./mlruns in the working directory
     assert {"config.yaml", "metrics.jsonl", "learning_curve.png", "eval/eval.md", "eval/eval.json",
@@ -156,7 +160,7 @@ def test_unreachable_tracking_uri_only_warns(data_dir, tmp_path):
 
 
 def test_no_mlflow_writes_no_store(tmp_path):
-    tracker = MLflowTracker(None, experiment="x")
+    tracker = MLflowRun(None, experiment="x")
     tracker.log_params({"a": 1})
     tracker.log_metrics({"b": 1.0}, step=1)
     tracker.end()
@@ -171,13 +175,42 @@ def test_flatten_and_numeric_metrics():
         "a": 1.0, "b": 2.5}
 
 
-def test_resumed_run_continues_its_mlflow_run(tmp_path):
+def test_resumed_run_continues_its_mlflow_run_and_records_changed_params(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    first = MLflowTracker(uri, experiment="tree-grpo", run_name="r")
+    first = MLflowRun(uri, experiment="tree-grpo", run_name="r")
+    first.log_params({"iterations": 2, "M": 2})
     first.log_metrics({"reward_mean": 0.25}, step=1)
-    first.end()
-    resumed = MLflowTracker(uri, experiment="tree-grpo", run_id=first.run_id)
-    resumed.log_metrics({"reward_mean": 0.5}, step=2)
+    first.end("KILLED")
+    resumed = MLflowRun(uri, experiment="tree-grpo", run_id=first.run_id)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "Changing param values is not allowed" used to end tracking here
+        resumed.log_params({"iterations": 5, "M": 2, "eval_every": 1}, step=1)
+        resumed.log_metrics({"reward_mean": 0.5}, step=2)
     resumed.end()
+    run = MlflowClient(uri).get_run(first.run_id)
     history = MlflowClient(uri).get_metric_history(first.run_id, "reward_mean")
     assert [(m.step, m.value) for m in history] == [(1, 0.25), (2, 0.5)]
+    assert run.info.status == "FINISHED" and run.data.params["iterations"] == "2"
+    assert run.data.params["eval_every"] == "1"
+    assert run.data.tags["changed_on_resume/iterations"] == "2 -> 5 (from iteration 1)"
+
+
+def test_metrics_row_counts_are_ints_whatever_the_runners():
+    """Counts summed over several runners come back from RLlib as floats (the progress line used to crash)."""
+    result = {"training_iteration": 3, "prompts": 4.0, "iteration_time_s": 1.5,
+              "env_runners": {"leaves": 24.0, "tokens_generated": 811.0, "reward_mean": 0.25},
+              "learners": {"default_policy": {"kl": 0.01}}, "evaluation": {"em": 0.5, "questions": 10.0}}
+    row = metrics_row(result)
+    assert row["leaves"] == 24 and isinstance(row["leaves"], int) and isinstance(row["prompts"], int)
+    assert row["reward_mean"] == 0.25 and row["time_s"] == 1.5 and row["dev_em"] == 0.5
+    from experiments.run import progress_line
+
+    assert "leaves 24  tokens 811" in progress_line(row, 5)
+
+
+def test_truncate_rows_drops_only_the_rows_after_the_checkpoint(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"iteration": i, "reward_mean": i / 10}) + "\n" for i in (1, 2, 3, 4)))
+    assert truncate_rows(path, 2) == 2
+    assert read_rows(path) == [{"iteration": 1, "reward_mean": 0.1}, {"iteration": 2, "reward_mean": 0.2}]
+    assert truncate_rows(path, 2) == 0

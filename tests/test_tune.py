@@ -9,22 +9,14 @@ import ray
 from mlflow.tracking import MlflowClient
 
 from algos.rollout import TreeShape
-from experiments.tune import (
-    budget_points,
-    main,
-    parse_args,
-    parse_grid,
-    shape_cost,
-    shapes_for_budget,
-    sweep_points,
-    trial_table,
-)
+from experiments.cli import SettingsError
+from experiments.tune import budget_points, main, parse_grid, plan, shapes_for_budget, sweep_points, trial_table
 
 
 def test_shape_cost_is_the_papers_formula():
-    assert shape_cost(TreeShape(2, 2, 1)) == 4.0  # 2 (1 + 1 * 2 / 2)
-    assert shape_cost(TreeShape(4, 5, 1)) == 14.0  # the paper's "budget 16" shape
-    assert shape_cost(TreeShape(2, 2, 1), expansion_cost=0.75) == 5.0  # 2 (1 + 2 * 0.75)
+    assert TreeShape(2, 2, 1).cost() == TreeShape(2, 2, 1).budget_estimate == 4.0  # 2 (1 + 1 * 2 / 2)
+    assert TreeShape(4, 5, 1).cost() == 14.0  # the paper's "budget 16" shape
+    assert TreeShape(2, 2, 1).cost(expansion_cost=0.75) == 5.0  # 2 (1 + 2 * 0.75)
 
 
 def test_shapes_for_budget_4():
@@ -39,34 +31,40 @@ def test_shapes_for_budget_4():
 
 
 def test_budget_points_pair_the_papers_tree_with_the_chain_of_the_same_budget():
+    tree = {"algo": "tree_grpo", "advantage_mode": "tree"}
     assert budget_points([2, 4], "paper") == [
-        {"M": 1, "N": 2, "L": 1, "advantage_mode": "tree"}, {"M": 2, "N": 0, "L": 0, "advantage_mode": "inter"},
-        {"M": 2, "N": 2, "L": 1, "advantage_mode": "tree"}, {"M": 4, "N": 0, "L": 0, "advantage_mode": "inter"}]
-    with pytest.raises(ValueError, match="budgets \\[2, 4, 8, 16\\], not 6"):
+        {**tree, "M": 1, "N": 2, "L": 1}, {"algo": "grpo", "group_size": 2},
+        {**tree, "M": 2, "N": 2, "L": 1}, {"algo": "grpo", "group_size": 4}]
+    with pytest.raises(SettingsError, match="budgets \\[2, 4, 8, 16\\], not 6"):
         budget_points([6], "paper")
-    assert budget_points([6], "all", tolerance=0.0)[-1] == {"M": 6, "N": 0, "L": 0, "advantage_mode": "inter"}
+    assert budget_points([6], "all", tolerance=0.0)[-1] == {"algo": "grpo", "group_size": 6}
+
+
+def test_every_trial_is_checked_before_ray_starts(tmp_path):
+    _, trials, _ = plan(["--budget", "4", "--output", str(tmp_path)])
+    assert [(t.algo, t.M, t.N, t.L, t.advantage_mode) for t in trials] == [
+        ("tree_grpo", 2, 2, 1, "tree"), ("grpo", 4, 0, 0, "inter")]  # chain GRPO: the same settings, one spelling
+    with pytest.raises(SettingsError, match=r"trial \{'M': 0, 'seed': 0\}: M: Input should be greater"):
+        plan(["--grid", "M=1,0", "--output", str(tmp_path)])
+    with pytest.raises(SettingsError, match=r"lr: Input should be a valid number"):
+        plan(["--grid", "lr=fast", "--output", str(tmp_path)])
 
 
 def test_parse_grid_and_sweep_points():
-    grid = parse_grid(["M=1,2", "lr=1e-6,3e-6", "advantage_mode=tree,inter"], {"M", "lr", "advantage_mode"})
-    assert grid == {"M": [1, 2], "lr": [1e-6, 3e-6], "advantage_mode": ["tree", "inter"]}
+    grid = parse_grid(["M=1,2", "lr=1e-6,3.0e-6", "advantage_mode=tree,inter", "dual_clip=none,3"])
+    assert grid == {"M": [1, 2], "lr": [1e-6, 3e-6], "advantage_mode": ["tree", "inter"], "dual_clip": [None, 3]}
     points = sweep_points({"M": [1, 2]}, [], [0, 1])
     assert points == [{"M": 1, "seed": 0}, {"M": 1, "seed": 1}, {"M": 2, "seed": 0}, {"M": 2, "seed": 1}]
-    with pytest.raises(ValueError, match="'lrr' is not a field"):
-        parse_grid(["lrr=1"], {"lr"})
-    with pytest.raises(ValueError, match="KEY=V1,V2"):
-        parse_grid(["M"], {"M"})
+    with pytest.raises(SettingsError, match="'lrr' is not a setting a trial may vary"):
+        parse_grid(["lrr=1"])
+    with pytest.raises(SettingsError, match="KEY=V1,V2"):
+        parse_grid(["M"])
 
 
 def test_trial_table_sorts_by_the_metric_trials_without_it_last():
     rows = [{"trial": "a", "dev_em": 0.1}, {"trial": "b", "dev_em": None}, {"trial": "c", "dev_em": 0.3}]
     lines = trial_table(rows, "dev_em").splitlines()
     assert [line.split(" | ")[0] for line in lines[2:]] == ["| c", "| a", "| b"]
-
-
-def test_resume_is_refused():
-    with pytest.raises(SystemExit):
-        parse_args(["--resume", "x"])
 
 
 def test_two_trial_grid_is_tracked_in_mlflow(data_dir, tmp_path):
@@ -82,4 +80,7 @@ def test_two_trial_grid_is_tracked_in_mlflow(data_dir, tmp_path):
     assert all(r.info.artifact_uri.startswith((tmp_path / "mlartifacts").as_uri()) for r in runs)
     assert sorted(r.data.params["M"] for r in runs) == ["1", "2"]
     # leaves per prompt = M (1 + L N): 3 and 6, two prompts
-    assert sorted(r.data.metrics["env_runners/leaves"] for r in runs) == [6, 12]
+    assert sorted(r.data.metrics["leaves"] for r in runs) == [6, 12]  # the same metric names as run.py
+    for trial in (tmp_path / "sweep").iterdir():  # the same files as run.py, one tracking path
+        if trial.is_dir():
+            assert (trial / "metrics.jsonl").is_file(), trial

@@ -11,7 +11,6 @@ import torch
 
 import envs  # noqa: F401  (registers the env ids)
 from envs.synthetic import World, WorldSpec, write_world
-from experiments.bench_learning import mean_rows, summarize
 from experiments.warmstart import main as warmstart_main
 from experiments.warmstart import oracle_envs, oracle_trajectory, pad, parse_args, sft_loss, train
 from policies.generation import observation_ids, prompt_ids
@@ -91,23 +90,6 @@ def test_sft_fits_a_few_oracle_trajectories(setup):
     with torch.no_grad():
         after = sft_loss(model, ids, attention, generated).item()
     assert after < 0.5 * before
-
-
-def test_bench_learning_summary_and_plot_rows():
-    runs = {"tree (2,2,1)": [
-        [{"iteration": 1, "dev_em": None, "tokens_generated": 100, "reward_mean": 0.2, "time_s": 3.0},
-         {"iteration": 2, "dev_em": 0.5, "tokens_generated": 50, "reward_mean": 0.4, "time_s": 2.0}],
-        [{"iteration": 1, "dev_em": None, "tokens_generated": 80, "reward_mean": 0.1, "time_s": 4.0},
-         {"iteration": 2, "dev_em": 0.3, "tokens_generated": 70, "reward_mean": 0.3, "time_s": 1.0}]]}
-    s = summarize(runs, before=0.1)["tree (2,2,1)"]
-    assert s["budget"] == 4 and s["dev_em_final_mean"] == pytest.approx(0.4)
-    assert s["dev_em_final_std"] == pytest.approx(0.1) and s["tokens_generated_per_seed"] == [150, 150]
-    assert s["seconds_per_seed"] == [5.0, 5.0]
-    rows = mean_rows(runs["tree (2,2,1)"], before=0.1)
-    assert [r["iteration"] for r in rows] == [0, 1, 2] and rows[0]["dev_em"] == 0.1
-    assert rows[1]["tokens_generated"] == 90 and rows[1]["dev_em"] is None and rows[2]["dev_em"] == pytest.approx(0.4)
-    assert rows[0]["dev_em_std"] == 0.0 and rows[1]["dev_em_std"] is None
-    assert rows[2]["dev_em_std"] == pytest.approx(0.1)  # population std of 0.5 and 0.3
 
 
 def test_warmstart_main_trains_on_extra_worlds_and_saves_a_loadable_model(setup, tmp_path, monkeypatch):

@@ -1,8 +1,7 @@
-"""Tree-GRPO and chain GRPO as RLlib algorithms (config, algorithm, env runner, learner)."""
+"""Tree-GRPO (and chain GRPO, its ``algo="grpo"`` setting) as an RLlib algorithm: config and algorithm
+(``tree_grpo.py``), settings (``settings.py``), env runner, learner, metric keys."""
 
-from algos.tree_grpo.algorithm import GRPO, TreeGRPO
-from algos.tree_grpo.config import GRPOConfig, TreeGRPOConfig
+from algos.tree_grpo.settings import TreeGRPOSettings
+from algos.tree_grpo.tree_grpo import TreeGRPO, TreeGRPOConfig
 
-ALGORITHMS = {"tree_grpo": (TreeGRPO, TreeGRPOConfig), "grpo": (GRPO, GRPOConfig)}
-
-__all__ = ["ALGORITHMS", "GRPO", "GRPOConfig", "TreeGRPO", "TreeGRPOConfig"]
+__all__ = ["TreeGRPO", "TreeGRPOConfig", "TreeGRPOSettings"]

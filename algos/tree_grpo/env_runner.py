@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
@@ -32,6 +33,17 @@ from algos.tree_grpo import metrics as M
 from algos.tree_view import trees_to_dicts
 
 
+@dataclass
+class RunnerResult:
+    """What one env runner returns for its share of an iteration's prompts."""
+
+    worker_index: int  # 0: the local runner
+    prompt_indices: list[int]
+    records: list[LeafRecord]  # one per leaf, in tree order
+    metrics: dict[str, Any]  # the runner's reduced metrics (``get_metrics``)
+    trees: list[dict[str, Any]] = field(default_factory=list)  # exported trees; leaf indices count over ``records``
+
+
 class TreeSearchEnvRunner(EnvRunner, Checkpointable):
     """Samples trees (or chains) of agent steps with the current policy."""
 
@@ -41,6 +53,7 @@ class TreeSearchEnvRunner(EnvRunner, Checkpointable):
         self._weights_seq_no = 0
         self._eval_envs: dict[tuple[str, str], gym.Env] = {}
         self._last_trees: list[Tree] = []
+        self._sampled_iteration: int | None = None  # the iteration of the last sample call
         self.make_env()
         self.make_module()
 
@@ -68,11 +81,18 @@ class TreeSearchEnvRunner(EnvRunner, Checkpointable):
     @override(EnvRunner)
     def sample(self, *, prompt_indices: list[int] | None = None, iteration: int = 0, **kwargs) -> list[LeafRecord]:
         """Grow the configured trees for ``prompt_indices`` (dataset positions) and return one record per leaf;
-        the sampling seed follows from (seed, runner, iteration), so a resumed run samples as the original."""
+        the sampling seed follows from (seed, runner, iteration), so a resumed run samples as the original and a
+        restarted runner draws what the runner it replaces would have; a second call in one iteration (prompts
+        taken over from a failed runner) adds the prompts to the seed, so that it does not replay this runner's
+        own draws."""
         if not prompt_indices:
             return []
         start = time.perf_counter()
-        seed = int(np.random.SeedSequence([self.config.seed or 0, self.worker_index, iteration]).generate_state(1)[0])
+        entropy = [self.config.seed or 0, self.worker_index, iteration]
+        if self._sampled_iteration == iteration:
+            entropy += prompt_indices
+        self._sampled_iteration = iteration
+        seed = int(np.random.SeedSequence(entropy).generate_state(1)[0])
         generator = self.module.generator(self.config.sampling)
         on_step = self._print_step if self.config.log_rollout_steps else None
         rollout = TreeRollout(self.env, generator, self.module.tokenizer, seed=seed, on_step=on_step)
@@ -81,6 +101,12 @@ class TreeSearchEnvRunner(EnvRunner, Checkpointable):
         records = leaf_records(trees)
         self._log(records, rollout, generator.counters.as_dict(), time.perf_counter() - start)
         return records
+
+    def sample_prompts(self, prompt_indices: list[int], *, iteration: int, export_trees: int = 0) -> RunnerResult:
+        """``sample`` for ``prompt_indices``, with this call's metrics and its first ``export_trees`` trees."""
+        records = self.sample(prompt_indices=prompt_indices, iteration=iteration)
+        trees = self.export_trees(export_trees) if export_trees else []
+        return RunnerResult(self.worker_index, list(prompt_indices), records, self.get_metrics(), trees)
 
     def _print_step(self, line: str) -> None:
         print(f"  [runner {self.worker_index}] {line}", file=sys.stderr, flush=True)

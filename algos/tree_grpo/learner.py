@@ -1,13 +1,21 @@
-"""The Tree-GRPO learner: one optimizer step per update, gradient accumulation over micro-batches.
+"""The Tree-GRPO learner: PPO mini-batches over an iteration's batch, gradient accumulation over micro-batches.
 
 Per update (one iteration's batch, or this learner's shard of it):
-1. recompute, without gradients, the old log-probs (current weights, which generated the samples) and the
+1. fix the old log-probs once, before the first step: the sampler's own (``old_logprobs="sampler"``) or the
+   current weights' (``"recompute"``, one forward pass without gradients); with recomputed old log-probs, the
+   truncated importance weights ``min(exp(old - sampler), tis_cap)`` (per token or per trajectory) correct
+   for a sampler whose numerics differ from the learner's (another engine, bf16). Also without gradients: the
    reference log-probs (the frozen initial policy; with LoRA, the base model with adapters off);
-2. for each micro-batch: the clipped policy loss + k3 KL - entropy bonus, token-mean over the generated
-   tokens of the WHOLE update (micro-batch losses are weighted by their token share), backward (DDP syncs
-   gradients on the last micro-batch only);
-3. clip the global gradient norm, set the warmed-up learning rate, AdamW step.
+2. ``ppo_epochs`` passes over ``ppo_mini_batches`` mini-batches of whole prompt groups, one optimizer step
+   each: for each micro-batch the clipped policy loss + k3 KL - entropy bonus, token-mean over the generated
+   tokens of the mini-batch (micro-batch losses weighted by their token share), backward (DDP syncs gradients on
+   the mini-batch's last micro-batch only); then RLlib's gradient postprocessing (``grad_clip`` /
+   ``grad_clip_by``), the scheduled learning rate (``algos.lr_schedule``) and the AdamW step. From the second
+   step on, the policy has moved away from the old log-probs: the ratio and its clipping act.
 Observation and prompt tokens never enter the loss (``generated_mask``).
+
+The schedule position (``OPTIMIZER_STEPS``, optimizer steps taken) is part of the learner's state next to
+the optimizer state, so a resumed run continues its warm-up and decay instead of restarting them.
 """
 
 from __future__ import annotations
@@ -16,14 +24,50 @@ import contextlib
 import copy
 
 import torch
-from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.core import COMPONENT_OPTIMIZER, DEFAULT_MODULE_ID
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.utils.annotations import override
+from ray.rllib.utils.torch_utils import compute_global_norm
+from ray.rllib.utils.typing import StateDict
 
-from algos.batch import ADVANTAGES, ATTENTION_MASK, GENERATED_MASK, INPUT_IDS, SAMPLING_LOGPROBS
-from algos.losses import clipped_policy_loss, k3_kl, masked_mean
+from algos.batch import ADVANTAGES, INPUT_IDS, PROMPT_INDEX, SAMPLING_LOGPROBS, minibatch_slices, prompt_group_chunks
+from algos.losses import (
+    MismatchStats,
+    clipped_policy_loss,
+    k3_kl,
+    masked_mean,
+    sampler_mismatch,
+    truncated_importance_weights,
+)
+from algos.lr_schedule import scheduled_lr
 from algos.tree_grpo import metrics as M
-from policies.rl_module import ENTROPY, LOGPROBS
+from policies.logprobs import ENTROPY, GENERATED_MASK, LOGPROBS, PACKED_TOKENS, REAL_TOKENS, UNIQUE_TOKENS
+
+OPTIMIZER_STEPS = M.OPTIMIZER_STEPS  # learner state key too: optimizer steps taken so far (the schedule position)
+OLD, REF, TIS = "old_logprobs", "ref_logprobs", "tis_weights"  # columns the update adds to its batch
+MISMATCH = "mismatch"  # a step's sampler mismatch metrics (the first step's, when the old log-probs are the sampler's)
+LOSS = "loss"  # a step's total loss (policy + KL - entropy terms), returned to RLlib as total_loss
+
+
+def mismatch_metrics(stats: MismatchStats) -> dict[str, float]:
+    return {M.SAMPLER_RATIO_MEAN: stats.ratio_mean, M.SAMPLER_RATIO_P99: stats.ratio_p99,
+            M.SAMPLER_RATIO_OUTSIDE: stats.outside}
+
+
+def old_logprobs_source(choice: str, model: torch.nn.Module) -> str:
+    """``sampler`` or ``recompute``: ``auto`` takes the sampler's when the model is float32 (the HF generator
+    then computes what the learner would, up to KV-cache rounding), and recomputes otherwise."""
+    if choice != "auto":
+        return choice
+    return "sampler" if next(model.parameters()).dtype == torch.float32 else "recompute"
+
+
+def _cpu_copy(optimizer_state: dict) -> dict:
+    """A torch optimizer's ``state_dict()`` with every per-parameter tensor copied to the CPU."""
+    return {**optimizer_state, "state": {
+        index: {key: value.detach().to("cpu", copy=True) if torch.is_tensor(value) else value
+                for key, value in per_param.items()}
+        for index, per_param in optimizer_state["state"].items()}}
 
 
 class TreeGRPOTorchLearner(TorchLearner):
@@ -36,83 +80,182 @@ class TreeGRPOTorchLearner(TorchLearner):
         if not self._uses_lora and self.config.kl_coef > 0:
             self._reference = copy.deepcopy(model).eval().requires_grad_(False)
         self._optimizer_steps = 0
+        settings = self.config.settings
+        self._mini_batches, self._epochs = settings.mini_batches, settings.ppo_epochs
+        self._warmup_steps, self._total_steps = settings.warmup_optimizer_steps, settings.total_optimizer_steps
+        self._old_source = old_logprobs_source(self.config.old_logprobs, model)
 
     @override(TorchLearner)
     def configure_optimizers_for_module(self, module_id, config=None) -> None:
         params = [p for p in self.get_parameters(self._module[module_id]) if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=config.lr, betas=(0.9, 0.999), weight_decay=config.weight_decay)
-        self.register_optimizer(module_id=module_id, optimizer=optimizer, params=params, lr_or_lr_schedule=config.lr)
+        # No RLlib lr schedule: the update sets the warmed-up rate itself; RLlib's schedule would reset the optimizer
+        # to config.lr after every update (and its logged learning rate would hide the warm-up).
+        self.register_optimizer(module_id=module_id, optimizer=optimizer, params=params)
+
+    @override(TorchLearner)
+    def get_state(self, components=None, *, not_components=None, **kwargs) -> StateDict:
+        """RLlib's learner state plus ``OPTIMIZER_STEPS``, which travels with the optimizer component: restoring
+        weights alone gives a fresh optimizer, whose warm-up starts again."""
+        state = super().get_state(components, not_components=not_components, **kwargs)
+        if self._check_component(COMPONENT_OPTIMIZER, components, not_components):
+            state[OPTIMIZER_STEPS] = self._optimizer_steps
+        return state
+
+    @override(TorchLearner)
+    def set_state(self, state: StateDict) -> None:
+        super().set_state(state)
+        if OPTIMIZER_STEPS in state:
+            self._optimizer_steps = int(state[OPTIMIZER_STEPS])
+
+    @override(TorchLearner)
+    def _get_optimizer_state(self) -> StateDict:
+        """RLlib's optimizer state with CPU torch tensors instead of numpy arrays: numpy has no bfloat16, so
+        RLlib's conversion fails for the AdamW moments of a bf16 model. Copies, so the state is a snapshot.
+        (RLlib's ``_set_optimizer_state`` takes tensors as they are; AdamW casts them back to the parameters'
+        dtype.)"""
+        return {name: {"module_id": self._optimizer_name_to_module[name], "state": _cpu_copy(optimizer.state_dict())}
+                for name, optimizer in self._named_optimizers.items()}
+
+    def _forward(self, module, part: dict[str, torch.Tensor], **kwargs) -> dict[str, torch.Tensor]:
+        """The module's log-probs of ``part`` as the config says: at the sampling temperature (the distribution
+        the rollouts sampled from), each unique token once with prefix sharing."""
+        return module.forward_train(part, share_prefixes=self.config.prefix_sharing,
+                                    temperature=self.config.temperature, **kwargs)
 
     def _reference_logprobs(self, part: dict[str, torch.Tensor]) -> torch.Tensor:
         module = self.module[DEFAULT_MODULE_ID].unwrapped()
         if self._uses_lora:
             with module.model.disable_adapter():
-                return module.forward_train(part)[LOGPROBS]
+                return self._forward(module, part)[LOGPROBS]
         live = module.model
         module.model = self._reference  # the same log-prob code path, on the frozen weights
         try:
-            return module.forward_train(part)[LOGPROBS]
+            return self._forward(module, part)[LOGPROBS]
         finally:
             module.model = live
 
     @override(TorchLearner)
     def _uncompiled_update(self, batch: dict, **kwargs):
-        cfg, module = self.config, self.module[DEFAULT_MODULE_ID]
-        data = batch[DEFAULT_MODULE_ID]
-        rows = data[INPUT_IDS].shape[0]
-        parts = [{k: data[k][s : s + cfg.micro_batch_size] for k in (INPUT_IDS, ATTENTION_MASK, GENERATED_MASK,
-                                                                   SAMPLING_LOGPROBS, ADVANTAGES)}
-                 for s in range(0, rows, cfg.micro_batch_size)]
-        total_tokens = data[GENERATED_MASK].sum().clamp(min=1.0)
+        # Not RLlib's Learner.update loop: it splits a batch by rows and makes one optimizer step per piece, without
+        # gradient accumulation; the mini-batches here keep prompt groups whole and accumulate micro-batches.
+        data = dict(batch[DEFAULT_MODULE_ID])
+        mismatch = self._fix_old_logprobs(data)  # None: the first step measures it
+        slices = minibatch_slices(data[PROMPT_INDEX].cpu().numpy(), self._mini_batches) * self._epochs
+        steps = [self._optimizer_step({k: v[rows] for k, v in data.items()}, measure_mismatch=not i and not mismatch)
+                 for i, rows in enumerate(slices)]
+        loss = sum(step.pop(LOSS) for step in steps) / len(steps)
+        metrics = mismatch or steps[0].pop(MISMATCH)
+        counts = {key: sum(step.pop(key) for step in steps) for key in (UNIQUE_TOKENS, PACKED_TOKENS, REAL_TOKENS)}
+        if counts[REAL_TOKENS]:
+            metrics[M.UNIQUE_TOKEN_SHARE] = counts[UNIQUE_TOKENS] / counts[REAL_TOKENS]
+            metrics[M.FORWARDED_TOKEN_SHARE] = counts[PACKED_TOKENS] / counts[REAL_TOKENS]
+        for key in steps[0]:
+            values = [step[key] for step in steps]
+            metrics[key] = (max(values) if key == M.RATIO_MAX else min(values) if key == M.RATIO_MIN
+                            else values[-1] if key == M.LEARNING_RATE else sum(values) / len(values))
+        metrics.update({M.TRAINED_TOKENS: float(data[GENERATED_MASK].sum()), M.OPTIMIZER_STEPS: self._optimizer_steps,
+                        M.OLD_LOGPROBS_RECOMPUTED: float(self._old_source == "recompute")})
+        for key, value in metrics.items():
+            self.metrics.log_value((DEFAULT_MODULE_ID, key), value, window=1)
+        return {}, {DEFAULT_MODULE_ID: torch.tensor(loss)}, {}  # logged by RLlib as total_loss (mean over steps)
+
+    def _micro_batches(self, data: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+        """``micro_batch_size`` rows at a time; with prefix sharing, whole prompt groups (the rows that share a
+        prompt meet in one forward), up to that many rows unless one group alone is larger."""
+        size, rows = self.config.micro_batch_size, len(data[INPUT_IDS])
+        if self.config.prefix_sharing:
+            slices = prompt_group_chunks(data[PROMPT_INDEX].cpu().numpy(), size)
+        else:
+            slices = [slice(s, s + size) for s in range(0, rows, size)]
+        return [{k: v[piece] for k, v in data.items()} for piece in slices]
+
+    def _fix_old_logprobs(self, data: dict[str, torch.Tensor]) -> dict[str, float] | None:
+        """Add the old (``OLD``) and reference (``REF``) log-probs and the truncated importance weights (``TIS``)
+        to ``data``, without gradients, before the first step. Returns the sampler mismatch metrics when the
+        old log-probs were recomputed (None when they are the sampler's: the first step measures it then)."""
+        cfg, module = self.config, self.module[DEFAULT_MODULE_ID].unwrapped()
+        olds, refs = [], []
         with torch.no_grad():
-            for part in parts:
-                part["old"] = module.unwrapped().forward_train(part)[LOGPROBS]
-                part["ref"] = self._reference_logprobs(part) if cfg.kl_coef > 0 else part["old"]
+            for part in self._micro_batches(data):
+                old = (self._forward(module, part)[LOGPROBS] if self._old_source == "recompute"
+                       else part[SAMPLING_LOGPROBS])
+                olds.append(old)
+                refs.append(self._reference_logprobs(part) if cfg.kl_coef > 0 else old)
+        data[OLD], data[REF] = torch.cat(olds), torch.cat(refs)
+        mask = data[GENERATED_MASK]
+        if self._old_source == "recompute" and cfg.tis_cap is not None:
+            data[TIS] = truncated_importance_weights(data[OLD], data[SAMPLING_LOGPROBS], mask, cap=cfg.tis_cap,
+                                                     level=cfg.tis_level)
+        else:
+            data[TIS] = torch.ones_like(data[OLD])
+        if self._old_source != "recompute":
+            return None
+        return {**mismatch_metrics(sampler_mismatch(data[OLD], data[SAMPLING_LOGPROBS], mask)),
+                M.TIS_WEIGHT_MEAN: masked_mean(data[TIS], mask).item()}
+
+    def _optimizer_step(self, data: dict[str, torch.Tensor], measure_mismatch: bool) -> dict:
+        """One optimizer step on a mini-batch: accumulated micro-batch gradients, RLlib's gradient postprocessing
+        (clipping), the scheduled learning rate, AdamW. Its metrics, token-weighted over micro-batches (the
+        ratio bounds as extremes); with ``measure_mismatch`` also the sampler mismatch of the weights before
+        the step (under ``MISMATCH``)."""
+        cfg, module = self.config, self.module[DEFAULT_MODULE_ID]
+        parts = self._micro_batches(data)
+        total_tokens = data[GENERATED_MASK].sum().clamp(min=1.0)
         params = [p for p in module.parameters() if p.requires_grad]
         for p in params:
             p.grad = None
         totals: dict[str, float] = {}
-        total_loss = 0.0
+        current = []
         for i, part in enumerate(parts):
             sync = contextlib.nullcontext() if i == len(parts) - 1 or cfg.num_learners <= 1 else module.no_sync()
             with sync:
-                out = module.forward_train(part, return_entropy=cfg.entropy_coef > 0)
+                out = self._forward(module, part, return_entropy=cfg.entropy_coef > 0)
                 loss, stats = self.loss_and_stats(part, out)
                 share = part[GENERATED_MASK].sum() / total_tokens
                 (loss * share).backward()
-                total_loss += loss.item() * float(share)
+            for key in (UNIQUE_TOKENS, PACKED_TOKENS, REAL_TOKENS):  # counts, summed (shared-prefix forward only)
+                totals[key] = totals.get(key, 0) + out.get(key, 0)
+            totals[LOSS] = totals.get(LOSS, 0.0) + loss.item() * float(share)
+            if measure_mismatch:
+                current.append(out[LOGPROBS].detach())
             for key, value in stats.items():  # token-weighted means, extremes for the ratio bounds
                 if key in (M.RATIO_MAX, M.RATIO_MIN):
                     pick = max if key == M.RATIO_MAX else min
                     totals[key] = pick(totals.get(key, value), value)
                 else:
                     totals[key] = totals.get(key, 0.0) + value * float(share)
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip) if cfg.grad_clip else torch.tensor(0.0)
-        lr = cfg.lr * min(1.0, (self._optimizer_steps + 1) / cfg.warmup_steps) if cfg.warmup_steps else cfg.lr
-        for optimizer in self._named_optimizers.values():
-            self._set_optimizer_lr(optimizer, lr)
-        self.apply_gradients({self.get_param_ref(p): p.grad for p in params if p.grad is not None})
+        grads = {self.get_param_ref(p): p.grad for p in params if p.grad is not None}
+        grad_norm = compute_global_norm(list(grads.values()))  # before clipping, whatever grad_clip_by says
         self._optimizer_steps += 1
-        totals.update({M.GRAD_NORM: float(grad_norm), M.LEARNING_RATE: lr, M.TRAINED_TOKENS: float(total_tokens)})
-        for key, value in totals.items():
-            self.metrics.log_value((DEFAULT_MODULE_ID, key), value, window=1)
-        return {}, {DEFAULT_MODULE_ID: torch.tensor(total_loss)}, {}  # logged by RLlib as total_loss
+        lr = scheduled_lr(cfg.lr, self._optimizer_steps, warmup_steps=self._warmup_steps,
+                          total_steps=self._total_steps, schedule=cfg.lr_schedule)
+        # RLlib's public lr path is its scheduler, stepped per update in env steps; ours counts optimizer steps, so
+        # the rate is set through the learner's own setter on each optimizer (``get_optimizers_for_module``).
+        for _, optimizer in self.get_optimizers_for_module(DEFAULT_MODULE_ID):
+            self._set_optimizer_lr(optimizer, lr)
+        self.apply_gradients(self.postprocess_gradients(grads))  # clips by grad_clip_by (value, norm, global_norm)
+        totals.update({M.GRAD_NORM: float(grad_norm), M.LEARNING_RATE: lr})
+        if measure_mismatch:  # the weights before this first step are the sampler's: their log-probs are the old
+            totals[MISMATCH] = {**mismatch_metrics(sampler_mismatch(
+                torch.cat(current), data[SAMPLING_LOGPROBS], data[GENERATED_MASK])), M.TIS_WEIGHT_MEAN: 1.0}
+        return totals
 
     @override(TorchLearner)
     def compute_loss_for_module(self, *, module_id, config, batch: dict, fwd_out: dict) -> torch.Tensor:
-        """The loss of one micro-batch whose ``old`` and ``ref`` log-probs are filled in (see the module doc)."""
+        """The loss of one micro-batch whose old and reference log-probs are filled in (see the module doc)."""
         return self.loss_and_stats(batch, fwd_out)[0]
 
     def loss_and_stats(self, part: dict[str, torch.Tensor], out: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
         """Token-mean loss of a micro-batch: clipped policy loss + kl_coef * k3 KL - entropy_coef * entropy."""
         cfg, mask = self.config, part[GENERATED_MASK]
         logprobs = out[LOGPROBS]
-        policy_loss, stats = clipped_policy_loss(logprobs, part["old"], part[ADVANTAGES][:, None], mask,
-                                                 clip=cfg.clip_eps, dual_clip=cfg.dual_clip)
-        kl = masked_mean(k3_kl(logprobs, part["ref"]), mask)
+        policy_loss, stats = clipped_policy_loss(logprobs, part[OLD], part[ADVANTAGES][:, None], mask,
+                                                 clip=cfg.clip_eps, dual_clip=cfg.dual_clip, weights=part[TIS])
+        kl = masked_mean(k3_kl(logprobs, part[REF]), mask)
         entropy = masked_mean(out[ENTROPY], mask) if ENTROPY in out else torch.zeros(())
         loss = policy_loss + cfg.kl_coef * kl - cfg.entropy_coef * entropy
-        gap = masked_mean((part[SAMPLING_LOGPROBS] - part["old"]).abs(), mask)
+        gap = masked_mean((part[SAMPLING_LOGPROBS] - part[OLD]).abs(), mask)
         return loss, {
             M.POLICY_LOSS: policy_loss.item(), M.KL: kl.item(), M.ENTROPY: entropy.item(),
             M.CLIP_FRACTION: stats.clip_fraction, M.DUAL_CLIP_FRACTION: stats.dual_clip_fraction,

@@ -15,6 +15,9 @@ ENV_TIME_S = "env_time_s"  # inside env.step (retrieval included) and snapshot r
 BUDGET_ESTIMATE = "budget_chains_estimate"  # the paper's M (1 + L N / 2) full chains per prompt
 BUDGET_MEASURED = "budget_chains_measured"  # generated tokens per prompt / tokens of one initial chain
 
+# per iteration, from the algorithm
+ENV_RUNNER_RESTARTS = "env_runner_restarts"  # failed env runners brought back (restarted, weights synced)
+
 # per update, from the learner
 POLICY_LOSS = "policy_loss"
 KL = "kl"
@@ -26,3 +29,17 @@ GRAD_NORM = "grad_norm"
 LEARNING_RATE = "learning_rate"
 SAMPLER_LOGPROB_GAP = "sampler_logprob_gap"  # |sampling log-prob - recomputed log-prob|: token exactness
 TRAINED_TOKENS = "trained_tokens"
+OPTIMIZER_STEPS = "optimizer_steps"  # taken so far (the schedule position)
+OLD_LOGPROBS_RECOMPUTED = "old_logprobs_recomputed"  # 1: the learner's (one extra forward pass), 0: the sampler's
+# the sampler's log-probs against the learner's (before the update): ratio r = exp(learner - sampler)
+SAMPLER_RATIO_MEAN, SAMPLER_RATIO_P99 = "sampler_ratio_mean", "sampler_ratio_p99"
+SAMPLER_RATIO_OUTSIDE = "sampler_ratio_outside"  # share of generated tokens with r outside [0.9, 1.1]
+# shared-prefix training: unique tokens of the batch's micro-batch tries / the rows' tokens (the reuse the trees
+# offer), and tokens the decoder forwarded / the rows' tokens (the work done; shared ancestors repeat per segment)
+UNIQUE_TOKEN_SHARE, FORWARDED_TOKEN_SHARE = "unique_token_share", "forwarded_token_share"
+TIS_WEIGHT_MEAN = "tis_weight_mean"  # mean truncated importance weight (1 when the sampler's are the old ones)
+
+# per iteration, from the algorithm
+PROMPTS = "prompts"
+ITERATION_TIME_S = "iteration_time_s"  # sampling + update + sync (evaluation not included)
+DEV_PREFIX = "dev_"  # metrics.jsonl: the greedy evaluation's columns (dev_em, dev_f1, ...) on evaluating iterations

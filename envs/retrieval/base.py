@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from envs.retrieval.corpus import Corpus
+from envs.retrieval.shared import shared_retriever
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class Retriever(ABC):
     def __init__(self, corpus: Corpus, options: dict[str, Any]):
         self.corpus = corpus
         self.options = options
-        self.cache_dir: Path | None = None  # set by get_retriever; unpickling loads the index from there
+        self.cache_dir: Path | None = None  # set by shared_retriever; unpickling loads the index from there
 
     @abstractmethod
     def _search(self, queries: list[str], k: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -63,13 +64,7 @@ class Retriever(ABC):
         return self
 
     def __reduce__(self):
-        return _shared_retriever, (self.name, str(self.corpus.path), self.options, self.cache_dir)
-
-
-def _shared_retriever(name: str, corpus_path: str, options: dict[str, Any], cache_dir: Path | None) -> Retriever:
-    from envs.retrieval import get_retriever  # the package registry imports this module
-
-    return get_retriever(name, corpus_path, cache_dir=cache_dir, **options)
+        return shared_retriever, (type(self), str(self.corpus.path), self.cache_dir, self.options)
 
 
 def top_k(scores: np.ndarray, k: int, *, positive_only: bool = False) -> tuple[np.ndarray, np.ndarray]:

@@ -19,6 +19,7 @@ import scipy.sparse as sp
 
 from envs.retrieval.base import Retriever, top_k
 from envs.retrieval.corpus import Corpus, cache_entry, load_arrays, save_arrays
+from envs.retrieval.progress import Percent, timed
 from envs.retrieval.text import TOKENIZER_VERSION, tokenize
 
 INDEX_VERSION = 2  # 2: the vocabulary stored as newline-joined UTF-8 bytes
@@ -60,8 +61,10 @@ class BM25Retriever(Retriever):
         entry = cache_entry(cache_dir, cls.name, corpus.path, key)
         arrays = load_arrays(entry)
         if arrays is None:
-            arrays = cls.build_arrays(corpus, k1, b)
-            save_arrays(entry, arrays)
+            with timed(f"building the BM25 index over {len(corpus)} passages of {corpus.path} (once; cached in "
+                       f"{entry.parent})"):
+                arrays = cls.build_arrays(corpus, k1, b)
+                save_arrays(entry, arrays)
         terms = arrays["terms"].tobytes().decode("utf-8").split("\n")  # \w+ tokens hold no newline
         vocab = {term: i for i, term in enumerate(terms)}
         shape = (len(vocab), len(corpus))
@@ -73,10 +76,12 @@ class BM25Retriever(Retriever):
         vocab: dict[str, int] = {}
         term_ids: list[int] = []
         lengths: list[int] = []
+        progress = Percent("BM25: passages tokenized", len(corpus))
         for passage in corpus:
             tokens = tokenize(passage_text(passage.title, passage.text))
             term_ids.extend([vocab.setdefault(t, len(vocab)) for t in tokens])
             lengths.append(len(tokens))
+            progress(len(lengths))
         rows = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
         cols = np.asarray(term_ids, dtype=np.int64)
         tf = sp.csr_matrix((np.ones(len(cols), dtype=np.float32), (rows, cols)), shape=(len(lengths), len(vocab)))

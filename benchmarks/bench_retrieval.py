@@ -19,7 +19,7 @@ measures the same figures; recall strips the suffix so the original gold titles 
 Every measurement runs in its own subprocess of this script (``--worker SPEC``, one JSON line out). The results
 replace the section between ``<!-- retrieval:begin -->`` and ``<!-- retrieval:end -->`` of ``--output``.
 
-    TREEGRPO_DATA_DIR=/path/to/data python experiments/bench_retrieval.py
+    TREEGRPO_DATA_DIR=/path/to/data python benchmarks/bench_retrieval.py
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.report import machine_description, replace_section
 from envs.datasets import QARecord, corpus_path, load_dataset, parse_passage
-from experiments.report import machine_description, replace_section
 
 BACKENDS = ("bm25", "rank_bm25", "dense")
 REFERENCE = "rank_bm25"
@@ -367,7 +367,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def command_line(argv: Sequence[str]) -> str:
     env = f"TREEGRPO_DATA_DIR={os.environ['TREEGRPO_DATA_DIR']} " if os.environ.get("TREEGRPO_DATA_DIR") else ""
-    return f"{env}python experiments/bench_retrieval.py {shlex.join(argv)}".rstrip()
+    return f"{env}python benchmarks/bench_retrieval.py {shlex.join(argv)}".rstrip()
 
 
 def main(argv: Sequence[str] | None = None) -> None:

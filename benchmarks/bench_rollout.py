@@ -1,8 +1,8 @@
 """Rollout benchmark: what a tree costs per leaf against chains, and where an iteration's time goes.
 
-    python experiments/bench_rollout.py                       # smollm2-135m, HotpotQA dev questions 0..7
-    python experiments/bench_rollout.py --model tiny-random --max-step-tokens 16 --output /tmp/b.md  # smoke
-    python experiments/bench_rollout.py --env SynthHop-v0 --model outputs/warm/synthhop/model --max-step-tokens 64
+    python benchmarks/bench_rollout.py                       # smollm2-135m, HotpotQA dev questions 0..7
+    python benchmarks/bench_rollout.py --model tiny-random --max-step-tokens 16 --output /tmp/b.md  # smoke
+    python benchmarks/bench_rollout.py --env SynthHop-v0 --model outputs/warm/synthhop/model --max-step-tokens 64
 
 Part 1: the same questions, the same model and seed: tree (2,2,1) against chains G=4 and G=6; per leaf:
 tokens generated, tokens prefilled, LLM calls, tool calls, wall seconds (prefix reuse on for all).
@@ -24,14 +24,13 @@ import envs
 from algos.rollout import TreeRollout, TreeShape
 from algos.tree_grpo import TreeGRPOConfig
 from algos.tree_grpo import metrics as M
-from algos.tree_grpo.algorithm import ITERATION_TIME_S
-from experiments.report import machine_description, replace_section
-from policies.generation import HFStepGenerator, SamplingSettings
+from benchmarks.report import machine_description, replace_section
+from policies.generation import HFStepGenerator, SamplingSettings, default_max_step_tokens
 from policies.models import load_model
 
 NO_TOOL_CALLS_NOTE = (
     "The model made almost no tool calls (an untrained policy rarely closes a <search> tag), so tool calls per "
-    "leaf cannot be compared with it; tests/test_algorithm.py::test_tree_costs_less_per_leaf_than_chains checks "
+    "leaf cannot be compared with it; tests/test_rollout.py::test_tree_costs_less_per_leaf_than_chains checks "
     "the tool-call accounting with a scripted searching policy."
 )
 SHAPES = {"tree (2,2,1)": TreeShape(2, 2, 1), "chain G=4": TreeShape(4, 0, 0), "chain G=6": TreeShape(6, 0, 0)}
@@ -72,7 +71,7 @@ def iteration_shares(model_name: str, env_id: str, prompts: int, settings: Sampl
         result = algo.train()
     finally:
         algo.stop()
-    total = result[ITERATION_TIME_S]
+    total = result[M.ITERATION_TIME_S]
     timers = result[TIMERS]
     runners = result["env_runners"]
     parts = {
@@ -87,7 +86,7 @@ def iteration_shares(model_name: str, env_id: str, prompts: int, settings: Sampl
 
 def report(args: argparse.Namespace, costs: dict[str, dict], shares: dict[str, float] | None) -> str:
     lines = [
-        f"Command: `python experiments/bench_rollout.py --env {args.env} --model {args.model} "
+        f"Command: `python benchmarks/bench_rollout.py --env {args.env} --model {args.model} "
         f"--questions {args.questions} "
         f"--max-step-tokens {args.max_step_tokens} --iteration-prompts {args.iteration_prompts} --seed {args.seed}`  ",
         f"Machine: {machine_description()}",
@@ -116,16 +115,21 @@ def report(args: argparse.Namespace, costs: dict[str, dict], shares: dict[str, f
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--env", default="HotpotQA-v0", choices=list(envs.ENV_IDS))
     parser.add_argument("--questions", type=int, default=8)
-    parser.add_argument("--max-step-tokens", type=int, default=500)
+    parser.add_argument("--max-step-tokens", type=int, default=default_max_step_tokens(),
+                        help="token cap of one agent step (default: the project's, %(default)s on this machine)")
     parser.add_argument("--iteration-prompts", type=int, default=2, help="0 skips part 2")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", default="docs/benchmarks.md")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     settings = SamplingSettings(max_step_tokens=args.max_step_tokens)
     costs = per_leaf_costs(args.model, args.env, list(range(args.questions)), settings, args.seed)
     shares = None

@@ -1,7 +1,7 @@
 """Generation benchmark: our step generator against plain ``model.generate``, and what prefix reuse saves.
 
-    python experiments/bench_generation.py                  # smollm2-135m, HotpotQA dev question 0
-    python experiments/bench_generation.py --model tiny-random --max-step-tokens 32   # a quick smoke run
+    python benchmarks/bench_generation.py                  # smollm2-135m, HotpotQA dev question 0
+    python benchmarks/bench_generation.py --model tiny-random --max-step-tokens 32   # a quick smoke run
 
 Measures, on one HotpotQA question:
 1. tokens/s of ``HFStepGenerator.generate_step`` against ``model.generate`` (same sampling, same stop strings)
@@ -21,8 +21,15 @@ import torch
 
 import envs  # noqa: F401  (registers the env ids)
 from algos.rollout import TreeRollout, TreeShape
-from experiments.report import machine_description, replace_section
-from policies.generation import STOP_STRINGS, Branch, HFStepGenerator, SamplingSettings, prompt_ids
+from benchmarks.report import machine_description, replace_section
+from policies.generation import (
+    STOP_STRINGS,
+    Branch,
+    HFStepGenerator,
+    SamplingSettings,
+    default_max_step_tokens,
+    prompt_ids,
+)
 from policies.models import load_model
 
 
@@ -67,14 +74,19 @@ def grow_once(model, tokenizer, question: int, shape: TreeShape, settings: Sampl
             "seconds": elapsed}
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--question", type=int, default=0, help="HotpotQA dev question index")
-    parser.add_argument("--max-step-tokens", type=int, default=500)
+    parser.add_argument("--max-step-tokens", type=int, default=default_max_step_tokens(),
+                        help="token cap of one agent step (default: the project's, %(default)s on this machine)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", default="docs/benchmarks.md")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
 
     torch.manual_seed(args.seed)
     model, tokenizer = load_model(args.model)
@@ -93,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
     }
 
     lines = [
-        f"Command: `python experiments/bench_generation.py --model {args.model} --question {args.question} "
+        f"Command: `python benchmarks/bench_generation.py --model {args.model} --question {args.question} "
         f"--max-step-tokens {args.max_step_tokens} --seed {args.seed}`  ",
         f"Machine: {machine_description()}",
         "",

@@ -1,0 +1,181 @@
+"""The settings of the Tree-GRPO algorithm, declared once.
+
+Every field is declared here with its type, default, bounds and one line of documentation. The RLlib config
+(``TreeGRPOConfig``), the command line and YAML files of ``experiments/run.py``, ``config.yaml``, MLflow params,
+``tune.py`` grids and the benchmark scripts all derive from this model; nothing else repeats a default.
+
+Validation is strict (pydantic's strict mode, no coercion): ``M: 2.7`` and ``M: true`` are errors, not 2 and 1;
+out-of-range values (``-1`` included, which RLlib would otherwise treat as its "deprecated" marker and drop)
+name the field. Chain GRPO is one spelling: ``algo="grpo"`` with ``group_size=G`` normalises to the shape
+(G, 0, 0) with ``inter`` advantages, the same code path as the trees.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from algos.advantages import ADVANTAGE_MODES
+from algos.lr_schedule import LrSchedule, warmup_steps_of
+from algos.rollout import TreeShape
+from policies.generation import SamplingSettings, default_max_step_tokens
+
+AdvantageMode = Literal[ADVANTAGE_MODES]  # type: ignore[valid-type]
+OldLogprobs = Literal["auto", "sampler", "recompute"]
+PAPER_WARMUP_RATIO = {"tree_grpo": 0.285, "grpo": 0.5}  # official runs: ~51 of 180 steps; GRPO half of training
+PAPER_MINI_BATCHES = 8  # official runs: 512 prompts per rollout batch, 64 per PPO mini-batch
+
+
+@functools.cache
+def gpu_visible() -> bool:
+    """Whether this process sees a CUDA device (decides the device-dependent defaults)."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _per_device(cpu: int, gpu: int):
+    return lambda: gpu if gpu_visible() else cpu
+
+
+def _sampling_default(name: str) -> Any:
+    """A default of ``policies.generation.SamplingSettings`` (declared there, not repeated here)."""
+    return {f.name: f.default for f in dataclasses.fields(SamplingSettings)}[name]
+
+
+class TreeGRPOSettings(BaseModel):
+    """Tree-GRPO's own settings plus the RLlib training settings it uses (``lr``, ``grad_clip``)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, validate_default=True)
+
+    algo: Literal["tree_grpo", "grpo"] = Field(
+        "tree_grpo", description="tree_grpo: trees of (M, N, L); grpo: chain GRPO with group_size chains per prompt")
+    M: int = Field(2, ge=1, description="trees per prompt")
+    N: int = Field(2, ge=0, description="nodes expanded per tree in each expansion round")
+    L: int = Field(1, ge=0, description="expansion rounds")
+    group_size: int = Field(4, ge=1, description="chains per prompt when algo is grpo (sets M; N = L = 0)")
+    advantage_mode: AdvantageMode = Field(
+        "tree", description="tree (intra + inter), intra or inter (chain GRPO's group normalisation)")
+    prompts_per_iteration: int = Field(
+        default_factory=_per_device(cpu=4, gpu=32), ge=1,
+        description="prompts sampled from the training split per iteration (default: 4 on CPU, 32 with a GPU)")
+    train_questions: int | None = Field(
+        None, ge=1, description="draw prompts from the first k training questions only (default: all); "
+                                "k = prompts_per_iteration replays the same prompts, the check that RL fits them")
+    temperature: float = Field(_sampling_default("temperature"), gt=0, description="sampling temperature of rollouts")
+    top_p: float = Field(_sampling_default("top_p"), gt=0, le=1, description="nucleus sampling of rollouts")
+    max_step_tokens: int = Field(
+        default_factory=default_max_step_tokens, ge=1,
+        description="token cap of one agent step (default: 500, the paper's, with a GPU; 128 on CPU, where an "
+                    "untrained model rarely closes a tag and every step runs to the cap)")
+    max_context_tokens: int = Field(_sampling_default("max_context_tokens"), ge=2,
+                                    description="token cap of a whole trajectory")
+    lr: float = Field(1e-6, gt=0, description="learning rate (AdamW)")
+    warmup_steps: int | None = Field(
+        None, ge=0, description="optimizer steps of linear learning-rate warm-up (default: --warmup-ratio of the "
+                                "run's optimizer steps)")
+    warmup_ratio: float | None = Field(
+        None, ge=0, le=1, description="warm-up as a fraction of the run's optimizer steps (default: the paper's "
+                                      "0.285 for trees, 0.5 for chain GRPO); needs total_iterations")
+    lr_schedule: LrSchedule = Field("constant", description="after the warm-up: constant, or cosine decay to 0 at "
+                                                            "the last step (needs total_iterations)")
+    total_iterations: int | None = Field(
+        None, ge=1, description="iterations the learning-rate schedule spans (run.py: the run's --iterations at "
+                                "its start); without it, no warm-up ratio and no decay")
+    ppo_mini_batches: int | None = Field(
+        None, ge=1, description="optimizer steps per epoch over an iteration's batch, each on whole prompt groups "
+                                "(default: the paper's 8 where the batch allows, keeping 2+ prompts per "
+                                "mini-batch: min(8, max(1, prompts_per_iteration // 2)))")
+    ppo_epochs: int = Field(1, ge=1, description="passes over an iteration's batch (each of ppo_mini_batches steps)")
+    old_logprobs: OldLogprobs = Field(
+        "auto", description="the PPO ratio's old log-probs: sampler (the rollout's own, no extra forward pass), "
+                            "recompute (the learner's, once before the first step), auto (sampler for the HF "
+                            "generator in float32, whose numerics match the learner's; recompute otherwise)")
+    tis_cap: float | None = Field(
+        2.0, ge=1, description="truncated importance sampling between the sampler's and the recomputed old "
+                               "log-probs: weights min(exp(old - sampler), cap) (None: off; acts only with "
+                               "recomputed old log-probs)")
+    tis_level: Literal["token", "sequence"] = Field("token", description="truncated importance weights per token "
+                                                                        "or per trajectory")
+    weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay")
+    grad_clip: float | None = Field(1.0, gt=0, description="global gradient-norm clip (None: off)")
+    clip_eps: float = Field(0.2, gt=0, lt=1, description="PPO ratio clip, both sides")
+    dual_clip: float | None = Field(3.0, gt=1, description="dual-clip bound for negative advantages (None: off)")
+    kl_coef: float = Field(0.001, ge=0, description="k3 KL to the frozen initial policy (0: no reference model)")
+    entropy_coef: float = Field(0.001, ge=0, description="entropy bonus")
+    prefix_sharing: bool = Field(
+        True, description="forward and backpropagate each unique token of a micro-batch's rows once (a tree "
+                          "attention mask over their trie; micro-batches then hold whole prompt groups); same "
+                          "loss and gradients as the per-row forward")
+    micro_batch_size: int = Field(4, ge=1, description="trajectories per forward/backward pass (gradient "
+                                                       "accumulation over the update)")
+    log_rollout_steps: bool = Field(True, description="progress lines (stderr) per batched rollout step and "
+                                                      "evaluation batch (--quiet: off)")
+    trees_every: int = Field(10, ge=0, description="every k iterations keep a few sampled trees for the trackers "
+                                                   "(JSON + HTML; 0: never)")
+    trees_count: int = Field(4, ge=1, description="trees kept each time")
+
+    @model_validator(mode="after")
+    def _chain_grpo_and_shape(self) -> TreeGRPOSettings:
+        if self.algo == "grpo":  # chain GRPO: G chains, advantages over the group
+            self.__dict__.update(M=self.group_size, N=0, L=0, advantage_mode="inter")
+        try:
+            TreeShape(self.M, self.N, self.L)
+        except ValueError as error:
+            raise ValueError(f"M, N, L: {error}") from None
+        if self.lr_schedule == "cosine" and self.total_iterations is None:
+            raise ValueError("lr_schedule: cosine decays to 0 at the last step: set total_iterations")
+        if self.mini_batches > self.prompts_per_iteration:
+            raise ValueError(f"ppo_mini_batches ({self.mini_batches}) must not exceed prompts_per_iteration "
+                             f"({self.prompts_per_iteration}): a mini-batch holds whole prompt groups")
+        return self
+
+    @property
+    def tree_shape(self) -> TreeShape:
+        return TreeShape(self.M, self.N, self.L)
+
+    @property
+    def mini_batches(self) -> int:
+        """Optimizer steps per epoch (``ppo_mini_batches`` or its default)."""
+        if self.ppo_mini_batches is not None:
+            return self.ppo_mini_batches
+        return min(PAPER_MINI_BATCHES, max(1, self.prompts_per_iteration // 2))
+
+    @property
+    def total_optimizer_steps(self) -> int | None:
+        return self.total_iterations * self.mini_batches * self.ppo_epochs if self.total_iterations else None
+
+    @property
+    def warmup_optimizer_steps(self) -> int:
+        """``warmup_steps``, else ``warmup_ratio`` (or the paper's) of the total steps (0 when unknown)."""
+        if self.warmup_steps is not None:
+            return self.warmup_steps
+        ratio = PAPER_WARMUP_RATIO[self.algo] if self.warmup_ratio is None else self.warmup_ratio
+        return warmup_steps_of(ratio, self.total_optimizer_steps)
+
+
+def settings_error(error: ValidationError, where: dict[str, str] | None = None) -> str:
+    """A pydantic error as one line per problem: ``FIELD: what is wrong (got VALUE)``, prefixed by the field's
+    source (``file:line``) when ``where`` knows it."""
+    lines = []
+    for problem in error.errors():
+        field = ".".join(str(part) for part in problem["loc"]) or "settings"
+        message = problem["msg"].removeprefix("Value error, ")
+        got = "" if problem["type"] in ("missing", "value_error") else f" (got {problem['input']!r})"
+        prefix = f"{where[field]}: " if where and field in where else ""
+        lines.append(f"{prefix}{field}: {message}{got}")
+    return "\n".join(lines)
+
+
+def validated(model: type[BaseModel], values: dict[str, Any], where: dict[str, str] | None = None) -> BaseModel:
+    """``model`` built from ``values`` strictly; a ``ValueError`` naming every wrong field otherwise."""
+    try:
+        return model.model_validate(values)
+    except ValidationError as error:
+        raise ValueError(settings_error(error, where)) from None
+
+
+ALGORITHM_FIELDS: tuple[str, ...] = tuple(TreeGRPOSettings.model_fields)

@@ -1,0 +1,57 @@
+"""Spreading work (prompts to sample, questions to evaluate) over the env runners, surviving runners that die.
+
+The items are split into contiguous shards, one per healthy runner. A runner that dies mid-call returns nothing:
+its items go back into the pool, the algorithm tries to bring failed runners back (Ray restarts the actor, the
+algorithm gives it the current weights), and the pool is split again over the runners that are healthy now (the
+survivors, the restarted one if it is back). Ray-free, so that the retry logic is tested with plain functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+import numpy as np
+
+T = TypeVar("T")
+
+SHARD_ATTEMPTS = 3  # rounds of dispatch before an iteration gives up on the items still without a result
+
+
+def shard(items: Sequence[int], workers: Sequence[int]) -> dict[int, list[int]]:
+    """``items`` in contiguous, near-equal shards (``np.array_split``), one per worker in order; workers whose
+    shard would be empty are left out."""
+    if not workers:
+        raise ValueError("shard() needs at least one worker")
+    parts = np.array_split(np.asarray(items, dtype=np.int64), len(workers))
+    return {worker: part.tolist() for worker, part in zip(workers, parts, strict=True) if len(part)}
+
+
+def run_sharded(items: Sequence[int], *, healthy: Callable[[], list[int]],
+                dispatch: Callable[[dict[int, list[int]]], dict[int, T]], recover: Callable[[], object],
+                what: str, attempts: int = SHARD_ATTEMPTS) -> list[T]:
+    """Every item processed once: results in the order of the attempts, within an attempt by worker id.
+
+    ``healthy()`` lists the workers to use now; ``dispatch(shards)`` runs each worker on its shard and returns
+    the results of the workers that answered (a dead worker is missing); ``recover()`` tries to bring failed
+    workers back before the next attempt. After ``attempts`` rounds with items still unanswered, a
+    ``RuntimeError`` names ``what``, the workers that failed and the items left.
+    """
+    pending, results, failed = list(items), [], set()
+    if not pending:
+        return results
+    for _ in range(attempts):
+        workers = healthy()
+        if workers:
+            shards = shard(pending, workers)
+            answers = dispatch(shards)
+            results.extend(answers[worker] for worker in sorted(answers))
+            lost = sorted(set(shards) - set(answers))
+            failed.update(lost)
+            pending = [item for worker in lost for item in shards[worker]]
+            if not pending:
+                return results
+        recover()
+    runners = f"env runner(s) {sorted(failed)} failed" if failed else "no env runner was healthy"
+    raise RuntimeError(f"{what}: {runners}, and after {attempts} attempts {len(pending)} item(s) have no result: "
+                       f"{pending}")

@@ -1,0 +1,314 @@
+"""Tree-GRPO on RLlib: the config (settings in ``settings.py``) and the algorithm (sample trees -> advantages per
+prompt -> one learner update -> weight sync), in one module as RLlib keeps ``PPOConfig`` and ``PPO``."""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from ray.rllib.algorithms.algorithm import Algorithm
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
+from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+from ray.rllib.env.env_runner_group import EnvRunnerGroup
+from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
+from ray.rllib.utils.annotations import override
+from ray.rllib.utils.metrics import (
+    ENV_RUNNER_RESULTS,
+    ENV_RUNNER_SAMPLING_TIMER,
+    LEARNER_RESULTS,
+    LEARNER_UPDATE_TIMER,
+    NUM_ENV_STEPS_SAMPLED_LIFETIME,
+    SYNCH_WORKER_WEIGHTS_TIMER,
+    TIMERS,
+)
+
+import envs
+from algos.batch import pad_batch, prompt_advantages
+from algos.evaluation import QUESTIONS, mean_results
+from algos.rollout import TreeShape
+from algos.tree_grpo import metrics as M
+from algos.tree_grpo.env_runner import RunnerResult, TreeSearchEnvRunner
+from algos.tree_grpo.learner import TreeGRPOTorchLearner
+from algos.tree_grpo.settings import ALGORITHM_FIELDS, TreeGRPOSettings, validated
+from algos.tree_grpo.sharding import run_sharded
+from algos.tree_view import with_advantages
+from policies.generation import SamplingSettings
+from policies.rl_module import LLMRLModule
+
+RESTORE_POLL_S = 1.0  # between probes while waiting for a restarted env runner
+
+
+class TreeGRPO(Algorithm):
+    """Tree-GRPO (arXiv 2509.21240) on RLlib's new API stack; see ``TreeGRPOConfig`` for the settings.
+
+    Besides RLlib's API: ``exported_trees`` (this iteration's trees for the trackers, with the learner's
+    advantages), ``mid_update`` (True from the learner update until ``train()`` returns: weights changed, the
+    iteration not yet counted) and ``greedy_eval`` (any env and split; ``evaluate()`` is the training env's
+    evaluation split).
+    """
+
+    @classmethod
+    @override(Algorithm)
+    def get_default_config(cls) -> TreeGRPOConfig:
+        return TreeGRPOConfig(cls)
+
+    @classmethod
+    @override(Algorithm)
+    def _should_create_evaluation_env_runners(cls, eval_config: AlgorithmConfig) -> bool:
+        return False  # the greedy evaluation runs on the training runners: no second set of model copies
+
+    @override(Algorithm)
+    def setup(self, config: TreeGRPOConfig) -> None:
+        self.mid_update = False
+        self.exported_trees: list[dict[str, Any]] = []
+        super().setup(config)
+        questions = envs.question_count(self.config.env, **dict(self.config.env_config))
+        self._num_questions = min(questions, self.config.train_questions or questions)
+
+    @override(Algorithm)
+    def train(self) -> dict:
+        result = super().train()
+        self.mid_update = False  # only now is the update counted (iteration advanced)
+        return result
+
+    def _prompts_of(self, iteration: int) -> list[int]:
+        """An iteration's prompts: a draw without replacement from the training split (its first
+        ``train_questions`` when set), seeded by (seed, iteration) so that a run resumed from a checkpoint
+        continues exactly as the uninterrupted run."""
+        rng = np.random.default_rng([self.config.seed or 0, iteration])
+        n = min(self.config.prompts_per_iteration, self._num_questions)
+        return sorted(rng.choice(self._num_questions, size=n, replace=False).tolist())
+
+    @override(Algorithm)
+    def training_step(self) -> None:
+        start = time.perf_counter()
+        iteration = self.iteration
+        prompts = self._prompts_of(iteration)
+        trees_every, trees_count = self.config.trees_every, self.config.trees_count
+        export = bool(trees_every) and (iteration + 1) % trees_every == 0
+        runners = max(1, self.env_runner_group.num_healthy_remote_env_runners())
+        per_runner = math.ceil(trees_count / runners) if export else 0
+
+        def sample(runner: TreeSearchEnvRunner, shard: list[int]) -> RunnerResult:
+            return runner.sample_prompts(shard, iteration=iteration, export_trees=per_runner)
+
+        with self.metrics.log_time((TIMERS, ENV_RUNNER_SAMPLING_TIMER)):
+            results = self.on_env_runners(prompts, sample, f"sampling of iteration {iteration + 1}")
+        records = [record for result in results for record in result.records]
+        self.metrics.aggregate([result.metrics for result in results], key=ENV_RUNNER_RESULTS)
+        self.metrics.log_value(NUM_ENV_STEPS_SAMPLED_LIFETIME, len(records), reduce="sum")
+
+        advantages = prompt_advantages(records, mode=self.config.advantage_mode)
+        self.exported_trees = annotated_trees(results, advantages, trees_count) if export else []
+        batch = MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(pad_batch(records, advantages, pad_id=0))},
+                                env_steps=len(records))
+        self.mid_update = True  # from here until train() returns, the weights are ahead of the iteration count
+        with self.metrics.log_time((TIMERS, LEARNER_UPDATE_TIMER)):
+            learner_results = self.learner_group.update(
+                batch=batch, timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: self.metrics.peek(
+                    NUM_ENV_STEPS_SAMPLED_LIFETIME, default=0)}, num_epochs=1, minibatch_size=None)
+        self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
+        with self.metrics.log_time((TIMERS, SYNCH_WORKER_WEIGHTS_TIMER)):
+            self.env_runner_group.sync_weights(from_worker_or_learner_group=self.learner_group, inference_only=True)
+        self.metrics.log_value(M.PROMPTS, len(prompts), reduce="sum")
+        self.metrics.log_value(M.ITERATION_TIME_S, time.perf_counter() - start, window=1)  # evaluation not included
+
+    def on_env_runners(self, items: Sequence[int], call: Callable[[TreeSearchEnvRunner, list[int]], Any],
+                       what: str) -> list:
+        """``call(runner, shard)`` on every healthy runner (the local one when there are no remote runners), the
+        ``items`` split over them; the items of a runner that dies go to the runners healthy after a restore
+        attempt (``algos.tree_grpo.sharding.run_sharded``). ``call`` is shipped to the runners: it must not hold
+        the algorithm."""
+        group = self.env_runner_group
+        remote = group.num_remote_env_runners() > 0
+
+        def healthy() -> list[int]:
+            return group.healthy_env_runner_ids() if remote else [0]
+
+        def dispatch(shards: dict[int, list[int]]) -> dict[int, Any]:
+            def apply(runner):
+                return runner.worker_index, call(runner, shards[runner.worker_index])
+
+            answers = group.foreach_env_runner(apply, local_env_runner=not remote,
+                                               remote_worker_ids=list(shards) if remote else None)
+            return dict(answers)
+
+        return run_sharded(items, healthy=healthy, dispatch=dispatch, recover=self._bring_runners_back, what=what)
+
+    def _bring_runners_back(self) -> None:
+        """Restore the runners that are back after a failure. With no healthy runner left, wait for the restart
+        (Ray fails calls to an actor that is still restarting), up to ``env_runner_restore_timeout_s``; with
+        survivors, go on without waiting: they take over, and RLlib restores the restarted one before a later
+        training step."""
+        group = self.env_runner_group
+        deadline = time.monotonic() + self.config.env_runner_restore_timeout_s
+        self.restore_env_runners(group)
+        while (self.config.restart_failed_env_runners and group.num_remote_env_runners() > 0
+               and group.num_healthy_remote_env_runners() == 0 and time.monotonic() < deadline):
+            time.sleep(RESTORE_POLL_S)
+            self.restore_env_runners(group)
+
+    @override(Algorithm)
+    def restore_env_runners(self, env_runner_group: EnvRunnerGroup) -> list[int]:
+        """RLlib's restore (a restarted runner gets the learner's current weights), counted as
+        ``env_runner_restarts``; RLlib calls it before every training step, this class also after a runner
+        failed mid-call."""
+        restored = super().restore_env_runners(env_runner_group)
+        self.metrics.log_value(M.ENV_RUNNER_RESTARTS, len(restored), reduce="sum")
+        return restored
+
+    @override(Algorithm)
+    def evaluate(self, parallel_train_future=None) -> dict[str, float]:
+        """The greedy evaluation RLlib's settings ask for: ``evaluation_duration`` questions of the training env's
+        evaluation split (``envs.eval_split``), on the training runners. ``train()`` calls it every
+        ``evaluation_interval`` iterations and reports it under ``result["evaluation"]``."""
+        return self.greedy_eval(envs.eval_split(self.config.env), self.config.evaluation_duration)
+
+    def greedy_eval(self, split: str, num_questions: int, env_id: str | None = None) -> dict[str, float]:
+        """Greedy single-chain evaluation on the first ``num_questions`` of ``split`` of ``env_id`` (default: the
+        training env), spread over the runners in rounds of ``prompts_per_iteration * M`` questions (the chains
+        an iteration starts together, so a round fits where training fits): the means of
+        ``algos.evaluation.EVAL_COLUMNS`` and ``questions``, the number evaluated."""
+        env_id = env_id or self.config.env
+        total = min(num_questions, envs.question_count(env_id, **{**dict(self.config.env_config), "split": split}))
+        round_size = self.config.prompts_per_iteration * self.config.tree_shape.M
+        start, rows = time.perf_counter(), []
+        if self.config.log_rollout_steps:
+            print(f"  [evaluation] {env_id} {split}: evaluating on {total} questions (greedy, one chain each) ...",
+                  file=sys.stderr, flush=True)
+
+        def evaluate(runner: TreeSearchEnvRunner, shard: list[int]) -> list[dict[str, float]]:
+            return runner.greedy_eval(shard, env_id, split)
+
+        for first in range(0, total, round_size):
+            questions = range(first, min(first + round_size, total))
+            parts = self.on_env_runners(questions, evaluate, f"greedy evaluation on {env_id} {split}")
+            rows += [row for part in parts for row in part]
+            if self.config.log_rollout_steps:
+                print(f"  [evaluation] {env_id} {split}: {len(rows)}/{total} questions, "
+                      f"{time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
+        return {**mean_results(rows), QUESTIONS: len(rows)}
+
+
+def annotated_trees(results: Sequence[RunnerResult], advantages: np.ndarray, limit: int) -> list[dict[str, Any]]:
+    """The first ``limit`` exported trees of ``results`` with the advantages the learner gets (``advantages``
+    holds one per record of all results, concatenated in order; a runner's leaf indices count over its own
+    records, hence the offset)."""
+    trees, offset = [], 0
+    for result in results:
+        trees.extend(with_advantages(tree, advantages, offset) for tree in result.trees)
+        offset += len(result.records)
+    return trees[:limit]
+
+
+def check_evaluation_settings(config: AlgorithmConfig) -> None:
+    """RLlib's evaluation settings as Tree-GRPO reads them, or a ``ValueError`` naming the setting: every
+    ``evaluation_interval`` iterations, ``evaluation_duration`` questions (episodes) of the evaluation split, one
+    greedy chain each, on the training runners."""
+    interval, duration = config.evaluation_interval, config.evaluation_duration
+    problems = {
+        "evaluation_interval": (interval is not None and (not isinstance(interval, int) or interval < 0),
+                                f"must be None or an int >= 0 (iterations between evaluations), got {interval!r}"),
+        "evaluation_duration": (not isinstance(duration, int) or isinstance(duration, bool) or duration < 1,
+                                f"must be a positive int (questions of the evaluation split), got {duration!r}"),
+        "evaluation_duration_unit": (config.evaluation_duration_unit != "episodes",
+                                     f"must be 'episodes' (one greedy chain per question), got "
+                                     f"{config.evaluation_duration_unit!r}"),
+        "evaluation_num_env_runners": (config.evaluation_num_env_runners != 0,
+                                       f"must be 0: the evaluation runs on the training env runners, got "
+                                       f"{config.evaluation_num_env_runners!r}"),
+        "evaluation_parallel_to_training": (bool(config.evaluation_parallel_to_training),
+                                            "must be False: the evaluation uses the training env runners"),
+        "evaluation_config": (bool(config.evaluation_config),
+                              "is not used: the evaluation runs the training env's settings on its evaluation split, "
+                              f"greedily; got {config.evaluation_config!r}"),
+        "custom_evaluation_function": (config.custom_evaluation_function is not None,
+                                       "is not supported: the evaluation is the greedy one (TreeGRPO.evaluate)"),
+    }
+    wrong = [f"{name} {message}" for name, (bad, message) in problems.items() if bad]
+    if wrong:
+        raise ValueError("; ".join(wrong))
+
+
+GRAD_CLIP_MODES = ("value", "norm", "global_norm")  # what RLlib's Learner.postprocess_gradients understands
+
+
+class TreeGRPOConfig(AlgorithmConfig):
+    """Tree-GRPO on RLlib's new API stack: ``TreeGRPOConfig().environment("HotpotQA-v0").training(M=2, N=2, L=1)``.
+
+    The fields of :class:`~algos.tree_grpo.settings.TreeGRPOSettings` (declared and documented there) are set
+    through ``.training(...)``, checked strictly when set; chain GRPO is ``.training(algo="grpo", group_size=G)``.
+    The model is chosen through ``.rl_module(model_config={"model": ..., "dtype": ...})``; the greedy
+    evaluation through RLlib's ``.evaluation(evaluation_interval=k, evaluation_duration=questions)``.
+    """
+
+    def __init__(self, algo_class: type | None = None):
+        super().__init__(algo_class=algo_class or TreeGRPO)
+        for name, value in TreeGRPOSettings().model_dump().items():
+            setattr(self, name, value)
+        self.env_runner_cls = TreeSearchEnvRunner
+        self.episodes_to_numpy = False  # ragged token lists; our runner returns leaf records
+        self.num_env_runners = 0
+        # RLlib sleeps this long before a failed remote runner's actor restarts (default 60 s)
+        self.delay_between_env_runner_restarts_s = 5.0
+
+    @override(AlgorithmConfig)
+    def training(self, **kwargs) -> TreeGRPOConfig:
+        ours = {k: kwargs.pop(k) for k in list(kwargs) if k in ALGORITHM_FIELDS and kwargs[k] is not NotProvided}
+        super().training(**kwargs)
+        if ours:  # checked now, so that a wrong value fails where it is set
+            for name, value in validated(TreeGRPOSettings, {**self.settings_dict(), **ours}).model_dump().items():
+                setattr(self, name, value)
+        return self
+
+    def settings_dict(self) -> dict[str, Any]:
+        """The current values of the settings fields."""
+        return {name: getattr(self, name) for name in ALGORITHM_FIELDS}
+
+    @property
+    def settings(self) -> TreeGRPOSettings:
+        """The settings fields, validated."""
+        return validated(TreeGRPOSettings, self.settings_dict())
+
+    @property
+    def tree_shape(self) -> TreeShape:
+        return TreeShape(self.M, self.N, self.L)
+
+    @property
+    def sampling(self) -> SamplingSettings:
+        return SamplingSettings(temperature=self.temperature, top_p=self.top_p, max_step_tokens=self.max_step_tokens,
+                                max_context_tokens=self.max_context_tokens)
+
+    @override(AlgorithmConfig)
+    def validate(self) -> None:
+        super().validate()
+        check_evaluation_settings(self)
+        settings = self.settings.model_dump()
+        changed = {k: v for k, v in settings.items() if v != getattr(self, k)}
+        if changed:  # only chain GRPO's normalisation changes values
+            raise ValueError(f"algo='grpo' is chain GRPO whose shape follows from group_size: set it with "
+                             f".training(algo='grpo', group_size=G), not {sorted(changed)} by hand")
+        if self.num_env_runners > self.prompts_per_iteration:
+            raise ValueError(f"num_env_runners ({self.num_env_runners}) must not exceed prompts_per_iteration "
+                             f"({self.prompts_per_iteration}): every runner grows the trees of its own prompts")
+        rows = self.prompts_per_iteration * self.tree_shape.leaves_per_prompt // max(1, self.num_learners)
+        if self.settings.mini_batches > rows:
+            raise ValueError(f"ppo_mini_batches ({self.settings.mini_batches}) exceeds the rows each of the "
+                             f"{max(1, self.num_learners)} learner(s) gets ({rows})")
+        if self.grad_clip_by not in GRAD_CLIP_MODES:  # .training() checks it, a plain assignment does not
+            raise ValueError(f"grad_clip_by must be one of {GRAD_CLIP_MODES}, got {self.grad_clip_by!r}")
+
+    @override(AlgorithmConfig)
+    def get_default_rl_module_spec(self) -> RLModuleSpec:
+        # No model_config here: RLlib merges the default spec's model_config OVER the user's
+        # ``.rl_module(model_config=...)``; the module's own defaults (tiny-random) apply to missing keys.
+        return RLModuleSpec(module_class=LLMRLModule)
+
+    @override(AlgorithmConfig)
+    def get_default_learner_class(self) -> type:
+        return TreeGRPOTorchLearner

@@ -1,0 +1,152 @@
+"""The settings of a training run, declared once: the algorithm's (``TreeGRPOSettings``) plus the environment,
+the model, the resources, the run's lifecycle and its tracking.
+
+The command line (``--kebab-case`` flags), YAML files (``snake_case`` keys), ``OUTPUT/config.yaml``, MLflow
+params, ``tune.py`` and the benchmark scripts all derive from :class:`RunSettings`; ``build_config`` turns one
+into the RLlib config. Validation is strict and happens before Ray starts (see ``experiments/cli.py``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+import envs
+from algos.tree_grpo import TreeGRPOConfig
+from algos.tree_grpo.settings import ALGORITHM_FIELDS, TreeGRPOSettings
+from envs.datasets import resolve_data_dir
+from policies.models import LoraSettings
+
+EnvId = Literal[tuple(envs.ENV_IDS)]  # type: ignore[valid-type]
+
+
+def _default_of(function: Any, name: str) -> Any:
+    """The default of parameter ``name`` of ``function`` (a class: its constructor): declared there, not here."""
+    return inspect.signature(function).parameters[name].default
+
+
+class RunSettings(TreeGRPOSettings):
+    """Everything ``experiments/run.py`` takes (see ``--help``)."""
+
+    # environment
+    env: EnvId = Field("HotpotQA-v0", description="search-QA environment id")
+    split: str | None = Field(None, description="training split (default: the env id's training split)")
+    allow_eval_split_training: bool = Field(
+        False, description="allow training on the split the run is evaluated on (refused by default: the "
+                           "evaluation would score questions the policy trained on)")
+    data_dir: str | None = Field(None, description="data directory (default: $TREEGRPO_DATA_DIR, else ./data)")
+    max_turns: int = Field(_default_of(envs.SearchQAEnv, "max_turns"), ge=1,
+                           description="search-capable steps before the final answer-only step")
+    topk: int = Field(_default_of(envs.SearchQAEnv, "topk"), ge=1, description="passages per search")
+    # model
+    model: str = Field("smollm2-135m", description="tiny-random, smollm2-135m, a Hugging Face hub id or a "
+                                                   "model directory (e.g. one written by experiments/export.py)")
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="model weights' dtype")
+    lora_rank: int | None = Field(None, ge=1, description="train LoRA adapters of this rank (default: full "
+                                                          "fine-tuning)")
+    lora_alpha: int = Field(LoraSettings.alpha, ge=1, description="LoRA alpha (with --lora-rank)")
+    # resources
+    seed: int = Field(0, ge=0, description="seed of prompts, sampling and model initialisation")
+    num_env_runners: int = Field(0, ge=0, description="remote Ray env runners (0: sample in this process)")
+    num_learners: int = Field(0, ge=0, description="remote learners, DDP (0: learn in this process)")
+    num_gpus_per_learner: float = Field(0.0, ge=0, description="GPUs per learner")
+    num_cpus_per_learner: float = Field(1.0, gt=0, description="CPUs per remote learner")
+    num_cpus_per_env_runner: float = Field(1.0, gt=0, description="CPUs per remote env runner")
+    ray_dashboard: bool = Field(False, description="start Ray's dashboard (on 127.0.0.1:8265) with the local "
+                                "Ray instance")
+    # the run
+    iterations: int = Field(20, ge=1, description="training iterations (of this invocation, also when resuming)")
+    output: str = Field("outputs/run", description="the run's directory (must not hold another run)")
+    checkpoint_every: int = Field(10, ge=0, description="checkpoint every k iterations (0: only at the end); "
+                                                        "always at the end and on SIGINT / SIGTERM")
+    keep_checkpoints: int = Field(2, ge=1, description="complete checkpoints kept (the newest)")
+    eval_every: int = Field(0, ge=0, description="greedy evaluation on the evaluation split every k iterations "
+                                                 "(0: never)")
+    eval_questions: int = Field(50, ge=1, description="questions of each greedy evaluation (the first ones)")
+    final_eval: bool = Field(False, description="greedy evaluation at the end: OUTPUT/eval/eval.md + .json")
+    eval_envs: list[EnvId] | None = Field(None, min_length=1,
+                                          description="envs of the final evaluation (default: the training env)")
+    # tracking
+    mlflow: bool = Field(True, description="track the run in MLflow")
+    mlflow_uri: str | None = Field(None, description="MLflow tracking URI (default: sqlite:///OUTPUT/mlflow.db)")
+    experiment: str = Field("tree-grpo", description="MLflow experiment name")
+    run_name: str | None = Field(None, description="MLflow run name (default: the output directory's name)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _schedule_spans_the_run(cls, data: Any) -> Any:
+        """A run's learning-rate schedule spans its --iterations unless total_iterations says otherwise."""
+        if isinstance(data, dict) and data.get("total_iterations") is None:
+            data = {**data, "total_iterations": data.get("iterations", cls.model_fields["iterations"].default)}
+        return data
+
+    @model_validator(mode="after")
+    def _no_training_on_the_evaluation_split(self) -> RunSettings:
+        train, evaluated = self.training_split, envs.eval_split(self.env)
+        if train == evaluated and not self.allow_eval_split_training:
+            raise ValueError(
+                f"split: {self.env} would train on split {train!r}, which is also its evaluation split (the "
+                f"evaluation would score questions the policy trained on); choose another split (e.g. put a "
+                f"train file in the data directory and set split: train) or pass --allow-eval-split-training")
+        return self
+
+    @property
+    def training_split(self) -> str:
+        return self.split or envs.ENV_IDS[self.env][1]
+
+    @property
+    def contaminated(self) -> bool:
+        """Whether the run trains on its evaluation split (only with ``allow_eval_split_training``)."""
+        return self.training_split == envs.eval_split(self.env)
+
+
+# Options that may differ when a run is resumed: they change how long it runs, what it logs and how often it
+# evaluates, never what it learns. Every other option is part of the experiment (see ``resume_conflicts``).
+MAY_CHANGE_ON_RESUME = frozenset({
+    "iterations", "checkpoint_every", "keep_checkpoints", "eval_every", "eval_questions", "final_eval", "eval_envs",
+    "mlflow", "mlflow_uri", "experiment", "run_name", "log_rollout_steps", "trees_every", "trees_count", "data_dir",
+    "ray_dashboard",
+})
+
+
+def resume_conflicts(saved: dict[str, Any], requested: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """The requested options that would change the resumed experiment: ``{name: (saved, requested)}``."""
+    return {name: (saved.get(name), value) for name, value in requested.items()
+            if name not in MAY_CHANGE_ON_RESUME and saved.get(name) != value}
+
+
+def env_config(settings: RunSettings) -> dict[str, Any]:
+    return {"data_dir": str(resolve_data_dir(settings.data_dir).resolve()), "split": settings.training_split,
+            "max_turns": settings.max_turns, "topk": settings.topk}
+
+
+def model_config(settings: RunSettings) -> dict[str, Any]:
+    lora = None if settings.lora_rank is None else {"rank": settings.lora_rank, "alpha": settings.lora_alpha}
+    return {"model": settings.model, "dtype": settings.dtype, "seed": settings.seed, "lora": lora}
+
+
+def build_config(settings: RunSettings) -> TreeGRPOConfig:
+    """The RLlib algorithm config of ``settings`` (tracking callbacks are added by the caller)."""
+    return (
+        TreeGRPOConfig()
+        .environment(settings.env, env_config=env_config(settings))
+        .training(**{name: getattr(settings, name) for name in ALGORITHM_FIELDS})
+        .rl_module(model_config=model_config(settings))
+        .env_runners(num_env_runners=settings.num_env_runners,
+                     create_local_env_runner=settings.num_env_runners == 0,
+                     num_cpus_per_env_runner=settings.num_cpus_per_env_runner)
+        .learners(num_learners=settings.num_learners, num_gpus_per_learner=settings.num_gpus_per_learner,
+                  num_cpus_per_learner=settings.num_cpus_per_learner)
+        .evaluation(evaluation_interval=settings.eval_every or None, evaluation_duration=settings.eval_questions,
+                    evaluation_duration_unit="episodes")
+        .debugging(seed=settings.seed)
+    )
+
+
+# Command-line spellings besides ``--field-name`` (the contract's short forms): flag -> (field, constant or None).
+CLI_ALIASES: dict[str, tuple[str, Any]] = {
+    "--prompts-per-iter": ("prompts_per_iteration", None),
+    "--quiet": ("log_rollout_steps", False),
+}

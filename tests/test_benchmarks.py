@@ -1,0 +1,99 @@
+"""The benchmark scripts without measuring anything: their command lines, defaults, reruns and summaries."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import experiments.run
+from benchmarks.bench_learning import SETTINGS, mean_rows, summarize, train_run
+from policies.generation import default_max_step_tokens
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ("bench_generation", "bench_learning", "bench_retrieval", "bench_rollout")
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_each_script_parses_its_defaults_and_prints_its_help(name, capsys):
+    module = importlib.import_module(f"benchmarks.{name}")
+    assert callable(module.main)
+    assert isinstance(module.parse_args([]), argparse.Namespace)
+    with pytest.raises(SystemExit) as exit_:
+        module.parse_args(["--help"])
+    assert exit_.value.code == 0
+    assert "--output" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["bench_generation", "bench_rollout"])
+def test_step_cap_defaults_to_the_projects(name):
+    module = importlib.import_module(f"benchmarks.{name}")
+    assert module.parse_args([]).max_step_tokens == default_max_step_tokens()
+
+
+def test_a_script_runs_as_a_file():
+    # bench_retrieval runs its measurements as subprocesses of its own file, so the file must run on its own.
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_retrieval.py"), "--help"], cwd=ROOT,
+                          env=environment, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "--large-passages" in done.stdout
+
+
+def test_a_rerun_of_a_setting_starts_a_fresh_run(tmp_path, monkeypatch):
+    # run.py refuses an --output that holds a run: the benchmark clears the setting's directory first.
+    def planned_run(argv: list[str]) -> None:
+        output = Path(experiments.run.plan(argv).settings.output)  # a SettingsError if it holds a run
+        output.mkdir(parents=True, exist_ok=True)
+        (output / experiments.run.METRICS_FILE).write_text("{}\n")
+
+    monkeypatch.setattr(experiments.run, "main", planned_run)
+    args = argparse.Namespace(iterations=1, prompts_per_iter=2, lr=1e-4, max_step_tokens=8, eval_every=1,
+                              eval_questions=2)
+    first = train_run("chain G=4", 0, "tiny-random", args, tmp_path)
+    (first.parent / "checkpoints").mkdir()
+    (first.parent / "checkpoints" / "stale").write_text("from the first run")
+    again = train_run("chain G=4", 0, "tiny-random", args, tmp_path)
+    assert again == first == tmp_path / "chain_G=4" / "seed0" / experiments.run.METRICS_FILE
+    assert not (first.parent / "checkpoints").exists()
+
+
+def test_learning_summary_and_plot_rows():
+    runs = {"tree (2,2,1)": [
+        [{"iteration": 1, "dev_em": None, "tokens_generated": 100, "reward_mean": 0.2, "time_s": 3.0},
+         {"iteration": 2, "dev_em": 0.5, "tokens_generated": 50, "reward_mean": 0.4, "time_s": 2.0}],
+        [{"iteration": 1, "dev_em": None, "tokens_generated": 80, "reward_mean": 0.1, "time_s": 4.0},
+         {"iteration": 2, "dev_em": 0.3, "tokens_generated": 70, "reward_mean": 0.3, "time_s": 1.0}]]}
+    s = summarize(runs, before=0.1)["tree (2,2,1)"]
+    assert s["budget"] == SETTINGS["tree (2,2,1)"][0] == 4 and s["dev_em_final_mean"] == pytest.approx(0.4)
+    assert s["dev_em_final_std"] == pytest.approx(0.1) and s["tokens_generated_per_seed"] == [150, 150]
+    assert s["seconds_per_seed"] == [5.0, 5.0]
+    rows = mean_rows(runs["tree (2,2,1)"], before=0.1)
+    assert [r["iteration"] for r in rows] == [0, 1, 2] and rows[0]["dev_em"] == 0.1
+    assert rows[1]["tokens_generated"] == 90 and rows[1]["dev_em"] is None and rows[2]["dev_em"] == pytest.approx(0.4)
+    assert rows[0]["dev_em_std"] == 0.0 and rows[1]["dev_em_std"] is None
+    assert rows[2]["dev_em_std"] == pytest.approx(0.1)  # population std of 0.5 and 0.3
+
+
+def test_prefix_sharing_batches_have_the_trees_structure():
+    from benchmarks.bench_prefix_sharing import Profile, parse_args, tree_rows
+
+    profile = Profile(prompt=5, observation=3, step=2, turns=3)
+    ids, masks, prompt_of = tree_rows(np.random.default_rng(0), profile, (2, 2, 1), prompts=3, vocab=1000)
+    assert len(ids) == 3 * 2 * (1 + 2) and prompt_of == [p for p in range(3) for _ in range(6)]
+    full = 5 + 3 * 2 + 2 * 3  # prompt, three steps, two observations
+    assert all(len(row) == len(mask) == full for row, mask in zip(ids, masks, strict=True))
+    assert all(sum(mask) == 3 * 2 for mask in masks)  # three generated steps
+    for tree in range(6):  # a tree's expansions repeat its chain up to a step and its observation, then differ
+        chain, *branches = ids[3 * tree: 3 * tree + 3]
+        for branch in branches:
+            shared = next(i for i, (a, b) in enumerate(zip(chain, branch, strict=True)) if a != b)
+            assert shared in (5 + 2 + 3, 5 + 2 * (2 + 3))  # after turn 1 or turn 2
+    assert all(ids[6 * p][:5] == ids[6 * p + 5][:5] for p in range(3))  # one prompt per group
+    assert parse_args(["--device", "cpu"]).dtype == "float32"

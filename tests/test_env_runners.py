@@ -1,0 +1,284 @@
+"""Work spread over env runners: sharding and its retries (pure), several remote runners in one iteration, the
+exported trees' leaf indices, counting the questions without a retriever, the mid-update flag, and (slow) a
+runner that dies mid-sample."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import ray
+import torch
+from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, LEARNER_RESULTS
+
+import algos.tree_grpo.tree_grpo as tree_grpo_module
+import envs
+import envs.search_qa
+from algos.tree_grpo import TreeGRPOConfig
+from algos.tree_grpo import metrics as M
+from algos.tree_grpo.env_runner import TreeSearchEnvRunner
+from algos.tree_grpo.sharding import run_sharded, shard
+
+LEAVES_PER_PROMPT = 6  # the default shape (2, 2, 1)
+
+
+def tiny_config(data_dir: Path, prompts: int, **training) -> TreeGRPOConfig:
+    return (TreeGRPOConfig().environment("HotpotQA-v0", env_config={"data_dir": str(data_dir)})
+            .training(max_step_tokens=8, prompts_per_iteration=prompts, micro_batch_size=6, **training)
+            .rl_module(model_config={"model": "tiny-random", "seed": 0}))
+
+
+def two_remote_runners(config: TreeGRPOConfig) -> TreeGRPOConfig:
+    return config.env_runners(num_env_runners=2, num_cpus_per_env_runner=0.5, create_local_env_runner=False)
+
+
+# -- sharding and its retries, without Ray ------------------------------------------------------------------
+
+
+def test_shard_splits_contiguously_and_leaves_out_empty_shards():
+    assert shard([5, 6, 7], [1, 2]) == {1: [5, 6], 2: [7]}
+    assert shard([5], [1, 2, 3]) == {1: [5]}
+    assert shard([], [1]) == {}
+
+
+class FlakyWorkers:
+    """Workers that double their items; ``dies`` lists (attempt, worker) pairs that die instead of answering.
+    ``recover`` brings every dead worker back."""
+
+    def __init__(self, workers: list[int], dies: set[tuple[int, int]], come_back: bool = True):
+        self.alive, self.dies, self.come_back = list(workers), dies, come_back
+        self.dead: list[int] = []
+        self.attempt, self.dispatched = 0, []
+
+    def healthy(self) -> list[int]:
+        return list(self.alive)
+
+    def dispatch(self, shards: dict[int, list[int]]) -> dict[int, list[int]]:
+        self.attempt += 1
+        self.dispatched.append(shards)
+        answers = {}
+        for worker, items in shards.items():
+            if (self.attempt, worker) in self.dies:
+                self.alive.remove(worker)
+                self.dead.append(worker)
+            else:
+                answers[worker] = [2 * item for item in items]
+        return answers
+
+    def recover(self) -> None:
+        if self.come_back:
+            self.alive, self.dead = sorted(self.alive + self.dead), []
+
+
+def test_a_dead_workers_items_are_processed_again_once():
+    workers = FlakyWorkers([1, 2], dies={(1, 1)})
+    results = run_sharded([10, 11, 12, 13], healthy=workers.healthy, dispatch=workers.dispatch,
+                          recover=workers.recover, what="sampling")
+    assert workers.dispatched == [{1: [10, 11], 2: [12, 13]}, {1: [10], 2: [11]}]  # the restarted one helps
+    assert sorted(item for part in results for item in part) == [20, 22, 24, 26]  # each item once
+
+
+def test_a_worker_that_stays_dead_leaves_its_items_to_the_survivors():
+    workers = FlakyWorkers([1, 2], dies={(1, 2)}, come_back=False)
+    results = run_sharded([10, 11, 12], healthy=workers.healthy, dispatch=workers.dispatch,
+                          recover=workers.recover, what="sampling")
+    assert workers.dispatched[1] == {1: [12]}
+    assert results == [[20, 22], [24]]
+
+
+def test_items_without_a_result_after_the_attempts_are_an_error_naming_runners_and_items():
+    workers = FlakyWorkers([1, 2], dies={(1, 2), (2, 1), (3, 1)})
+    with pytest.raises(RuntimeError, match=r"sampling of iteration 3: env runner\(s\) \[1, 2\] failed.*\[12\]"):
+        run_sharded([10, 11, 12], healthy=workers.healthy, dispatch=workers.dispatch, recover=workers.recover,
+                    what="sampling of iteration 3")
+    nobody = FlakyWorkers([], dies=set())
+    with pytest.raises(RuntimeError, match="no env runner was healthy"):
+        run_sharded([1], healthy=nobody.healthy, dispatch=nobody.dispatch, recover=nobody.recover, what="x")
+
+
+# -- the number of questions, without building the retriever ------------------------------------------------
+
+
+@pytest.fixture
+def no_retriever(monkeypatch):
+    """Building a search env in this process (the driver) fails."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the driver built a retriever")
+
+    monkeypatch.setattr(envs.search_qa, "get_retriever", refuse)
+
+
+def test_question_count_reads_the_dataset_only(data_dir, monkeypatch):
+    expected = len(gym.make("HotpotQA-v0", data_dir=str(data_dir)).unwrapped.records)
+    monkeypatch.setattr(envs.search_qa, "get_retriever", lambda *a, **k: pytest.fail("built a retriever"))
+    assert envs.question_count("HotpotQA-v0", data_dir=str(data_dir)) == expected
+    dev = envs.question_count("HotpotQA-v0", data_dir=str(data_dir), split="dev")
+    assert dev == len(envs.datasets.load_dataset("hotpotqa", "dev", data_dir)) != expected
+    world = {"people": 20, "companies": 10, "cities": 6, "countries": 3, "train_questions": 17, "dev_questions": 5}
+    assert envs.question_count("SynthHop-v0", world=world) == 17
+    assert envs.question_count("SynthHop-v0", world=world, split="dev") == 5
+
+
+# -- one iteration on several runners ----------------------------------------------------------------------
+
+
+def test_two_remote_runners_share_an_iteration_and_the_evaluation(ray_session, data_dir, monkeypatch, no_retriever):
+    prompts = 3  # shards of 2 and 1 prompts: the second runner's records start at an offset
+    batches, dispatched = [], []
+    real_pad_batch, real_run_sharded = tree_grpo_module.pad_batch, tree_grpo_module.run_sharded
+    monkeypatch.setattr(tree_grpo_module, "pad_batch", lambda records, *a, **k: (
+        batches.append(records), real_pad_batch(records, *a, **k))[1])
+    # distinct advantages (row numbers), so that a tree's leaves show which records they point at
+    monkeypatch.setattr(tree_grpo_module, "prompt_advantages",
+                        lambda records, mode: np.arange(len(records), dtype=float))
+
+    def spy_run_sharded(items, *, dispatch, what, **kwargs):
+        def spy_dispatch(shards):
+            answers = dispatch(shards)
+            dispatched.append((what, shards, answers))
+            return answers
+
+        return real_run_sharded(items, dispatch=spy_dispatch, what=what, **kwargs)
+
+    monkeypatch.setattr(tree_grpo_module, "run_sharded", spy_run_sharded)
+    config = two_remote_runners(tiny_config(data_dir, prompts, trees_every=1, trees_count=4))
+    algo = config.evaluation(evaluation_interval=1, evaluation_duration=3).build_algo()
+    try:
+        assert algo.env_runner is None and algo.eval_env_runner_group is None
+        result = algo.train()
+    finally:
+        algo.stop()
+
+    (records,) = batches
+    runners = result[ENV_RUNNER_RESULTS]
+    assert len(records) == runners[M.LEAVES] == prompts * LEAVES_PER_PROMPT
+    assert runners[M.TREES] == len({(r.prompt_index, r.tree_id) for r in records}) == prompts * 2
+    (sampling,) = [answers for what, _, answers in dispatched if what.startswith("sampling")]
+    assert sorted(sampling) == [1, 2] and [len(sampling[w].prompt_indices) for w in (1, 2)] == [2, 1]
+    for key in (M.TOKENS_GENERATED, M.TOKENS_PREFILLED, M.LLM_CALLS, M.TOOL_CALLS, M.LEAVES, M.TREES):
+        assert runners[key] == sum(sampling[w].metrics[key].peek() for w in (1, 2)), key
+    assert result[M.ENV_RUNNER_RESTARTS] == 0
+
+    # exported trees: two per runner, each leaf pointing at its own record in the batch
+    trees = algo.exported_trees
+    assert len(trees) == 4 and {t["prompt_index"] for t in trees} == {p for w in (1, 2)
+                                                                     for p in sampling[w].prompt_indices[:1]}
+    rows = []
+    for tree in trees:
+        stack = [tree["root"]]
+        while stack:
+            node = stack.pop()
+            stack.extend(node["children"])
+            if node["is_leaf"]:
+                record = records[int(node["advantage"])]
+                assert (record.prompt_index, record.tree_id, record.depth) == (
+                    tree["prompt_index"], tree["tree_id"], node["depth"])
+                rows.append(int(node["advantage"]))
+    assert len(rows) == len(set(rows)) == 4 * 3  # a (2, 2, 1) tree has 3 leaves
+
+    # the evaluation: evaluation_duration questions, over both runners
+    evaluation = result["evaluation"]
+    assert evaluation["questions"] == 3 and 0.0 <= evaluation["em"] <= 1.0
+    (eval_shards,) = [shards for what, shards, _ in dispatched if what.startswith("greedy evaluation")]
+    assert sorted(eval_shards) == [1, 2] and sorted(q for part in eval_shards.values() for q in part) == [0, 1, 2]
+
+
+def test_mid_update_is_true_from_the_update_until_train_returns(ray_session, data_dir, monkeypatch):
+    algo = tiny_config(data_dir, 1).build_algo()
+    try:
+        seen = []
+        update = algo.learner_group.update
+
+        def spy(*args, **kwargs):
+            seen.append(algo.mid_update)
+            return update(*args, **kwargs)
+
+        monkeypatch.setattr(algo.learner_group, "update", spy)
+        assert algo.mid_update is False
+        algo.train()
+        assert seen == [True] and algo.mid_update is False
+        assert algo.exported_trees == []  # trees_every=10: nothing kept on the first iteration
+    finally:
+        algo.stop()
+
+
+# -- a runner that dies mid-sample ---------------------------------------------------------------------------
+
+
+def weights_checksum(model: torch.nn.Module) -> float:
+    return float(sum(p.detach().double().abs().sum() for p in model.parameters()))
+
+
+def runner_dying_once(marker: Path, die_in_iteration: int) -> type:
+    """Runner 1 dies (the process exits) inside ``sample`` of ``die_in_iteration``, once (``marker`` remembers it);
+    every record carries the checksum of the weights that sampled it."""
+    # Ray's workers cannot import the tests folder (not on their path): ship this module's code by value.
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+    class DiesOnce(TreeSearchEnvRunner):
+        def sample(self, *, prompt_indices=None, iteration: int = 0, **kwargs):
+            if self.worker_index == 1 and iteration == die_in_iteration and not marker.exists():
+                marker.touch()
+                os._exit(1)
+            records = super().sample(prompt_indices=prompt_indices, iteration=iteration, **kwargs)
+            checksum = weights_checksum(self.module.model)
+            for record in records:
+                record.info["weights_checksum"] = checksum
+            return records
+
+    return DiesOnce
+
+
+def wait_until_alive(algo, worker_id: int, timeout_s: float = 600) -> None:
+    """Until Ray has restarted runner ``worker_id`` (pinging it directly: the algorithm's bookkeeping of healthy
+    runners is left to the algorithm)."""
+    handle = algo.env_runner_group._worker_manager.actors()[worker_id]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            ray.get(handle.ping.remote(), timeout=30)
+            return
+        except ray.exceptions.RayError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("runners", [1, 2])
+def test_a_runner_that_dies_mid_sample_is_restarted_with_current_weights(ray_session, data_dir, tmp_path,
+                                                                         monkeypatch, runners):
+    prompts, batches = 2, []
+    real_pad_batch = tree_grpo_module.pad_batch
+    monkeypatch.setattr(tree_grpo_module, "pad_batch", lambda records, *a, **k: (
+        batches.append(records), real_pad_batch(records, *a, **k))[1])
+    config = tiny_config(data_dir, prompts, lr=1e-3).env_runners(
+        num_env_runners=runners, num_cpus_per_env_runner=0.5, create_local_env_runner=False,
+        env_runner_cls=runner_dying_once(tmp_path / "died", die_in_iteration=1))
+    algo = config.build_algo()
+    learner_model = algo.learner_group._learner.module["default_policy"].model
+    try:
+        algo.train()
+        weights = [weights_checksum(learner_model)]
+        results = [algo.train()]  # runner 1 dies in here
+        weights.append(weights_checksum(learner_model))
+        wait_until_alive(algo, 1)
+        results.append(algo.train())
+    finally:
+        algo.stop()
+    assert (tmp_path / "died").exists()
+    for result, records, sampled_with in zip(results, batches[1:], weights, strict=True):
+        assert len(records) == result[ENV_RUNNER_RESULTS][M.LEAVES] == prompts * LEAVES_PER_PROMPT
+        # every record (the re-sampled ones included) was sampled with the weights of the last update
+        assert [r.info["weights_checksum"] for r in records] == pytest.approx([sampled_with] * len(records), rel=1e-12)
+        assert result[LEARNER_RESULTS]["default_policy"][M.SAMPLER_LOGPROB_GAP] < 1e-3
+    restarts = [result[M.ENV_RUNNER_RESTARTS] for result in results]
+    # a lone runner's iteration waits for its restart; with a survivor, it takes over and the restarted runner is
+    # restored before the next iteration (unless Ray had it back before the retry)
+    assert restarts == [1, 0] if runners == 1 else sum(restarts) == 1

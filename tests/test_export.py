@@ -1,0 +1,89 @@
+"""experiments/export.py: a run's policy as a Hugging Face model directory (LoRA merged) that from_pretrained and
+evaluate.py load, with the policy's exact outputs; clear errors for a missing checkpoint and an occupied OUT."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from experiments import evaluate
+from experiments.checkpoints import CheckpointError, resolve_checkpoint
+from experiments.export import main
+from experiments.run import main as train
+from policies.models import load_model
+from tests.test_resume import FAST
+
+PROMPT = [{"role": "user", "content": "Who directed the film? Search first."}]
+
+
+@pytest.fixture(scope="module", params=[[], ["--lora-rank", "4"]], ids=["full", "lora"])
+def run(request, ray_session, data_dir, tmp_path_factory) -> Path:
+    output = tmp_path_factory.mktemp("run") / "run"
+    train([*FAST, "--iterations", "1", "--no-mlflow", "--output", str(output), *request.param])
+    return output
+
+
+def logits(model, tokenizer) -> torch.Tensor:
+    ids = tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    with torch.no_grad():
+        return model.eval()(**ids).logits
+
+
+def test_export_loads_with_from_pretrained_and_gives_the_policys_logits(run, tmp_path, capsys):
+    out = main([str(run), str(tmp_path / "model")])
+    assert str(out) in capsys.readouterr().out
+    assert (out / "model.safetensors").is_file() and not list(out.glob("*.pkl")) and not list(out.glob("adapter*"))
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(out), AutoTokenizer.from_pretrained(out)
+    assert type(model).__name__ == "LlamaForCausalLM"  # a plain model: LoRA merged, no peft needed
+
+    policy, policy_tokenizer = evaluate.load_policy(str(resolve_checkpoint(run)))
+    assert tokenizer.chat_template == policy_tokenizer.chat_template
+    exported = logits(model, tokenizer)
+    torch.testing.assert_close(exported, logits(policy, policy_tokenizer), rtol=0, atol=1e-5)
+    untrained, _ = load_model("tiny-random")
+    assert not torch.allclose(exported, logits(untrained, tokenizer), atol=1e-5)  # the trained weights came out
+
+
+def test_evaluate_takes_the_exported_directory(run, tmp_path):
+    out = main([str(run / "checkpoints" / "latest"), str(tmp_path / "model")])
+    evaluate.main(["--model", str(out), "--envs", "HotpotQA-v0", "--limit", "2", "--max-step-tokens", "8",
+                   "--output", str(tmp_path / "eval"), "--quiet"])
+    assert json.loads((tmp_path / "eval" / "eval.json").read_text())["datasets"]["HotpotQA-v0"]["questions"] == 2
+
+
+def test_an_occupied_output_is_refused_unless_overwrite(run, tmp_path, capsys):
+    out = tmp_path / "model"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(SystemExit) as exit_:
+        main([str(run), str(out)])
+    assert exit_.value.code == 2 and "is not empty" in capsys.readouterr().err and (out / "notes.txt").exists()
+    with pytest.raises(SystemExit):
+        main([str(run), str(run), "--overwrite"])  # even --overwrite never deletes the run it exports
+    assert "holds the checkpoint" in capsys.readouterr().err
+    main([str(run), str(out), "--overwrite"])
+    assert (out / "model.safetensors").is_file() and not (out / "notes.txt").exists()
+
+
+def test_a_missing_checkpoint_gives_the_checkpoint_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main([str(tmp_path / "no-run"), str(tmp_path / "model")])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and f"{tmp_path / 'no-run'} does not exist" in err and "checkpoints/" in err
+    assert not (tmp_path / "model").exists()
+
+
+def test_a_truncated_checkpoint_file_is_named(run, tmp_path):
+    checkpoint = shutil.copytree(resolve_checkpoint(run), tmp_path / "iter_000001")
+    state = checkpoint / "learner_group" / "learner" / "rl_module" / "default_policy" / "module_state.pkl"
+    state.write_bytes(state.read_bytes()[:100])
+    with pytest.raises(CheckpointError, match=f"{state.relative_to(checkpoint)} is missing or truncated"):
+        evaluate.load_policy(str(checkpoint))
+    (checkpoint / "manifest.json").unlink()  # an RLlib checkpoint without manifest: the unpickling error is named
+    with pytest.raises(CheckpointError, match=f"cannot restore checkpoint {checkpoint}"):
+        evaluate.load_policy(str(checkpoint))

@@ -1,0 +1,213 @@
+"""Settings declared once (experiments/settings.py, algos/tree_grpo/settings.py): the command line and YAML
+files derived from them, strict validation before Ray starts, resume and output-directory rules, the shipped
+configs, and the RLlib config built from them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import ray
+import yaml
+
+from algos.tree_grpo import TreeGRPOConfig
+from experiments.checkpoints import write_manifest
+from experiments.cli import SettingsError, dump_yaml, read_yaml
+from experiments.run import plan, run_parser
+from experiments.settings import MAY_CHANGE_ON_RESUME, RunSettings, build_config
+
+PAPER_TABLE = {2: (1, 2, 1), 4: (2, 2, 1), 8: (2, 6, 1), 16: (4, 5, 1)}  # notes/tree-grpo.md
+CONFIGS = sorted((Path(__file__).parent.parent / "experiments" / "configs").rglob("*.yaml"))
+NUMERIC_OPTIONS = ("--M", "--N", "--L", "--lr", "--micro-batch-size", "--prompts-per-iter", "--max-step-tokens",
+                   "--seed", "--iterations", "--topk", "--max-turns", "--kl-coef", "--temperature", "--top-p")
+
+
+def settings_of(argv: list[str]) -> RunSettings:
+    return plan(argv).settings
+
+
+def error_of(argv: list[str]) -> str:
+    with pytest.raises(SettingsError) as caught:
+        plan(argv)
+    return str(caught.value)
+
+
+def test_command_line_overrides_the_file_which_overrides_the_defaults(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("algo: grpo\ngroup_size: 6\nlr: 3.0e-6\niterations: 7\nkl_coef: 0.01\n")
+    s = settings_of(["--config", str(config), "--iterations", "2", "--output", str(tmp_path / "run")])
+    assert (s.algo, s.group_size, s.lr, s.iterations, s.kl_coef) == ("grpo", 6, 3e-6, 2, 0.01)
+    assert (s.M, s.N, s.L, s.advantage_mode) == (6, 0, 0, "inter")  # chain GRPO's one spelling
+    assert s.topk == 3  # the env's own default, not repeated
+
+
+def test_base_files_are_read_first(tmp_path):
+    (tmp_path / "base.yaml").write_text("M: 4\nN: 3\noutput: base_out\n")
+    (tmp_path / "child.yaml").write_text("base: base.yaml\nN: 5\n")
+    s = settings_of(["--config", str(tmp_path / "child.yaml")])
+    assert (s.M, s.N, s.output) == (4, 5, "base_out")
+
+
+def test_core_settings_are_reachable_from_the_command_line_and_yaml(tmp_path):
+    s = settings_of(["--kl-coef", "0.01", "--temperature", "0.7", "--top-p", "0.9", "--clip-eps", "0.3",
+                     "--entropy-coef", "0", "--lora-rank", "8", "--dual-clip", "none", "--output", str(tmp_path)])
+    assert (s.kl_coef, s.temperature, s.top_p, s.clip_eps, s.entropy_coef, s.lora_rank, s.dual_clip) == (
+        0.01, 0.7, 0.9, 0.3, 0.0, 8, None)
+    config = build_config(s)
+    assert (config.kl_coef, config.temperature, config.clip_eps) == (0.01, 0.7, 0.3)
+    assert config.model_config["lora"] == {"rank": 8, "alpha": 32}
+
+
+@pytest.mark.parametrize("option", NUMERIC_OPTIONS)
+def test_minus_one_is_an_error_not_the_default(option):
+    message = error_of([option, "-1"])
+    assert option.removeprefix("--").replace("-", "_").replace("prompts_per_iter", "prompts_per_iteration") \
+        in message and "(got -1" in message
+
+
+@pytest.mark.parametrize(("text", "line", "message"), [
+    ("iterations: 2\nlrr: 1\n", 2, "unknown option 'lrr'; did you mean 'lr'?"),
+    ("algo: ppo\n", 1, "algo: Input should be 'tree_grpo' or 'grpo'"),
+    ("M: two\n", 1, "M: Input should be a valid integer"),
+    ("M: 2.7\n", 1, "M: Input should be a valid integer (got 2.7)"),
+    ("\nM: true\n", 2, "M: Input should be a valid integer (got True)"),
+    ("iterations: [1, 2]\n", 1, "iterations: Input should be a valid integer"),
+    ("M: 0\n", 1, "M: Input should be greater than or equal to 1"),
+    ("M: 2\nN: [1\n", 3, "malformed YAML"),
+])
+def test_bad_config_files_name_the_option_file_and_line(tmp_path, text, line, message):
+    config = tmp_path / "bad.yaml"
+    config.write_text(text)
+    error = error_of(["--config", str(config)])
+    assert message in error and f"{config}:{line}" in error
+
+
+def test_not_a_mapping_a_cycle_and_a_missing_file(tmp_path):
+    (tmp_path / "list.yaml").write_text("- a\n")
+    assert "expected a YAML mapping" in error_of(["--config", str(tmp_path / "list.yaml")])
+    (tmp_path / "self.yaml").write_text("base: self.yaml\n")
+    assert "cycle" in error_of(["--config", str(tmp_path / "self.yaml")])
+    assert str(tmp_path / "nope.yaml") in error_of(["--config", str(tmp_path / "nope.yaml")])
+
+
+def test_shape_errors_come_before_ray_starts(tmp_path):
+    assert not ray.is_initialized()
+    assert "M: Input should be greater than or equal to 1" in error_of(["--M", "0"])
+    assert "N >= 1 when L >= 1" in error_of(["--N", "0", "--L", "1"])
+    assert not ray.is_initialized()
+
+
+def test_command_line_errors_exit_with_one_line(capsys):
+    from experiments.run import main
+
+    with pytest.raises(SystemExit) as caught:
+        main(["--N", "-1"])
+    assert caught.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["run.py: error: N: Input should be greater than or equal to 0 (got -1)"]
+
+
+def test_training_on_the_evaluation_split_is_refused_unless_allowed(tmp_path):
+    message = error_of(["--env", "NQ-v0", "--output", str(tmp_path)])
+    assert "NQ-v0 would train on split 'test', which is also its evaluation split" in message
+    assert "--allow-eval-split-training" in message
+    s = settings_of(["--env", "NQ-v0", "--allow-eval-split-training", "--output", str(tmp_path)])
+    assert s.contaminated
+    assert not settings_of(["--env", "NQ-v0", "--split", "train", "--output", str(tmp_path)]).contaminated
+
+
+def test_a_directory_holding_a_run_is_refused_without_resume(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"iteration": 1}\n')
+    message = error_of(["--output", str(tmp_path)])
+    assert "already holds a run (metrics.jsonl)" in message and f"--resume {tmp_path}" in message
+
+
+def test_config_yaml_reads_back_to_the_same_settings(tmp_path):
+    s = settings_of(["--algo", "grpo", "--group-size", "3", "--lr", "2e-5", "--eval-envs", "HotpotQA-v0",
+                     "Bamboogle-v0", "--output", str(tmp_path / "a")])
+    dump_yaml(s, tmp_path / "config.yaml")
+    values, _ = read_yaml(tmp_path / "config.yaml", RunSettings)
+    assert RunSettings.model_validate(values) == s
+
+
+def fake_run(tmp_path: Path, **settings) -> Path:
+    """A run directory with config.yaml and one (sealed, near-empty) checkpoint, as run.py lays them out."""
+    run = tmp_path / "run"
+    checkpoint = run / "checkpoints" / "iter_000001"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "algorithm_state.pkl").write_bytes(b"state")
+    write_manifest(checkpoint)
+    (run / "checkpoints" / "latest").symlink_to("iter_000001")
+    dump_yaml(RunSettings(output=str(run), **settings), run / "config.yaml")
+    return run
+
+
+def test_resume_refuses_changes_to_the_experiment_and_lists_them(tmp_path):
+    run = fake_run(tmp_path, M=2, lr=1e-6)
+    message = error_of(["--resume", str(run), "--M", "4", "--lr", "0.5"])
+    assert "M: 2 -> 4" in message and "lr: 1e-06 -> 0.5" in message and "--allow-changes" in message
+    forced = plan(["--resume", str(run), "--M", "4", "--lr", "0.5", "--allow-changes"])
+    assert (forced.settings.M, forced.settings.lr) == (4, 0.5)
+    assert forced.changes["M"] == (2, 4)
+
+
+def test_resume_applies_options_that_may_change_and_keeps_the_rest(tmp_path):
+    run = fake_run(tmp_path, M=3, iterations=5)
+    resumed = plan(["--resume", str(run / "checkpoints" / "latest"), "--iterations", "9", "--eval-every", "2"])
+    assert (resumed.settings.iterations, resumed.settings.eval_every, resumed.settings.M) == (9, 2, 3)
+    assert Path(resumed.settings.output) == run.resolve()  # the run's own directory, not ./outputs/run
+    assert resumed.checkpoint.name == "iter_000001"
+    assert {"iterations", "eval_every"} <= MAY_CHANGE_ON_RESUME
+
+
+def test_resume_into_another_output_is_refused(tmp_path):
+    run = fake_run(tmp_path)
+    assert "continues the run in its own directory" in error_of(["--resume", str(run), "--output",
+                                                                 str(tmp_path / "elsewhere")])
+
+
+def test_allow_changes_needs_resume():
+    assert "--allow-changes only applies with --resume" in error_of(["--allow-changes"])
+
+
+def test_help_lists_every_setting_once():
+    text = run_parser().format_help()
+    for name in RunSettings.model_fields:
+        assert "--" + name.replace("_", "-") in text
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_shipped_configs_build_valid_algorithm_configs(path, data_dir):
+    settings = settings_of(["--config", str(path), "--output", "/nonexistent/out"])
+    config = build_config(settings)
+    config.validate()
+    if "budget" in path.name:
+        budget = int(path.name.removeprefix("budget").split("_")[0])
+        expected = (budget, 0, 0) if settings.algo == "grpo" else PAPER_TABLE[budget]
+        assert expected == (config.M, config.N, config.L)
+
+
+def test_rllib_config_round_trip_keeps_every_setting():
+    """RLlib drops values equal to -1 when it rebuilds a config from its state; none of ours can be -1, and every
+    value survives the round trip."""
+    config = TreeGRPOConfig().training(M=3, N=1, L=2, lr=3e-6, kl_coef=0.0, train_questions=5)
+    rebuilt = TreeGRPOConfig.from_state(config.get_state())
+    assert rebuilt.settings_dict() == config.settings_dict()
+
+
+def test_python_api_checks_values_where_they_are_set():
+    with pytest.raises(ValueError, match="advantage_mode"):
+        TreeGRPOConfig().training(advantage_mode="global")
+    with pytest.raises(ValueError, match=r"N: Input should be greater than or equal to 0 \(got -1\)"):
+        TreeGRPOConfig().training(N=-1)
+    config = TreeGRPOConfig().training(algo="grpo", group_size=5)
+    assert (config.M, config.N, config.L, config.advantage_mode) == (5, 0, 0, "inter")
+    config.M = 2  # by hand, bypassing .training(): caught by validate()
+    with pytest.raises(ValueError, match="chain GRPO whose shape follows from group_size"):
+        config.environment("HotpotQA-v0").validate()
+
+
+def test_yaml_keys_are_the_settings_fields():
+    for path in CONFIGS:
+        keys = set(yaml.safe_load(path.read_text())) - {"base"}
+        assert keys <= set(RunSettings.model_fields), path
