@@ -12,7 +12,7 @@ TREEGRPO_DATA_DIR ?= $(firstword $(wildcard $(CURDIR)/data) $(wildcard $(abspath
 export TREEGRPO_DATA_DIR
 export RAY_AUTH_MODE ?= disabled
 
-.PHONY: setup run baselines test test-slow lint bench-retrieval bench-generation bench-rollout bench-prefix-sharing bench-learning check-data
+.PHONY: setup run run-hotpotqa run-demo baselines test test-slow lint bench-retrieval bench-generation bench-rollout bench-prefix-sharing bench-update bench-learning check-data
 
 setup: $(VENV)/.installed
 
@@ -31,9 +31,18 @@ check-data:
 	       "(layout: wiki/paragraphs.jsonl, hotpotqa/, 2wikimultihopqa/, musique/, qa/; see envs/datasets.py)"; exit 1; }
 	@echo "data: $(TREEGRPO_DATA_DIR)"
 
-# Tree-GRPO on HotpotQA-v0 with the embedded defaults (smollm2-135m on CPU, (M,N,L) = (2,2,1)).
-run: setup check-data
+# `make run`: with a GPU visible, Tree-GRPO on HotpotQA-v0 with the GPU defaults (`make run-hotpotqa`); without
+# one, the CPU learning demo (`make run-demo`: ~10 minutes on 2 cores, a held-out gain with 95% intervals).
+HAS_GPU = $(PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"
+
+run: setup
+	@if $(HAS_GPU); then $(MAKE) --no-print-directory run-hotpotqa; else $(MAKE) --no-print-directory run-demo; fi
+
+run-hotpotqa: setup check-data
 	$(PY) experiments/run.py --algo tree_grpo --env HotpotQA-v0 $(RUN_ARGS)
+
+run-demo: setup
+	$(PY) experiments/demo.py $(RUN_ARGS)
 
 baselines: setup check-data
 	$(PY) experiments/baselines.py
@@ -60,6 +69,9 @@ bench-rollout: setup check-data
 
 bench-prefix-sharing: setup
 	$(PY) benchmarks/bench_prefix_sharing.py --report docs/benchmarks.md $(BENCH_ARGS)
+
+bench-update: setup
+	$(PY) benchmarks/bench_update.py --report $(BENCH_ARGS)
 
 bench-learning: setup check-data
 	$(PY) benchmarks/bench_learning.py --report $(BENCH_ARGS)

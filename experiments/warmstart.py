@@ -17,6 +17,7 @@ loss curve, greedy dev EM before and after).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from collections.abc import Sequence
@@ -36,13 +37,18 @@ from policies.generation import SamplingSettings, end_of_turn_ids, observation_i
 
 
 def oracle_trajectory(env: gym.Env, tokenizer, index: int, max_searches: int, end_of_turn: int,
-                      answer: bool = True) -> tuple[list[int], list[int]]:
+                      answer: bool = True, premature: bool = False) -> tuple[list[int], list[int]]:
     """Question ``index``'s oracle trajectory: token ids and a 0/1 mask of the generated ones. With
     ``answer=False`` the oracle never answers: where it would, it repeats its last search until the episode
-    ends unanswered."""
+    ends unanswered. With ``premature=True`` a multi-hop question is answered after its first search, with the
+    entity that search found (the second hop's bridge: a wrong answer in the right format)."""
     prompt, _ = env.reset(options={"index": index})
     agent = OracleAgent(max_searches)
-    agent.start(prompt, env.unwrapped.record)
+    record = env.unwrapped.record
+    if premature and len(record.supporting_titles) > 1:
+        record = dataclasses.replace(record, supporting_titles=record.supporting_titles[:1],
+                                     answers=(record.supporting_titles[1],))
+    agent.start(prompt, record)
     ids = list(prompt_ids(tokenizer, prompt))
     generated = [0] * len(ids)
     observation, done, last_query = prompt, False, env.unwrapped.record.question
@@ -172,6 +178,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "and the passages instead of memorising them")
     p.add_argument("--unanswered", type=float, default=0.0,
                    help="share of oracle trajectories that never answer (a deliberately weaker start)")
+    p.add_argument("--premature", type=float, default=0.0,
+                   help="share of multi-hop oracle trajectories that answer after the first search with the entity "
+                        "it found (a start policy that sometimes stops one hop short)")
     p.add_argument("--epochs", type=int, default=6)
     p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (use ~1e-5 to fine-tune smollm2)")
     p.add_argument("--batch-size", type=int, default=16)
@@ -186,6 +195,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.extra_worlds < 0:
         p.error(f"--extra-worlds must be >= 0, got {args.extra_worlds}")
+    for name in ("unanswered", "premature"):
+        if not 0.0 <= getattr(args, name) <= 1.0:
+            p.error(f"--{name} must be a share in [0, 1], got {getattr(args, name)}")
     if args.questions is not None and args.questions < 1:
         p.error(f"--questions must be >= 1, got {args.questions}")
     if args.extra_worlds and args.env != "SynthHop-v0":
@@ -204,9 +216,12 @@ def main(argv: list[str] | None = None) -> Path:
     data = []
     for env in oracle_envs(args, env_kwargs):
         count = min(args.questions or len(env.unwrapped.records), len(env.unwrapped.records))
-        unanswered = set(np.random.default_rng(args.seed).permutation(count)[: round(args.unanswered * count)].tolist())
-        data += [oracle_trajectory(env, tokenizer, i, args.max_turns, end_of_turn, answer=i not in unanswered)
-                 for i in range(count)]
+        order = np.random.default_rng(args.seed).permutation(count).tolist()
+        unanswered = set(order[: round(args.unanswered * count)])
+        # drawn from the other end of the permutation, so the two kinds overlap only when their shares sum past 1
+        premature = set(order[::-1][: round(args.premature * count)])
+        data += [oracle_trajectory(env, tokenizer, i, args.max_turns, end_of_turn, answer=i not in unanswered,
+                                   premature=i in premature) for i in range(count)]
         env.close()
     tokens = sum(len(ids) for ids, _ in data)
     print(f"{len(data)} oracle trajectories, {tokens} tokens ({sum(sum(m) for _, m in data)} trained); "

@@ -17,7 +17,7 @@ from benchmarks.bench_learning import SETTINGS, mean_rows, summarize, train_run
 from policies.generation import default_max_step_tokens
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = ("bench_generation", "bench_learning", "bench_retrieval", "bench_rollout")
+SCRIPTS = ("bench_generation", "bench_learning", "bench_retrieval", "bench_rollout", "bench_update")
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
@@ -97,3 +97,11 @@ def test_prefix_sharing_batches_have_the_trees_structure():
             assert shared in (5 + 2 + 3, 5 + 2 * (2 + 3))  # after turn 1 or turn 2
     assert all(ids[6 * p][:5] == ids[6 * p + 5][:5] for p in range(3))  # one prompt per group
     assert parse_args(["--device", "cpu"]).dtype == "float32"
+
+
+def test_no_script_folder_module_shadows_the_standard_library():
+    # `python experiments/demo.py` puts experiments/ first on sys.path: a file named like a standard module
+    # (statistics.py, say) would replace it for every library the script imports
+    for folder in ("experiments", "benchmarks"):
+        names = {path.stem for path in (ROOT / folder).glob("*.py")}
+        assert not names & set(sys.stdlib_module_names), (folder, names & set(sys.stdlib_module_names))

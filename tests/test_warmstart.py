@@ -51,6 +51,27 @@ def test_an_unanswering_oracle_searches_until_the_episode_ends(setup):
     assert ids[-1] != tokenizer.eos_token_id
 
 
+def test_a_premature_oracle_answers_a_multi_hop_question_with_its_first_bridge(setup):
+    env, tokenizer, _ = setup
+    index = next(i for i, r in enumerate(env.unwrapped.records) if len(r.supporting_titles) >= 2)
+    record = env.unwrapped.records[index]
+    ids, generated = oracle_trajectory(env, tokenizer, index, 3, tokenizer.eos_token_id, premature=True)
+    text = tokenizer.decode([i for i, g in zip(ids, generated, strict=True) if g])
+    assert text.count("<search>") == 1 and f"<search> {record.supporting_titles[0]} </search>" in text
+    assert f"<answer> {record.supporting_titles[1]} </answer>" in text  # the bridge: right format, wrong answer
+    one_hop = next(i for i, r in enumerate(env.unwrapped.records) if len(r.supporting_titles) == 1)
+    # a one-hop question has no hop to skip: the same trajectory as the full oracle's
+    assert oracle_trajectory(env, tokenizer, one_hop, 3, tokenizer.eos_token_id, premature=True) == \
+        oracle_trajectory(env, tokenizer, one_hop, 3, tokenizer.eos_token_id)
+
+
+@pytest.mark.parametrize("option", ["--unanswered", "--premature"])
+def test_shares_outside_zero_one_are_refused(option, capsys):
+    with pytest.raises(SystemExit):
+        parse_args([option, "1.5"])
+    assert f"{option} must be a share in [0, 1]" in capsys.readouterr().err
+
+
 def test_extra_worlds_have_the_served_worlds_sizes_other_seeds_and_other_names(setup, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("TREEGRPO_CACHE_DIR", str(tmp_path))  # the extra worlds are generated into the cache
     served = setup[2]

@@ -1,0 +1,79 @@
+"""The CPU demo's pieces without training: failure kinds, the before/after comparison, the summary, options;
+and the update benchmark's report from such payloads. (The whole demo runs in tests/test_learning.py, slow.)"""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from benchmarks.bench_update import report as update_report
+from experiments.demo import FAILURES, compare, failure_kind, interval_of, parse_args, summary_text
+
+
+def row(em=0.0, answered=0.0, tool_calls=1.0, hops=1.0, reward=0.0) -> dict[str, float]:
+    return {"em": em, "answered": answered, "tool_calls": tool_calls, "hops": hops, "reward": reward, "f1": em,
+            "turns": tool_calls + answered}
+
+
+@pytest.mark.parametrize(("question", "kind"), [
+    (row(em=1.0, answered=1.0, tool_calls=2, hops=2), "correct"),
+    (row(answered=1.0, tool_calls=1, hops=2), "answered before its last hop"),
+    (row(answered=1.0, tool_calls=3, hops=2), "wrong answer"),
+    (row(answered=0.0, tool_calls=3, hops=2), "no answer"),
+])
+def test_failure_kind(question, kind):
+    assert failure_kind(question) == kind and kind in FAILURES
+
+
+def test_compare_pairs_the_questions():
+    before = [row(), row(), row(), row()]
+    after = [row(answered=1.0, reward=0.2), row(answered=1.0, reward=0.2), row(), row(em=1.0, answered=1.0, reward=1)]
+    result = compare(before, after)
+    answered = result["metrics"]["answered"]
+    assert answered["before"].mean == 0.0 and answered["after"].mean == 0.75
+    assert answered["change"].mean == 0.75  # differences 1, 1, 0, 1: std 0.5, t(3) interval 0.75 +- 0.80
+    assert answered["change"].low == pytest.approx(0.75 - 3.182446 * 0.25, abs=1e-5)
+    assert result["failures"]["before"] == {"no answer": 1.0}
+    assert result["failures"]["after"] == {"wrong answer": 0.5, "no answer": 0.25, "correct": 0.25}
+    assert result["questions"] == 4
+
+
+def test_summary_names_every_metric_the_outcomes_and_the_files(tmp_path):
+    before = [row() for _ in range(6)]
+    after = [row(answered=1.0, reward=0.2) for _ in range(5)] + [row()]
+    (tmp_path / "mlflow.db").write_text("")
+    text = summary_text(compare(before, after), tmp_path, [{"tokens_generated": 1000, "tool_calls": 7}] * 2, 9.5)
+    for needle in ("exact match", "answer rate", "reward", "tool calls", "no answer", "2,000 tokens generated",
+                   "14 tool calls", "9.5 minutes", "learning_curve.png", "mlflow ui --backend-store-uri sqlite:///"):
+        assert needle in text, needle
+    answer_line = next(line for line in text.splitlines() if line.startswith("| answer rate"))
+    assert answer_line.endswith("| yes |")  # 5 of 6 answered after, none before: beyond the noise
+    em_line = next(line for line in text.splitlines() if line.startswith("| exact match"))
+    assert em_line.endswith("| no |")
+
+
+def test_options_are_checked_and_the_rest_go_to_run_py():
+    args = parse_args(["--iterations", "3", "--ppo-mini-batches", "1"])
+    assert args.iterations == 3 and args.run_args == ["--ppo-mini-batches", "1"]
+    for bad in (["--iterations", "0"], ["--questions", "0"], ["--lr", "0"]):
+        with pytest.raises(SystemExit):
+            parse_args(bad)
+
+
+def test_update_report_gives_intervals_and_the_paired_difference():
+    def payload(answered_after: list[float]) -> dict:
+        questions = {"before": [row() for _ in answered_after],
+                     "after": [row(answered=a, reward=0.1 * a) for a in answered_after]}
+        result = compare(questions["before"], questions["after"])
+        return {"questions": questions, "metrics": {k: {p: vars(i) for p, i in v.items()}
+                                                   for k, v in result["metrics"].items()}}
+
+    runs = {"K=1": {0: payload([0, 0, 1, 0] * 10), 1: payload([0, 1, 0, 0] * 10)},
+            "K=4": {0: payload([1, 1, 1, 0] * 10), 1: payload([1, 1, 0, 1] * 10)}}
+    args = argparse.Namespace(settings=["K=1", "K=4"], seeds=[0, 1], iterations=4)
+    text = update_report(args, runs, {"K=1": 3.0, "K=4": 3.5})
+    assert "| K=1 | " in text and "| K=4 | " in text and "| start policy | 0.000" in text
+    difference = next(line for line in text.splitlines() if line.startswith("| answer rate |"))
+    assert difference.startswith("| answer rate | 0.500 [") and difference.endswith("| yes |")
+    assert interval_of(runs["K=4"][0], "answered", "after").mean == 0.75
