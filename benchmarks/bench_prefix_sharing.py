@@ -30,6 +30,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from algos.batch import prompt_group_chunks
+from benchmarks.report import add_accelerator_options, resolve_dtype
 from policies.logprobs import ENTROPY, LOGPROBS, PACKED_TOKENS, REAL_TOKENS, UNIQUE_TOKENS, sequence_logprobs
 
 # SmolLM2-135M's architecture (HuggingFaceTB/SmolLM2-135M-Instruct config.json)
@@ -161,17 +162,13 @@ def run(args: argparse.Namespace) -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", choices=sorted(MODELS), default="smollm2-135m")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
-                   help="default: bfloat16 on cuda, float32 on cpu")
+    add_accelerator_options(p)
     p.add_argument("--prompts", type=int, default=4, help="prompts per batch")
     p.add_argument("--micro-batch-size", type=int, default=4, help="rows per micro-batch (the project default)")
     p.add_argument("--repeats", type=int, default=1, help="timed passes per setting (the median is reported)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--report", default=None, help="write the table as section prefix-sharing of this file")
-    args = p.parse_args(argv)
-    args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
-    return args
+    return resolve_dtype(p.parse_args(argv))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -21,7 +21,6 @@ import os
 import time
 
 import gymnasium as gym
-from ray.rllib.utils.metrics import LEARNER_UPDATE_TIMER, SYNCH_WORKER_WEIGHTS_TIMER, TIMERS
 
 import envs
 from algos.rollout import TreeRollout, TreeShape
@@ -83,11 +82,11 @@ def iteration_shares(model_name: str, env_id: str, prompts: int, settings: Sampl
         for _ in range(iterations):
             result = algo.train()
             total += result[M.ITERATION_TIME_S]
-            timers, runners = result[TIMERS], result["env_runners"]
+            runners = result["env_runners"]
             for name, seconds in (("generation", runners[M.GENERATION_TIME_S]),
                                   ("env steps (retrieval)", runners[M.ENV_TIME_S]),
-                                  ("learner update", timers[LEARNER_UPDATE_TIMER]),
-                                  ("weight sync", timers[SYNCH_WORKER_WEIGHTS_TIMER])):
+                                  ("learner update", result[M.UPDATE_TIME_S]),
+                                  ("weight sync", result[M.SYNC_TIME_S])):
                 parts[name] = parts.get(name, 0.0) + seconds
     finally:
         algo.stop()

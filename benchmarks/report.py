@@ -1,7 +1,9 @@
-"""Writing benchmark results: the machine's description and one replaceable section of docs/benchmarks.md."""
+"""What the benchmarks share: the machine's description, one replaceable section of docs/benchmarks.md, and the
+accelerator options of the scripts that run on a bare GPU machine."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import datetime
 import importlib.metadata
@@ -43,3 +45,18 @@ def replace_section(path: str | os.PathLike, key: str, title: str, body: str) ->
         text = text.rstrip() + "\n\n" + block + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")
+
+
+def add_accelerator_options(parser: argparse.ArgumentParser) -> None:
+    """``--device`` (default: cuda when a GPU is visible) and ``--dtype`` (see ``resolve_dtype``)."""
+    import torch
+
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
+                        help="default: bfloat16 on cuda, float32 on cpu")
+
+
+def resolve_dtype(args: argparse.Namespace) -> argparse.Namespace:
+    """Fill ``args.dtype`` when not given: bfloat16 on cuda (what GPU training uses), float32 elsewhere."""
+    args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
+    return args

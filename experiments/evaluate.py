@@ -136,6 +136,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-step-tokens", type=int, default=None,
                    help="token cap of one step (default: training's, 500 with a GPU and 128 on CPU)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--device", default=None, help="where the model runs (default: cuda when a GPU is visible)")
     p.add_argument("--data-dir", default=None, help="default: $TREEGRPO_DATA_DIR, else ./data")
     p.add_argument("--output", default="outputs/eval")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -149,11 +150,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> Path:
     args = parse_args(argv)
+    import torch
     from tqdm import tqdm
 
     from policies.generation import SamplingSettings
 
     model, tokenizer = load_policy(args.model, args.dtype)
+    model.to(args.device or ("cuda" if torch.cuda.is_available() else "cpu")).eval()
     cap = {} if args.max_step_tokens is None else {"max_step_tokens": args.max_step_tokens}
     sampling = SamplingSettings(greedy=True, **cap)  # without a cap given, SamplingSettings' one default
     env_kwargs = {"data_dir": str(resolve_data_dir(args.data_dir).resolve()), "max_turns": args.max_turns,

@@ -200,7 +200,8 @@ class HFStepGenerator:
     def generate_step(self, branches: Sequence[Branch], *, seed: int | None = None) -> list[StepOutput]:
         if not branches:
             return []
-        generator = torch.Generator(device="cpu")
+        # on the logits' device: torch.multinomial refuses a generator of another device (a CPU one on CUDA logits)
+        generator = torch.Generator(device=self.model.device)
         generator.manual_seed(seed if seed is not None else torch.seed() % (2**63))
         caps = [self._token_cap(b) for b in branches]
         state, cache, logits = self._prefill(branches, caps)

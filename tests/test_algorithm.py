@@ -21,7 +21,7 @@ from experiments.tracking import ENV_RUNNER_KEYS
 from policies.models import build_tiny_random, load_model
 
 CONTRACT_KEYS = ("iteration", "reward_mean", "em_mean", "prompts", "trees", "leaves", "tokens_generated",
-                 "tokens_prefilled", "llm_calls", "tool_calls", "time_s")
+                 "tokens_prefilled", "llm_calls", "tool_calls", "time_s", "update_time_s", "sync_time_s")
 FAST = ["--model", "tiny-random", "--max-step-tokens", "8", "--prompts-per-iter", "2", "--micro-batch-size", "6",
         "--lr", "1e-3", "--checkpoint-every", "0"]
 
@@ -46,6 +46,8 @@ def test_two_tree_grpo_iterations(ray_session, data_dir, tmp_path, monkeypatch):
     assert [r["iteration"] for r in rows] == [1, 2]
     for row in rows:
         assert all(row[k] is not None and math.isfinite(row[k]) for k in CONTRACT_KEYS), row
+        # the iteration's own parts (not smoothed timers): they fit inside it, beside the sampling
+        assert 0 < row["update_time_s"] + row["sync_time_s"] + row["sample_time_s"] <= row["time_s"] * 1.01, row
         assert row["leaves"] == row["prompts"] * 6 and row["trees"] == row["prompts"] * 2
         assert row["llm_calls"] >= row["leaves"] and row["tokens_prefilled"] > 0
         assert row["sampler_logprob_gap"] < 1e-3  # the trained tokens are the sampled ones

@@ -17,7 +17,7 @@ from benchmarks.bench_learning import SETTINGS, mean_rows, summarize, train_run
 from policies.generation import default_max_step_tokens
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = ("bench_generation", "bench_learning", "bench_retrieval", "bench_rollout", "bench_update")
+SCRIPTS = ("bench_device", "bench_generation", "bench_learning", "bench_retrieval", "bench_rollout", "bench_update")
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
@@ -105,3 +105,18 @@ def test_no_script_folder_module_shadows_the_standard_library():
     for folder in ("experiments", "benchmarks"):
         names = {path.stem for path in (ROOT / folder).glob("*.py")}
         assert not names & set(sys.stdlib_module_names), (folder, names & set(sys.stdlib_module_names))
+
+
+def test_the_device_check_runs_on_the_cpu_and_finds_no_fp32_gap(tmp_path, monkeypatch):
+    # the Ray-free rollout + learner step that runs on a lent GPU: on the CPU in fp32 the learner's log-probs of
+    # the sampled tokens are the sampler's
+    from benchmarks.bench_device import main as device_check
+
+    monkeypatch.setenv("TREEGRPO_CACHE_DIR", str(tmp_path / "cache"))
+    text = device_check(["--model", "tiny-random", "--device", "cpu", "--prompts", "1", "--max-step-tokens", "4",
+                         "--output", str(tmp_path / "device.md")])
+    rows = dict((cell.strip() for cell in line.strip("|").split("|")) for line in text.splitlines()
+                if line.startswith("| "))
+    assert rows["leaves / prompts"] == "6 / 1"
+    assert float(rows["sampler/learner mean abs log-prob gap"]) < 1e-4
+    assert (tmp_path / "device.md").read_text() == text

@@ -60,3 +60,31 @@ def test_invalid_limit_names_the_option(capsys):
     with pytest.raises(SystemExit):
         main(["--model", "tiny-random", "--limit", "0"])
     assert "--limit must be >= 1" in capsys.readouterr().err
+
+
+class _StopAfterPlacement(Exception):
+    pass
+
+
+@pytest.mark.parametrize(("cuda", "device", "expected"), [(True, None, "cuda"), (False, None, "cpu"),
+                                                          (True, "cpu", "cpu")])
+def test_the_model_runs_on_the_gpu_when_one_is_visible(monkeypatch, cuda, device, expected):
+    import torch
+
+    import experiments.evaluate as evaluate
+
+    placed = []
+
+    class Model:
+        def to(self, where):
+            placed.append(where)
+            return self
+
+        def eval(self):
+            raise _StopAfterPlacement  # placement is what this test is about; no evaluation follows
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(evaluate, "load_policy", lambda model, dtype: (Model(), None))
+    with pytest.raises(_StopAfterPlacement):
+        main(["--model", "any", "--envs", "NQ-v0", *(["--device", device] if device else [])])
+    assert placed == [expected]

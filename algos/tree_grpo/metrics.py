@@ -42,4 +42,6 @@ TIS_WEIGHT_MEAN = "tis_weight_mean"  # mean truncated importance weight (1 when 
 # per iteration, from the algorithm
 PROMPTS = "prompts"
 ITERATION_TIME_S = "iteration_time_s"  # sampling + update + sync (evaluation not included)
+UPDATE_TIME_S = "update_time_s"  # the learner group's update, as the driver waits for it
+SYNC_TIME_S = "sync_time_s"  # the weight sync to the env runners
 DEV_PREFIX = "dev_"  # metrics.jsonl: the greedy evaluation's columns (dev_em, dev_f1, ...) on evaluating iterations

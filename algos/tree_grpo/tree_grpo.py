@@ -108,13 +108,18 @@ class TreeGRPO(Algorithm):
         batch = MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(pad_batch(records, advantages, pad_id=0))},
                                 env_steps=len(records))
         self.mid_update = True  # from here until train() returns, the weights are ahead of the iteration count
+        update_start = time.perf_counter()
         with self.metrics.log_time((TIMERS, LEARNER_UPDATE_TIMER)):
             learner_results = self.learner_group.update(
                 batch=batch, timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: self.metrics.peek(
                     NUM_ENV_STEPS_SAMPLED_LIFETIME, default=0)}, num_epochs=1, minibatch_size=None)
         self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
+        sync_start = time.perf_counter()
         with self.metrics.log_time((TIMERS, SYNCH_WORKER_WEIGHTS_TIMER)):
             self.env_runner_group.sync_weights(from_worker_or_learner_group=self.learner_group, inference_only=True)
+        # this iteration's own times (RLlib's timers above are smoothed over iterations)
+        self.metrics.log_value(M.UPDATE_TIME_S, sync_start - update_start, window=1)
+        self.metrics.log_value(M.SYNC_TIME_S, time.perf_counter() - sync_start, window=1)
         self.metrics.log_value(M.PROMPTS, len(prompts), reduce="sum")
         self.metrics.log_value(M.ITERATION_TIME_S, time.perf_counter() - start, window=1)  # evaluation not included
 
