@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from policies.generation import KVCache
+from policies.generation import CacheHandle
 from policies.trajectory import TokenTrajectory
 
 
@@ -23,7 +23,7 @@ class Node:
     trajectory: TokenTrajectory
     env_state: Any
     parent: Node | None = None
-    cache: KVCache | None = None
+    cache: CacheHandle | None = None
     action: str = "root"  # search / answer / invalid, from the env's info
     text: str = ""  # the step's decoded text (for people: logs and renderings)
     observation: str = ""

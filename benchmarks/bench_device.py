@@ -38,7 +38,8 @@ from algos.losses import clipped_policy_loss, sampler_mismatch
 from algos.rollout import TreeRollout, TreeShape
 from benchmarks.report import add_accelerator_options, machine_description, resolve_dtype
 from envs.synthetic import WorldSpec, world_data_dir
-from policies.generation import HFStepGenerator, SamplingSettings
+from policies.generation import SamplingSettings
+from policies.hf_generation import HFStepGenerator
 from policies.logprobs import GENERATED_MASK, LOGPROBS, sequence_logprobs
 
 SMOLLM2_RANDOM = "smollm2-135m-random"

@@ -25,11 +25,11 @@ from benchmarks.report import machine_description, replace_section
 from policies.generation import (
     STOP_STRINGS,
     Branch,
-    HFStepGenerator,
     SamplingSettings,
     default_max_step_tokens,
     prompt_ids,
 )
+from policies.hf_generation import HFStepGenerator
 from policies.models import load_model
 
 

@@ -28,7 +28,8 @@ from algos.tree_grpo import TreeGRPOConfig
 from algos.tree_grpo import metrics as M
 from benchmarks.report import machine_description, replace_section
 from envs.datasets import resolve_data_dir
-from policies.generation import HFStepGenerator, SamplingSettings, default_max_step_tokens
+from policies.generation import SamplingSettings, default_max_step_tokens
+from policies.hf_generation import HFStepGenerator
 from policies.models import load_model
 
 NO_TOOL_CALLS_NOTE = (

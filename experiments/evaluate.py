@@ -106,7 +106,7 @@ def evaluate_env(env_id: str, model, tokenizer, *, split: str, limit: int | None
     """Per-question results of greedy chains over the first ``limit`` questions of ``env_id``'s ``split``."""
     import gymnasium as gym
 
-    from policies.generation import HFStepGenerator
+    from policies.hf_generation import HFStepGenerator
 
     env = gym.make(env_id, split=split, **env_kwargs)
     count = len(env.unwrapped.records) if limit is None else min(limit, len(env.unwrapped.records))

@@ -1,6 +1,6 @@
 """The LLM policy as an RLlib ``TorchRLModule``.
 
-Inference side: ``generator()`` hands the env runner a :class:`~policies.generation.HFStepGenerator` over this
+Inference side: ``generator()`` hands the env runner a :class:`~policies.hf_generation.HFStepGenerator` over this
 module's model (text does not pass through RLlib's connectors; see notes on RLlib and text spaces).
 Train side: ``forward_train`` takes padded ``input_ids`` / ``attention_mask`` and returns per-token log-probs
 (and entropies when asked), as :func:`policies.logprobs.sequence_logprobs` computes them (``share_prefixes=True``:
@@ -20,7 +20,8 @@ import torch
 from ray.rllib.core.rl_module.torch import TorchRLModule
 from ray.rllib.utils.annotations import override
 
-from policies.generation import HFStepGenerator, SamplingSettings
+from policies.generation import SamplingSettings
+from policies.hf_generation import HFStepGenerator
 from policies.logprobs import sequence_logprobs
 from policies.models import LoraSettings, load_model
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from policies.generation import Branch, KVCache, StepOutput
+from policies.generation import Branch, CacheHandle, StepOutput
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class TokenTrajectory:
         return TokenTrajectory(self.token_ids + tuple(ids), self.generated_mask + (False,) * n,
                                self.sampling_logprobs + (0.0,) * n)
 
-    def branch(self, cache: KVCache | None = None) -> Branch:
+    def branch(self, cache: CacheHandle | None = None) -> Branch:
         """This context as a branch to continue, reusing ``cache`` for the prefix it covers."""
         return Branch(self.token_ids, cache)
 

@@ -9,14 +9,14 @@ import pytest
 import torch
 
 import envs  # noqa: F401  (registers the env ids)
-import policies.generation as generation
+import policies.hf_generation as generation
 from policies.generation import (
     Branch,
-    HFStepGenerator,
     SamplingSettings,
     observation_ids,
     prompt_ids,
 )
+from policies.hf_generation import HFStepGenerator
 from policies.models import load_model
 from policies.trajectory import TokenTrajectory
 

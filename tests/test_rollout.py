@@ -14,12 +14,12 @@ from algos.rollout import TreeRollout, TreeShape
 from algos.tree import Node, Tree, pick_expansion_nodes
 from policies.generation import (
     GenerationCounters,
-    HFStepGenerator,
     SamplingSettings,
     StepOutput,
     observation_ids,
     prompt_ids,
 )
+from policies.hf_generation import HFStepGenerator
 from policies.models import load_model
 from policies.trajectory import TokenTrajectory
 
