@@ -24,6 +24,7 @@ setup(
         "ray[rllib]>=2.50",
         "mlflow>=2.10",
         "pyyaml>=6",
+        "pydantic>=2",
         "matplotlib>=3.7",
     ],
     extras_require={
