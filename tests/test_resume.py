@@ -23,11 +23,9 @@ from experiments.tracking import read_rows
 FAST = ["--model", "tiny-random", "--max-step-tokens", "8", "--prompts-per-iter", "2", "--micro-batch-size", "6",
         "--lr", "1e-3", "--warmup-steps", "4", "--checkpoint-every", "0", "--quiet", "--trees-every", "1",
         "--trees-count", "1"]
-TIMES = ("time_s", "sample_time_s", "generation_time_s", "env_time_s")
-
-
 def without_times(rows: list[dict]) -> list[dict]:
-    return [{k: v for k, v in row.items() if k not in TIMES} for row in rows]
+    """The rows without their wall-clock columns (every one ends in ``time_s``), the only ones that may differ."""
+    return [{k: v for k, v in row.items() if not k.endswith("time_s")} for row in rows]
 
 
 def weights(run: Path) -> dict[str, torch.Tensor]:
