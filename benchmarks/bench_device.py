@@ -43,6 +43,7 @@ from policies.hf_generation import HFStepGenerator
 from policies.logprobs import GENERATED_MASK, LOGPROBS, sequence_logprobs
 
 SMOLLM2_RANDOM = "smollm2-135m-random"
+# the demo's world (experiments.demo.WORLD, not imported: that module needs Ray, which the GPU machine lacks)
 WORLD = WorldSpec(seed=0, people=60, companies=30, cities=12, countries=5, train_questions=240, dev_questions=60)
 
 
@@ -69,7 +70,8 @@ def peak_gib(device: str) -> float:
     return torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
 
 
-def sync(device: str) -> None:
+def start_measuring(device: str) -> None:
+    """Wait for queued GPU work and reset the peak-memory counter, so what follows is measured alone."""
     if device == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -77,7 +79,7 @@ def sync(device: str) -> None:
 
 def learner_step(model, batch: dict[str, torch.Tensor], slices: list[slice], share: bool, device: str) -> float:
     """Seconds of one optimizer-free learner step: clipped loss on the sampler's old log-probs, backward."""
-    sync(device)
+    start_measuring(device)
     start = time.perf_counter()
     model.zero_grad(set_to_none=True)
     tokens = batch[GENERATED_MASK].sum()
@@ -98,7 +100,7 @@ def run(args: argparse.Namespace) -> str:
     env = gym.make("SynthHop-v0", split="train", data_dir=str(world_data_dir(WORLD)))
     generator = HFStepGenerator(model, tokenizer, SamplingSettings(max_step_tokens=args.max_step_tokens))
     rollout = TreeRollout(env, generator, tokenizer, seed=args.seed)
-    sync(args.device)
+    start_measuring(args.device)
     start = time.perf_counter()
     records = leaf_records(rollout.grow(list(range(args.prompts)), TreeShape(2, 2, 1)))
     if args.device == "cuda":
@@ -112,7 +114,6 @@ def run(args: argparse.Namespace) -> str:
     mask = batch[GENERATED_MASK]
     gap = ((learner - batch[SAMPLING_LOGPROBS]).abs() * mask).sum() / mask.sum()
     mismatch = sampler_mismatch(learner, batch[SAMPLING_LOGPROBS], mask)
-    model.train()
     per_row = [slice(s, s + args.micro_batch_size) for s in range(0, len(records), args.micro_batch_size)]
     grouped = prompt_group_chunks(np.asarray(arrays[PROMPT_INDEX]), args.micro_batch_size)
     plain_s = learner_step(model, batch, per_row, False, args.device)

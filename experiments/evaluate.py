@@ -141,6 +141,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output", default="outputs/eval")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
+    if args.device is not None:
+        import torch
+
+        try:
+            torch.device(args.device)
+        except RuntimeError:
+            p.error(f"--device must be a torch device such as cpu, cuda or cuda:1, got {args.device!r}")
     for name in ("limit", "batch_size", "max_turns", "topk", "max_step_tokens"):
         value = getattr(args, name)
         if value is not None and value < 1:

@@ -88,3 +88,9 @@ def test_the_model_runs_on_the_gpu_when_one_is_visible(monkeypatch, cuda, device
     with pytest.raises(_StopAfterPlacement):
         main(["--model", "any", "--envs", "NQ-v0", *(["--device", device] if device else [])])
     assert placed == [expected]
+
+
+def test_an_invalid_device_names_the_option(capsys):
+    with pytest.raises(SystemExit):
+        main(["--model", "tiny-random", "--device", "gpu0"])
+    assert "--device must be a torch device" in capsys.readouterr().err
