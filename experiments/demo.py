@@ -52,22 +52,25 @@ SUMMARY_METRICS = {"em": "exact match", "answered": "answer rate", "reward": "re
 FAILURES = ("correct", "wrong answer", "answered before its last hop", "no answer")
 
 
-def warm_start(data_dir: Path, cache_dir: Path, log=print) -> Path:
+def warm_start(data_dir: Path, cache_dir: Path) -> Path:
     """The demo's warm-start model directory, trained once per (world, recipe) and cached."""
     from experiments.warmstart import main as warmstart
 
     key = f"{WORLD.key}-{'-'.join(WARM_START).replace('--', '')}"
     model = cache_dir / "demo" / key / "model"
     if (model / "config.json").exists():
-        log(f"warm start: cached at {model}")
+        print(f"warm start: cached at {model}")
         return model
-    log("warm start: training the start policy (once; cached) ...")
+    print("warm start: training the start policy (once; cached) ...", flush=True)
     (cache_dir / "demo").mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f"{key}.tmp", dir=cache_dir / "demo"))
     try:
         warmstart(["--env", "SynthHop-v0", "--data-dir", str(data_dir), "--max-step-tokens", str(MAX_STEP_TOKENS),
                    "--dev-questions", "0", *WARM_START, "--output", str(staging)])
         os.replace(staging, model.parent)  # published whole, or not at all
+    except OSError:
+        if not (model / "config.json").exists():  # not another process's finished copy: a real failure
+            raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return model
