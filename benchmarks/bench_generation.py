@@ -2,6 +2,7 @@
 
     python benchmarks/bench_generation.py                  # smollm2-135m, HotpotQA dev question 0
     python benchmarks/bench_generation.py --model tiny-random --max-step-tokens 32   # a quick smoke run
+    python benchmarks/bench_generation.py --generator vllm --questions 8   # vLLM against HF (needs vLLM)
 
 Measures, on one HotpotQA question:
 1. tokens/s of ``HFStepGenerator.generate_step`` against ``model.generate`` (same sampling, same stop strings)
@@ -9,6 +10,11 @@ Measures, on one HotpotQA question:
 2. a (M, N, L) = (2, 2, 1) tree and a chain group of 6 grown to their leaves, with prefix reuse and with
    re-prefilling every step (``keep_cache=False``): tokens generated, tokens prefilled, LLM calls, seconds.
 Results replace the ``generation`` section of docs/benchmarks.md.
+
+With ``--generator vllm``: the vLLM backend against the HF one in the same run, on the same prompts and trees
+shapes (a (2, 2, 1) tree and a chain group of 6 per question, over ``--questions`` questions): tokens/s, tokens
+prefilled (vLLM: prompt tokens its prefix cache did not serve) and seconds; both warmed up on one step first.
+Results replace the ``generation-vllm`` section.
 """
 
 from __future__ import annotations
@@ -26,11 +32,13 @@ from policies.generation import (
     STOP_STRINGS,
     Branch,
     SamplingSettings,
+    StepGenerator,
     default_max_step_tokens,
     prompt_ids,
 )
 from policies.hf_generation import HFStepGenerator
 from policies.models import load_model
+from policies.vllm_generation import vllm_installed
 
 
 def time_generate_step(model, tokenizer, batch: list[tuple[int, ...]], settings: SamplingSettings,
@@ -63,11 +71,16 @@ def time_hf_generate(model, tokenizer, batch: list[tuple[int, ...]], settings: S
 
 def grow_once(model, tokenizer, question: int, shape: TreeShape, settings: SamplingSettings, seed: int,
               keep_cache: bool) -> dict:
+    return grow_with(HFStepGenerator(model, tokenizer, settings, keep_cache=keep_cache), tokenizer, [question],
+                     shape, seed)
+
+
+def grow_with(generator: StepGenerator, tokenizer, questions: list[int], shape: TreeShape, seed: int) -> dict:
+    """Trees of ``shape`` for ``questions`` grown with ``generator``: its counters, tool calls, leaves, seconds."""
     env = gym.make("HotpotQA-v0", split="dev")
-    generator = HFStepGenerator(model, tokenizer, settings, keep_cache=keep_cache)
     rollout = TreeRollout(env, generator, tokenizer, seed=seed)
     start = time.perf_counter()
-    trees = rollout.grow([question], shape)
+    trees = rollout.grow(questions, shape)
     elapsed = time.perf_counter() - start
     leaves = sum(len(t.leaves()) for t in trees)
     return {**generator.counters.as_dict(), "tool_calls": rollout.counters.tool_calls, "leaves": leaves,
@@ -81,8 +94,57 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-step-tokens", type=int, default=default_max_step_tokens(),
                         help="token cap of one agent step (default: the project's, %(default)s on this machine)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--generator", choices=["hf", "vllm"], default="hf",
+                        help="vllm: compare the vLLM backend with the HF one (needs vLLM)")
+    parser.add_argument("--questions", type=int, default=8, help="with --generator vllm: questions per rollout")
     parser.add_argument("--output", default="docs/benchmarks.md")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.generator == "vllm" and not vllm_installed():
+        parser.error("--generator vllm: vLLM is not installed (GPU: pip install -e .[vllm]; CPU: make test-vllm)")
+    if args.questions < 1:
+        parser.error(f"--questions must be >= 1, got {args.questions}")
+    return args
+
+
+def vllm_against_hf(model, tokenizer, args: argparse.Namespace, settings: SamplingSettings) -> str:
+    """The ``generation-vllm`` section: both backends grow the same shapes on the same questions."""
+    from policies.vllm_generation import VLLMEngine, VLLMStepGenerator
+
+    questions = list(range(args.question, args.question + args.questions))
+    shapes = {"tree (2,2,1)": TreeShape(2, 2, 1), "chain G=6": TreeShape(6, 0, 0)}
+    rows = {}
+
+    def measure(name: str, make) -> None:
+        grow_with(make(), tokenizer, questions[:1], TreeShape(1, 0, 0), args.seed)  # warm-up
+        for shape_name, shape in shapes.items():
+            rows[name, shape_name] = grow_with(make(), tokenizer, questions, shape, args.seed)
+
+    # HF first: the in-process vLLM engine pins this process's CPU threads when it starts
+    measure("HF (baseline)", lambda: HFStepGenerator(model, tokenizer, settings))
+    engine = VLLMEngine(model, tokenizer, settings)
+    measure("vLLM", lambda: VLLMStepGenerator(engine, tokenizer, model, settings))
+    engine.close()
+    lines = [
+        f"Command: `python benchmarks/bench_generation.py --generator vllm --model {args.model} --question "
+        f"{args.question} --questions {args.questions} --max-step-tokens {args.max_step_tokens} --seed "
+        f"{args.seed}`  ",
+        f"Machine: {machine_description()}; {next(model.parameters()).dtype}",
+        "",
+        f"Whole rollouts of {args.questions} HotpotQA dev questions (T=1, top-p 0.95), each backend warmed up on "
+        "one chain first. Prefilled: tokens computed without a cache (HF: not covered by a node's KV cache; vLLM: "
+        "not served by its prefix cache, which works in whole blocks).",
+        "",
+        "| rollout | backend | leaves | tokens generated | tokens prefilled | LLM calls | seconds | tokens/s "
+        "| speed vs HF |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (name, shape_name), r in rows.items():
+        speed = r["tokens_generated"] / r["seconds"]
+        base = rows["HF (baseline)", shape_name]
+        ratio = speed / (base["tokens_generated"] / base["seconds"])
+        lines.append(f"| {shape_name} | {name} | {r['leaves']} | {r['tokens_generated']} | {r['tokens_prefilled']} "
+                     f"| {r['llm_calls']} | {r['seconds']:.1f} | {speed:.1f} | {ratio:.2f}x |")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -93,6 +155,11 @@ def main(argv: list[str] | None = None) -> None:
     model.eval()
     settings = SamplingSettings(max_step_tokens=args.max_step_tokens)
     env = gym.make("HotpotQA-v0", split="dev")
+    if args.generator == "vllm":
+        section = vllm_against_hf(model, tokenizer, args, settings)
+        print(section)
+        replace_section(args.output, "generation-vllm", "Generation: vLLM against HF (issue 16)", section)
+        return
     prompt, _ = env.reset(options={"index": args.question})
     batch = [prompt_ids(tokenizer, prompt)] * 6
 

@@ -86,13 +86,14 @@ def dev_em_before(model_dir: str, args: argparse.Namespace) -> float:
     from envs.datasets import resolve_data_dir
     from experiments.evaluate import evaluate_env
     from policies.generation import SamplingSettings
+    from policies.generators import step_generator
     from policies.models import load_model
 
     model, tokenizer = load_model(model_dir)
-    rows = evaluate_env("SynthHop-v0", model, tokenizer, split=envs.eval_split("SynthHop-v0"),
-                        limit=args.eval_questions, batch_size=32,
-                        env_kwargs={"data_dir": str(resolve_data_dir(None).resolve()), "max_turns": 3, "topk": 3},
-                        sampling=SamplingSettings(greedy=True, max_step_tokens=args.max_step_tokens))
+    sampling = SamplingSettings(greedy=True, max_step_tokens=args.max_step_tokens)
+    rows = evaluate_env("SynthHop-v0", step_generator("hf", model, tokenizer, sampling), tokenizer,
+                        split=envs.eval_split("SynthHop-v0"), limit=args.eval_questions, batch_size=32,
+                        env_kwargs={"data_dir": str(resolve_data_dir(None).resolve()), "max_turns": 3, "topk": 3})
     return mean_results(rows)["em"]
 
 

@@ -81,12 +81,12 @@ def held_out(model: str | Path, data_dir: Path, questions: int) -> list[dict[str
     import envs
     from experiments.evaluate import evaluate_env, load_policy
     from policies.generation import SamplingSettings
+    from policies.generators import step_generator
 
     policy, tokenizer = load_policy(str(model))
-    policy.eval()
-    sampling = SamplingSettings(greedy=True, max_step_tokens=MAX_STEP_TOKENS)
-    rows = evaluate_env("SynthHop-v0", policy, tokenizer, split=envs.eval_split("SynthHop-v0"), limit=questions,
-                        batch_size=32, env_kwargs={"data_dir": str(data_dir)}, sampling=sampling)
+    generator = step_generator("hf", policy, tokenizer, SamplingSettings(greedy=True, max_step_tokens=MAX_STEP_TOKENS))
+    rows = evaluate_env("SynthHop-v0", generator, tokenizer, split=envs.eval_split("SynthHop-v0"), limit=questions,
+                        batch_size=32, env_kwargs={"data_dir": str(data_dir)})
     hops = [len(row["supporting_facts"]) for row in json.loads((data_dir / "synthhop" / "dev.json").read_text())]
     return [{**row, "hops": float(h)} for row, h in zip(rows, hops, strict=False)]
 

@@ -24,6 +24,8 @@ import envs
 from algos.evaluation import EVAL_COLUMNS, greedy_chains, mean_results
 from envs.datasets import resolve_data_dir
 from experiments.checkpoints import RLLIB_MARKER, restore_errors, verify_checkpoint
+from policies.generation import GENERATORS
+from policies.vllm_generation import vllm_installed
 
 # The paper's column groups (Tree-GRPO, Table 1): single-hop then multi-hop, each with its unweighted average.
 SINGLE_HOP = ("NQ-v0", "TriviaQA-v0", "PopQA-v0")
@@ -101,16 +103,13 @@ def load_policy(model: str, dtype: str = "float32"):
     return load_model(model, dtype=dtype)
 
 
-def evaluate_env(env_id: str, model, tokenizer, *, split: str, limit: int | None, batch_size: int,
-                 env_kwargs: Mapping[str, Any], sampling, progress=None) -> list[dict[str, float]]:
+def evaluate_env(env_id: str, generator, tokenizer, *, split: str, limit: int | None, batch_size: int,
+                 env_kwargs: Mapping[str, Any], progress=None) -> list[dict[str, float]]:
     """Per-question results of greedy chains over the first ``limit`` questions of ``env_id``'s ``split``."""
     import gymnasium as gym
 
-    from policies.hf_generation import HFStepGenerator
-
     env = gym.make(env_id, split=split, **env_kwargs)
     count = len(env.unwrapped.records) if limit is None else min(limit, len(env.unwrapped.records))
-    generator = HFStepGenerator(model, tokenizer, sampling)
     if progress is not None:
         progress.reset(total=count)
     rows: list[dict[str, float]] = []
@@ -137,6 +136,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="token cap of one step (default: training's, 500 with a GPU and 128 on CPU)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--device", default=None, help="where the model runs (default: cuda when a GPU is visible)")
+    p.add_argument("--generator", choices=GENERATORS, default="auto",
+                   help="hf (transformers), vllm, or auto (vllm when it is installed and a GPU is visible)")
     p.add_argument("--data-dir", default=None, help="default: $TREEGRPO_DATA_DIR, else ./data")
     p.add_argument("--output", default="outputs/eval")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -148,6 +149,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             torch.device(args.device)
         except RuntimeError:
             p.error(f"--device must be a torch device such as cpu, cuda or cuda:1, got {args.device!r}")
+    if args.generator == "vllm" and not vllm_installed():
+        p.error("--generator vllm: vLLM is not installed (GPU: pip install -e .[vllm]; CPU: make test-vllm)")
     for name in ("limit", "batch_size", "max_turns", "topk", "max_step_tokens"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -161,19 +164,21 @@ def main(argv: list[str] | None = None) -> Path:
     from tqdm import tqdm
 
     from policies.generation import SamplingSettings
+    from policies.generators import resolve_generator, step_generator
 
     model, tokenizer = load_policy(args.model, args.dtype)
     model.to(args.device or ("cuda" if torch.cuda.is_available() else "cpu")).eval()
     cap = {} if args.max_step_tokens is None else {"max_step_tokens": args.max_step_tokens}
     sampling = SamplingSettings(greedy=True, **cap)  # without a cap given, SamplingSettings' one default
+    generator = step_generator(resolve_generator(args.generator), model, tokenizer, sampling)
     env_kwargs = {"data_dir": str(resolve_data_dir(args.data_dir).resolve()), "max_turns": args.max_turns,
                   "topk": args.topk}
     results, per_question = {}, {}
     for env_id in args.envs:
         split = args.split or envs.eval_split(env_id)
         with tqdm(desc=f"{env_id} ({split})", unit="q", disable=args.quiet) as progress:
-            rows = evaluate_env(env_id, model, tokenizer, split=split, limit=args.limit, batch_size=args.batch_size,
-                                env_kwargs=env_kwargs, sampling=sampling, progress=progress)
+            rows = evaluate_env(env_id, generator, tokenizer, split=split, limit=args.limit,
+                                batch_size=args.batch_size, env_kwargs=env_kwargs, progress=progress)
         results[env_id] = {**mean_results(rows), "questions": len(rows)}
         per_question[env_id] = rows
     details = {"model": args.model, "split": args.split or "evaluation split", "limit": args.limit,

@@ -128,13 +128,15 @@ def start_ray(settings: RunSettings) -> None:
 def check_resources(settings: RunSettings, available: dict[str, float]) -> None:
     """Fail fast, naming the options, when the actors cannot all be placed (Ray would wait forever)."""
     gpus = settings.num_learners * settings.num_gpus_per_learner
+    gpus += settings.num_env_runners * settings.num_gpus_per_env_runner
     cpus = settings.num_env_runners * settings.num_cpus_per_env_runner
     cpus += settings.num_learners * (settings.num_cpus_per_learner if not settings.num_gpus_per_learner else 0)
     if cpus > available.get("CPU", 0) or gpus > available.get("GPU", 0):
         raise SettingsError(
             f"the requested actors need {cpus:g} CPUs and {gpus:g} GPUs but Ray has {available.get('CPU', 0):g} "
             f"CPUs and {available.get('GPU', 0):g} GPUs: lower --num-env-runners / --num-learners, or "
-            f"--num-cpus-per-env-runner / --num-cpus-per-learner (fractions are fine, e.g. 0.5)")
+            f"--num-cpus-per-env-runner / --num-cpus-per-learner / --num-gpus-per-env-runner / --num-gpus-per-learner "
+            f"(fractions are fine, e.g. 0.5)")
 
 
 def progress_line(row: dict[str, Any], total: int) -> str:

@@ -54,6 +54,8 @@ class RunSettings(TreeGRPOSettings):
     num_gpus_per_learner: float = Field(0.0, ge=0, description="GPUs per learner")
     num_cpus_per_learner: float = Field(1.0, gt=0, description="CPUs per remote learner")
     num_cpus_per_env_runner: float = Field(1.0, gt=0, description="CPUs per remote env runner")
+    num_gpus_per_env_runner: float = Field(0.0, ge=0, description="GPUs per remote env runner (its generator, HF "
+                                                                  "or a vLLM engine, runs there)")
     ray_dashboard: bool = Field(False, description="start Ray's dashboard (on 127.0.0.1:8265) with the local "
                                 "Ray instance")
     # the run
@@ -136,7 +138,8 @@ def build_config(settings: RunSettings) -> TreeGRPOConfig:
         .rl_module(model_config=model_config(settings))
         .env_runners(num_env_runners=settings.num_env_runners,
                      create_local_env_runner=settings.num_env_runners == 0,
-                     num_cpus_per_env_runner=settings.num_cpus_per_env_runner)
+                     num_cpus_per_env_runner=settings.num_cpus_per_env_runner,
+                     num_gpus_per_env_runner=settings.num_gpus_per_env_runner)
         .learners(num_learners=settings.num_learners, num_gpus_per_learner=settings.num_gpus_per_learner,
                   num_cpus_per_learner=settings.num_cpus_per_learner)
         .evaluation(evaluation_interval=settings.eval_every or None, evaluation_duration=settings.eval_questions,

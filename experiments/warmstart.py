@@ -34,6 +34,7 @@ from envs.synthetic import WorldSpec
 from experiments.baselines import OracleAgent, in_format
 from experiments.evaluate import evaluate_env
 from policies.generation import SamplingSettings, end_of_turn_ids, observation_ids, prompt_ids
+from policies.generators import step_generator
 
 
 def oracle_trajectory(env: gym.Env, tokenizer, index: int, max_searches: int, end_of_turn: int,
@@ -143,9 +144,10 @@ def dev_em(model, tokenizer, args: argparse.Namespace, env_kwargs: dict) -> dict
     """Greedy dev results (means) on the first --dev-questions of the env's evaluation split."""
     from algos.evaluation import mean_results
 
-    rows = evaluate_env(args.env, model, tokenizer, split=envs.eval_split(args.env), limit=args.dev_questions,
-                        batch_size=32, env_kwargs=env_kwargs,
-                        sampling=SamplingSettings(greedy=True, max_step_tokens=args.max_step_tokens))
+    generator = step_generator("hf", model, tokenizer,
+                               SamplingSettings(greedy=True, max_step_tokens=args.max_step_tokens))
+    rows = evaluate_env(args.env, generator, tokenizer, split=envs.eval_split(args.env), limit=args.dev_questions,
+                        batch_size=32, env_kwargs=env_kwargs)
     return mean_results(rows)
 
 

@@ -28,6 +28,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 STOP_STRINGS = ("</search>", "</answer>")
+GENERATORS = ("auto", "hf", "vllm")  # the rollout engines (auto: vllm when installed and a GPU is visible)
 
 
 def default_max_step_tokens() -> int:

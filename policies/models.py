@@ -229,7 +229,7 @@ def _publish(staging: Path, directory: Path) -> None:
 
 
 def build_tiny_random(tokenizer: PreTrainedTokenizerBase, *, seed: int = 0, hidden_size: int = 64,
-                      layers: int = 2, heads: int = 4) -> LlamaForCausalLM:
+                      layers: int = 2, heads: int = 2) -> LlamaForCausalLM:
     """A Llama-architecture model with random weights sized for tests (SmolLM2 vocabulary, ~3.3M params)."""
     config = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=hidden_size * 2,

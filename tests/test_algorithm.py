@@ -87,6 +87,11 @@ def test_actors_that_cannot_be_placed_are_an_error_not_a_hang(data_dir, tmp_path
         check_resources(settings, {"CPU": 2.0})
     check_resources(plan(["--num-env-runners", "1", "--num-learners", "2", "--num-cpus-per-learner", "0.5",
                           "--output", str(tmp_path)]).settings, {"CPU": 2.0})
+    engines = plan(["--num-env-runners", "2", "--num-gpus-per-env-runner", "1", "--num-cpus-per-env-runner", "0.5",
+                    "--output", str(tmp_path)]).settings  # a vLLM engine on each runner's GPU
+    with pytest.raises(SettingsError, match="need 1 CPUs and 2 GPUs but Ray has 2 CPUs and 1 GPUs"):
+        check_resources(engines, {"CPU": 2.0, "GPU": 1.0})
+    check_resources(engines, {"CPU": 2.0, "GPU": 2.0})
 
 
 def test_invalid_config_names_the_field():

@@ -94,3 +94,12 @@ def test_an_invalid_device_names_the_option(capsys):
     with pytest.raises(SystemExit):
         main(["--model", "tiny-random", "--device", "gpu0"])
     assert "--device must be a torch device" in capsys.readouterr().err
+
+
+def test_the_vllm_generator_without_vllm_names_the_install(monkeypatch, capsys):
+    import experiments.evaluate as evaluate
+
+    monkeypatch.setattr(evaluate, "vllm_installed", lambda: False)
+    with pytest.raises(SystemExit):
+        main(["--model", "tiny-random", "--generator", "vllm"])
+    assert "pip install -e .[vllm]" in capsys.readouterr().err

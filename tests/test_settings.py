@@ -211,3 +211,44 @@ def test_yaml_keys_are_the_settings_fields():
     for path in CONFIGS:
         keys = set(yaml.safe_load(path.read_text())) - {"base"}
         assert keys <= set(RunSettings.model_fields), path
+
+
+def test_generator_choice_is_checked_before_ray_starts(tmp_path, monkeypatch):
+    import algos.tree_grpo.settings as algo_settings
+
+    out = ["--output", str(tmp_path)]
+    monkeypatch.setattr(algo_settings, "vllm_installed", lambda: False)
+    assert "pip install -e .[vllm]" in error_of(["--generator", "vllm", *out])
+    with pytest.raises(ValueError, match="generator: Input should be 'auto', 'hf' or 'vllm'"):
+        TreeGRPOConfig().training(generator="tgi")
+    assert settings_of(["--generator", "hf", *out]).generator == "hf"
+    monkeypatch.setattr(algo_settings, "vllm_installed", lambda: True)
+    assert "temperature, top_p" in error_of(["--generator", "vllm", "--temperature", "0.7", *out])
+    assert settings_of(["--generator", "vllm", "--temperature", "0.7", "--top-p", "1.0", *out]).top_p == 1.0
+    if not algo_settings.gpu_visible():
+        assert "vllm_sleep" in error_of(["--generator", "vllm", "--vllm-sleep", *out])
+    assert "vllm_gpu_memory_utilization" in error_of(["--vllm-gpu-memory-utilization", "1.5", *out])
+
+
+def test_auto_generator_is_vllm_only_with_vllm_and_a_gpu(monkeypatch):
+    import policies.generators as generators
+
+    for installed, gpu, expected in ((True, True, "vllm"), (True, False, "hf"), (False, True, "hf")):
+        monkeypatch.setattr(generators, "vllm_installed", lambda installed=installed: installed)
+        monkeypatch.setattr(generators.torch.cuda, "is_available", lambda gpu=gpu: gpu)
+        assert generators.resolve_generator("auto") == expected
+    assert generators.resolve_generator("hf") == "hf" and generators.resolve_generator("vllm") == "vllm"
+    with pytest.raises(ValueError, match="generator must be one of"):
+        generators.resolve_generator("tgi")
+
+
+def test_old_logprobs_are_recomputed_for_another_engine():
+    import torch
+
+    from algos.tree_grpo.learner import old_logprobs_source
+
+    model = torch.nn.Linear(2, 2)
+    assert old_logprobs_source("auto", model, "hf") == "sampler"
+    assert old_logprobs_source("auto", model, "vllm") == "recompute"
+    assert old_logprobs_source("auto", model.to(torch.bfloat16), "hf") == "recompute"
+    assert old_logprobs_source("sampler", model, "vllm") == "sampler"  # asked for explicitly

@@ -2,7 +2,8 @@
 
 It replaces RLlib's stock runner, which cannot carry text (gymnasium batches ``Text`` spaces as tuples of
 characters and the default connectors cannot tensorize strings): one plain env, restored from node snapshots,
-and the module's step generator; token ids travel in the records.
+and a step generator over the module's weights (the HF module itself, or a vLLM engine that the runner starts on
+first use and loads every weight sync into); token ids travel in the records.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from algos.rollout import TreeRollout
 from algos.tree import Tree
 from algos.tree_grpo import metrics as M
 from algos.tree_view import trees_to_dicts
+from policies.generation import SamplingSettings, StepGenerator
+from policies.vllm_generation import VLLMEngine, VLLMStepGenerator
 
 
 @dataclass
@@ -54,6 +57,7 @@ class TreeSearchEnvRunner(EnvRunner, Checkpointable):
         self._eval_envs: dict[tuple[str, str], gym.Env] = {}
         self._last_trees: list[Tree] = []
         self._sampled_iteration: int | None = None  # the iteration of the last sample call
+        self._vllm: VLLMEngine | None = None  # started on first use with the vllm generator
         self.make_env()
         self.make_module()
 
@@ -93,7 +97,7 @@ class TreeSearchEnvRunner(EnvRunner, Checkpointable):
             entropy += prompt_indices
         self._sampled_iteration = iteration
         seed = int(np.random.SeedSequence(entropy).generate_state(1)[0])
-        generator = self.module.generator(self.config.sampling)
+        generator = self.step_generator(self.config.sampling)
         on_step = self._print_step if self.config.log_rollout_steps else None
         rollout = TreeRollout(self.env, generator, self.module.tokenizer, seed=seed, on_step=on_step)
         trees = rollout.grow(list(prompt_indices), self.config.tree_shape)
@@ -108,6 +112,27 @@ class TreeSearchEnvRunner(EnvRunner, Checkpointable):
         trees = self.export_trees(export_trees) if export_trees else []
         return RunnerResult(self.worker_index, list(prompt_indices), records, self.get_metrics(), trees)
 
+    def step_generator(self, sampling: SamplingSettings) -> StepGenerator:
+        """The configured backend's step generator over the module's current weights."""
+        settings = self.config.settings
+        if settings.generator_backend == "hf":
+            return self.module.generator(sampling)
+        if self._vllm is None:
+            seed = int(np.random.SeedSequence([self.config.seed or 0, self.worker_index]).generate_state(1)[0])
+            self._vllm = VLLMEngine(self.module.model, self.module.tokenizer, settings.sampling,
+                                    dataclasses.replace(settings.vllm, seed=seed % 2**31))
+        return VLLMStepGenerator(self._vllm, self.module.tokenizer, self.module.model, sampling)
+
+    def sleep_generator(self) -> None:
+        """Free the vLLM engine's GPU memory for the learner's update (``vllm_sleep``; no-op without an engine)."""
+        if self._vllm is not None:
+            self._vllm.sleep()
+
+    def wake_generator(self) -> None:
+        """Bring a sleeping vLLM engine back before the weight sync (no-op without an engine)."""
+        if self._vllm is not None:
+            self._vllm.wake_up()
+
     def _print_step(self, line: str) -> None:
         print(f"  [runner {self.worker_index}] {line}", file=sys.stderr, flush=True)
 
@@ -120,7 +145,7 @@ class TreeSearchEnvRunner(EnvRunner, Checkpointable):
             self._eval_envs[env_id, split] = gym.make(env_id, **settings)
         env = self._eval_envs[env_id, split]
         indices = [i for i in prompt_indices if i < len(env.unwrapped.records)]
-        generator = self.module.generator(dataclasses.replace(self.config.sampling, greedy=True))
+        generator = self.step_generator(dataclasses.replace(self.config.sampling, greedy=True))
         return greedy_chains(env, generator, self.module.tokenizer, indices) if indices else []
 
     def export_trees(self, limit: int) -> list[dict[str, Any]]:
@@ -167,6 +192,8 @@ class TreeSearchEnvRunner(EnvRunner, Checkpointable):
                 if isinstance(module_state, dict) and DEFAULT_MODULE_ID in module_state:
                     module_state = module_state[DEFAULT_MODULE_ID]
                 self.module.set_state(module_state)
+                if self._vllm is not None:
+                    self._vllm.load_weights(self.module.model)
             self._weights_seq_no = max(self._weights_seq_no, seq_no)
         self.num_env_steps_sampled_lifetime = state.get(NUM_ENV_STEPS_SAMPLED_LIFETIME,
                                                         self.num_env_steps_sampled_lifetime)
@@ -183,3 +210,6 @@ class TreeSearchEnvRunner(EnvRunner, Checkpointable):
     def stop(self) -> None:
         if self.env is not None:
             self.env.close()
+        if self._vllm is not None:
+            self._vllm.close()
+            self._vllm = None

@@ -54,12 +54,14 @@ def mismatch_metrics(stats: MismatchStats) -> dict[str, float]:
             M.SAMPLER_RATIO_OUTSIDE: stats.outside}
 
 
-def old_logprobs_source(choice: str, model: torch.nn.Module) -> str:
-    """``sampler`` or ``recompute``: ``auto`` takes the sampler's when the model is float32 (the HF generator
-    then computes what the learner would, up to KV-cache rounding), and recomputes otherwise."""
+def old_logprobs_source(choice: str, model: torch.nn.Module, generator: str = "hf") -> str:
+    """``sampler`` or ``recompute``: ``auto`` takes the sampler's when the HF generator samples a float32 model
+    (it then computes what the learner would, up to KV-cache rounding), and recomputes otherwise (bf16, or
+    another engine such as vLLM, whose kernels differ)."""
     if choice != "auto":
         return choice
-    return "sampler" if next(model.parameters()).dtype == torch.float32 else "recompute"
+    float32 = next(model.parameters()).dtype == torch.float32
+    return "sampler" if generator == "hf" and float32 else "recompute"
 
 
 def _cpu_copy(optimizer_state: dict) -> dict:
@@ -83,7 +85,7 @@ class TreeGRPOTorchLearner(TorchLearner):
         settings = self.config.settings
         self._mini_batches, self._epochs = settings.mini_batches, settings.ppo_epochs
         self._warmup_steps, self._total_steps = settings.warmup_optimizer_steps, settings.total_optimizer_steps
-        self._old_source = old_logprobs_source(self.config.old_logprobs, model)
+        self._old_source = old_logprobs_source(self.config.old_logprobs, model, settings.generator_backend)
 
     @override(TorchLearner)
     def configure_optimizers_for_module(self, module_id, config=None) -> None:

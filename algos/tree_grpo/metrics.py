@@ -4,7 +4,7 @@
 REWARD = "reward_mean"
 EM = "em_mean"
 TOKENS_GENERATED = "tokens_generated"
-TOKENS_PREFILLED = "tokens_prefilled"
+TOKENS_PREFILLED = "tokens_prefilled"  # computed without a cache (HF: a node's KV cache; vLLM: its prefix cache)
 LLM_CALLS = "llm_calls"
 TOOL_CALLS = "tool_calls"
 LEAVES = "leaves"

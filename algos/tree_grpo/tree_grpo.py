@@ -109,12 +109,16 @@ class TreeGRPO(Algorithm):
                                 env_steps=len(records))
         self.mid_update = True  # from here until train() returns, the weights are ahead of the iteration count
         update_start = time.perf_counter()
+        if self.config.vllm_sleep:  # one GPU for engine and learner: the engine steps aside during the update
+            self.env_runner_group.foreach_env_runner(lambda runner: runner.sleep_generator())
         with self.metrics.log_time((TIMERS, LEARNER_UPDATE_TIMER)):
             learner_results = self.learner_group.update(
                 batch=batch, timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: self.metrics.peek(
                     NUM_ENV_STEPS_SAMPLED_LIFETIME, default=0)}, num_epochs=1, minibatch_size=None)
         self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
         sync_start = time.perf_counter()
+        if self.config.vllm_sleep:
+            self.env_runner_group.foreach_env_runner(lambda runner: runner.wake_generator())
         with self.metrics.log_time((TIMERS, SYNCH_WORKER_WEIGHTS_TIMER)):
             self.env_runner_group.sync_weights(from_worker_or_learner_group=self.learner_group, inference_only=True)
         # this iteration's own times (RLlib's timers above are smoothed over iterations)
@@ -286,8 +290,7 @@ class TreeGRPOConfig(AlgorithmConfig):
 
     @property
     def sampling(self) -> SamplingSettings:
-        return SamplingSettings(temperature=self.temperature, top_p=self.top_p, max_step_tokens=self.max_step_tokens,
-                                max_context_tokens=self.max_context_tokens)
+        return self.settings.sampling
 
     @override(AlgorithmConfig)
     def validate(self) -> None:
