@@ -310,8 +310,10 @@ def test_one_tree_grpo_iteration_from_the_command_line(tmp_path, data_dir):
                "--output", str(out)]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert len(rows) == 1 and rows[0]["tokens_generated"] > 0 and rows[0]["leaves"] == 12  # 2 prompts x (2, 2, 1)
+    (row,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert row["tokens_generated"] > 0 and row["leaves"] == 12  # 2 prompts x (2, 2, 1)
+    # another engine sampled: the learner recomputed the old log-probs and logged the sampler's gap to them
+    assert row["old_logprobs_recomputed"] == 1.0 and row["sampler_ratio_mean"] == pytest.approx(1.0, abs=1e-3)
 
 
 def test_evaluate_with_the_vllm_generator(tmp_path, data_dir):
