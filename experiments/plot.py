@@ -1,4 +1,4 @@
-"""Compare training runs: each metric against iterations and against cumulative tokens generated.
+"""Compare training runs: each metric against iterations, cumulative tokens generated and cumulative tool calls.
 
     python experiments/plot.py outputs/tree outputs/chain                      # writes ./curves.png
     python experiments/plot.py outputs/tree/metrics.jsonl outputs/chain/metrics.jsonl --labels tree chain \\
@@ -7,8 +7,9 @@
         --output curves.png
 
 Each RUN is a metrics.jsonl file or a run directory holding one (written by experiments/run.py), or, with
---mlflow-uri, an MLflow run id. The figure has one row per metric and two columns: the metric against the
-iteration, and against the tokens generated so far (the budget view: what the run got for what it spent).
+--mlflow-uri, an MLflow run id. The figure has one row per metric and three columns: the metric against the
+iteration, against the tokens generated so far, and against the tool calls so far (the budget views: what the
+run got for what it spent).
 The figure goes to --output, by default curves.png in the current directory (not into a run directory, where
 run.py keeps its own learning_curve.png); its path is printed.
 """
@@ -29,7 +30,9 @@ from matplotlib.ticker import MaxNLocator
 # metrics.jsonl keys (the same names as algos/tree_grpo/metrics.py, kept here so plotting does not import Ray)
 ITERATION = "iteration"
 TOKENS_GENERATED = "tokens_generated"
-X_AXES = {"iteration": "iteration", "tokens": "tokens generated (cumulative)"}
+TOOL_CALLS = "tool_calls"
+X_AXES = {"iteration": "iteration", "tokens": "tokens generated (cumulative)", "tool_calls": "tool calls (cumulative)"}
+CUMULATIVE_X = {"tokens": TOKENS_GENERATED, "tool_calls": TOOL_CALLS}  # x axis -> the per-row count it sums
 METRICS_FILE = "metrics.jsonl"
 DEFAULT_OUTPUT = "curves.png"
 SPREAD_SUFFIX = "_std"  # a row's "<metric>_std" (e.g. the std over seeds) is drawn as a band around the metric
@@ -83,14 +86,16 @@ def _is_number(value: object) -> bool:
 def curve(rows: Sequence[dict], metric: str, x: str = "iteration") -> tuple[np.ndarray, np.ndarray]:
     """The points (x, y) of one metric, skipping rows where it is missing, None or NaN.
 
-    ``x="iteration"``: the row's iteration. ``x="tokens"``: the cumulative sum of ``tokens_generated`` up to and
-    including the row; rows whose metric is skipped still count their tokens, and a row without a token count
-    adds 0. Returns two float arrays of the same length (empty when no row has the metric).
+    ``x="iteration"``: the row's iteration. ``x="tokens"`` (``"tool_calls"``): the cumulative sum of
+    ``tokens_generated`` (``tool_calls``) up to and including the row; rows whose metric is skipped still count
+    theirs, and a row without a count adds 0. Returns two float arrays of the same length (empty when no row has
+    the metric).
     """
     if x not in X_AXES:
         raise ValueError(f"x must be one of {list(X_AXES)}, got {x!r}")
-    if x == "tokens":
-        xs = np.cumsum([row.get(TOKENS_GENERATED) if _is_number(row.get(TOKENS_GENERATED)) else 0 for row in rows])
+    if x in CUMULATIVE_X:
+        key = CUMULATIVE_X[x]
+        xs = np.cumsum([row.get(key) if _is_number(row.get(key)) else 0 for row in rows])
     else:
         xs = np.array([row.get(ITERATION) for row in rows])
     keep = [i for i, row in enumerate(rows) if _is_number(row.get(metric))]
@@ -108,7 +113,7 @@ def plot_runs(runs: dict[str, list[dict]], path: str | Path,
         raise ValueError(f"no run has any of the metrics {list(metrics)}")
     if missing := [m for m in metrics if m not in present]:
         warnings.warn(f"left out (no run has them): {missing}", stacklevel=2)
-    figure = Figure(figsize=(11, 3.5 * len(present)), layout="constrained")
+    figure = Figure(figsize=(5 * len(X_AXES), 3.5 * len(present)), layout="constrained")
     axes = figure.subplots(len(present), len(X_AXES), squeeze=False)
     for row_axes, metric in zip(axes, present, strict=True):
         for ax, (x, xlabel) in zip(row_axes, X_AXES.items(), strict=True):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import experiments.run
-from benchmarks.bench_learning import SETTINGS, mean_rows, summarize, train_run
+from benchmarks.bench_learning import COMPARISONS, SETTINGS, compare, mean_rows, summarize, train_run, verdict
 from policies.generation import default_max_step_tokens
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,7 +55,7 @@ def test_a_rerun_of_a_setting_starts_a_fresh_run(tmp_path, monkeypatch):
 
     monkeypatch.setattr(experiments.run, "main", planned_run)
     args = argparse.Namespace(iterations=1, prompts_per_iter=2, lr=1e-4, max_step_tokens=8, eval_every=1,
-                              eval_questions=2)
+                              curve_questions=2)
     first = train_run("chain G=4", 0, "tiny-random", args, tmp_path)
     (first.parent / "checkpoints").mkdir()
     (first.parent / "checkpoints" / "stale").write_text("from the first run")
@@ -64,21 +64,44 @@ def test_a_rerun_of_a_setting_starts_a_fresh_run(tmp_path, monkeypatch):
     assert not (first.parent / "checkpoints").exists()
 
 
+def scores(*ems: float) -> list[dict[str, float]]:
+    return [{"em": em, "tool_calls": 2.0} for em in ems]
+
+
 def test_learning_summary_and_plot_rows():
     runs = {"tree (2,2,1)": [
-        [{"iteration": 1, "dev_em": None, "tokens_generated": 100, "reward_mean": 0.2, "time_s": 3.0},
-         {"iteration": 2, "dev_em": 0.5, "tokens_generated": 50, "reward_mean": 0.4, "time_s": 2.0}],
-        [{"iteration": 1, "dev_em": None, "tokens_generated": 80, "reward_mean": 0.1, "time_s": 4.0},
-         {"iteration": 2, "dev_em": 0.3, "tokens_generated": 70, "reward_mean": 0.3, "time_s": 1.0}]]}
-    s = summarize(runs, before=0.1)["tree (2,2,1)"]
-    assert s["budget"] == SETTINGS["tree (2,2,1)"][0] == 4 and s["dev_em_final_mean"] == pytest.approx(0.4)
-    assert s["dev_em_final_std"] == pytest.approx(0.1) and s["tokens_generated_per_seed"] == [150, 150]
-    assert s["seconds_per_seed"] == [5.0, 5.0]
+        [{"iteration": 1, "dev_em": None, "tokens_generated": 100, "tool_calls": 6, "reward_mean": 0.2, "time_s": 3.0},
+         {"iteration": 2, "dev_em": 0.5, "tokens_generated": 50, "tool_calls": 4, "reward_mean": 0.4, "time_s": 2.0}],
+        [{"iteration": 1, "dev_em": None, "tokens_generated": 80, "tool_calls": 2, "reward_mean": 0.1, "time_s": 4.0},
+         {"iteration": 2, "dev_em": 0.3, "tokens_generated": 70, "tool_calls": 8, "reward_mean": 0.3, "time_s": 1.0}]]}
+    finals = {"tree (2,2,1)": [scores(1, 1, 0, 0), scores(1, 1, 1, 1)]}  # seed means 0.5 and 1.0
+    s = summarize(runs, finals, before=scores(0, 0, 1, 0))["tree (2,2,1)"]
+    assert s["budget"] == SETTINGS["tree (2,2,1)"][0] == 4 and s["dev_em"]["mean"] == pytest.approx(0.75)
+    assert s["dev_em_per_seed"] == [0.5, 1.0] and s["dev_em_before"]["mean"] == 0.25
+    assert s["dev_em"]["low"] < 0.75 < s["dev_em"]["high"] <= 1.0
+    assert s["tokens_generated_per_seed"] == [150, 150] and s["tool_calls_per_seed"] == [10, 10]
+    assert s["seconds_per_seed"] == [5.0, 5.0] and s["tool_calls"] == 2.0
     rows = mean_rows(runs["tree (2,2,1)"], before=0.1)
     assert [r["iteration"] for r in rows] == [0, 1, 2] and rows[0]["dev_em"] == 0.1
     assert rows[1]["tokens_generated"] == 90 and rows[1]["dev_em"] is None and rows[2]["dev_em"] == pytest.approx(0.4)
+    assert [r["tool_calls"] for r in rows] == [0, 4, 6]
     assert rows[0]["dev_em_std"] == 0.0 and rows[1]["dev_em_std"] is None
     assert rows[2]["dev_em_std"] == pytest.approx(0.1)  # population std of 0.5 and 0.3
+
+
+def test_comparisons_pair_seeds_and_questions_and_read_the_direction():
+    assert set(SETTINGS) == {name for pair in COMPARISONS for name in pair}  # the 7 settings, every one compared
+    finals = {"tree (2,2,1)": [scores(1, 1, 0), scores(1, 0, 1)], "chain G=4": [scores(0, 1, 0), scores(0, 0, 1)],
+              "chain G=16": [scores(1, 1, 0), scores(1, 0, 1)], "tree (1,2,1)": [scores(1, 1, 1)]}
+    differences = compare(finals)
+    # tree - chain G=4: question 0 gains 1 on both seeds, nothing else moves -> 1/3 on every resample with q0 once
+    tree_vs_chain4 = differences["tree (2,2,1) - chain G=4"]
+    assert tree_vs_chain4["mean"] == pytest.approx(1 / 3) and tree_vs_chain4["low"] >= 0
+    same = differences["tree (2,2,1) - chain G=16"]
+    assert same == {"mean": 0.0, "low": 0.0, "high": 0.0} and verdict(same).startswith("inside the noise")
+    assert "tree (1,2,1) - chain G=2" not in differences  # chain G=2 did not run
+    assert verdict({"mean": 0.2, "low": 0.1, "high": 0.3}).endswith("the paper's direction holds")
+    assert verdict({"mean": -0.2, "low": -0.3, "high": -0.1}).endswith("does not hold here")
 
 
 def test_prefix_sharing_batches_have_the_trees_structure():

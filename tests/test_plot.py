@@ -48,6 +48,14 @@ def test_curve_every_row_and_missing_token_counts():
     np.testing.assert_array_equal(curve(rows, "m", x="tokens")[0], [10, 10, 40])
 
 
+def test_curve_against_cumulative_tool_calls():
+    rows = [{"iteration": i, "m": float(i), "tool_calls": c} for i, c in [(1, 4), (2, 0), (3, 6)]]
+    rows[1]["m"] = None  # skipped, but its tool calls still count
+    xs, ys = curve(rows, "m", x="tool_calls")
+    np.testing.assert_array_equal(xs, [4, 10])
+    np.testing.assert_array_equal(ys, [1.0, 3.0])
+
+
 def test_curve_metric_absent_and_bad_x():
     xs, ys = curve(ROWS, "em_mean")
     assert xs.shape == ys.shape == (0,)
