@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from algos.evaluation import FAILURES, failure_mix
 from envs.synthetic import WorldSpec, world_data_dir
 from experiments.confidence import Interval, bootstrap_interval, mean_interval, paired_bootstrap_interval
 from experiments.plot import load_metrics, plot_runs
@@ -105,17 +106,10 @@ def warm_start(args: argparse.Namespace, output: Path) -> Path:
 
 def held_out_scores(policy: str, args: argparse.Namespace) -> list[dict[str, float]]:
     """Greedy results of ``policy`` (a model directory or a run's checkpoint) on the first --eval-questions
-    held-out questions, one dict of ``algos.evaluation.EVAL_COLUMNS`` per question."""
-    import envs
-    from experiments.evaluate import evaluate_env, load_policy
-    from policies.generation import SamplingSettings
-    from policies.generators import step_generator
+    held-out questions, one dict of ``algos.evaluation.EVAL_COLUMNS`` and ``hops`` per question."""
+    from experiments.evaluate import synthhop_held_out
 
-    model, tokenizer = load_policy(policy)
-    sampling = SamplingSettings(greedy=True, max_step_tokens=args.max_step_tokens)
-    return evaluate_env("SynthHop-v0", step_generator("hf", model, tokenizer, sampling), tokenizer,
-                        split=envs.eval_split("SynthHop-v0"), limit=args.eval_questions, batch_size=32,
-                        env_kwargs={"data_dir": str(world_data_dir(WORLD)), "max_turns": 3, "topk": 3})
+    return synthhop_held_out(policy, world_data_dir(WORLD), args.eval_questions, args.max_step_tokens)
 
 
 def run_directory(setting: str, seed: int, output: Path) -> Path:
@@ -154,6 +148,8 @@ def summarize(runs: dict[str, list[list[dict]]], finals: dict[str, list[list[dic
             "dev_em_before": interval_dict(mean_interval([row["em"] for row in before])),
             "dev_em": interval_dict(bootstrap_interval(em)),
             "dev_em_per_seed": [float(v) for v in em.mean(axis=1)],
+            "failures_before": failure_mix(before),
+            "failures": failure_mix([row for seed in finals[setting] for row in seed]),
             "tool_calls": float(np.mean([[row["tool_calls"] for row in seed] for seed in finals[setting]])),
             "tokens_generated_per_seed": [int(sum(r["tokens_generated"] or 0 for r in rows)) for rows in seeds],
             "tool_calls_per_seed": [int(sum(r["tool_calls"] or 0 for r in rows)) for rows in seeds],
@@ -221,6 +217,12 @@ def markdown(summary: dict[str, dict], differences: dict[str, dict], args: argpa
         lines.append(f"| {setting} | {s['budget']} | {_interval(s['dev_em_before'])} | {_interval(s['dev_em'])} | "
                      f"{seeds} | {s['tool_calls']:.2f} | {np.mean(s['tokens_generated_per_seed']):,.0f} | "
                      f"{np.mean(s['tool_calls_per_seed']):,.0f} | {np.mean(s['seconds_per_seed']) / 60:.1f} |")
+    lines += ["", "Failure mix of the held-out questions (shares; after: pooled over seeds):", "",
+              "| setting | " + " | ".join(FAILURES) + " |", "|---" * (len(FAILURES) + 1) + "|"]
+    first = next(iter(summary.values()), None)
+    for name, mix in ([("start point", first["failures_before"])] if first else []) + [
+            (setting, s["failures"]) for setting, s in summary.items()]:
+        lines.append(f"| {name} | " + " | ".join(f"{mix.get(kind, 0.0):.2f}" for kind in FAILURES) + " |")
     if differences:
         lines += ["", "Paired differences of final dev EM (a - b; same seeds, same questions; 95% paired bootstrap):",
                   "", "| a - b | difference [95% interval] | reading |", "|---|---|---|"]

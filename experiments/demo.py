@@ -32,24 +32,23 @@ import json
 import os
 import shutil
 import tempfile
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from algos.evaluation import mean_results
+from algos.evaluation import FAILURES, failure_mix, mean_results
 from algos.tree_grpo import metrics as M
 from envs.retrieval.corpus import default_cache_dir
 from envs.synthetic import WorldSpec, world_data_dir
 from experiments.confidence import Interval, mean_interval, paired_difference_interval
+from experiments.evaluate import synthhop_held_out
 
 WORLD = WorldSpec(seed=0, people=60, companies=30, cities=12, countries=5, train_questions=240, dev_questions=60)
 MAX_STEP_TOKENS = 48
 # the warm start: a few minutes of supervised training on oracle trajectories, 70% of them never answering
 WARM_START = ("--epochs", "7", "--unanswered", "0.7", "--seed", "0")  # one cached start for every --seed
 SUMMARY_METRICS = {"em": "exact match", "answered": "answer rate", "reward": "reward", "tool_calls": "tool calls"}
-FAILURES = ("correct", "wrong answer", "answered before its last hop", "no answer")
 
 
 def warm_start(data_dir: Path, cache_dir: Path) -> Path:
@@ -76,31 +75,6 @@ def warm_start(data_dir: Path, cache_dir: Path) -> Path:
     return model
 
 
-def held_out(model: str | Path, data_dir: Path, questions: int) -> list[dict[str, float]]:
-    """Greedy per-question results on the first ``questions`` held-out questions, each with its hop count."""
-    import envs
-    from experiments.evaluate import evaluate_env, load_policy
-    from policies.generation import SamplingSettings
-    from policies.generators import step_generator
-
-    policy, tokenizer = load_policy(str(model))
-    generator = step_generator("hf", policy, tokenizer, SamplingSettings(greedy=True, max_step_tokens=MAX_STEP_TOKENS))
-    rows = evaluate_env("SynthHop-v0", generator, tokenizer, split=envs.eval_split("SynthHop-v0"), limit=questions,
-                        batch_size=32, env_kwargs={"data_dir": str(data_dir)})
-    hops = [len(row["supporting_facts"]) for row in json.loads((data_dir / "synthhop" / "dev.json").read_text())]
-    return [{**row, "hops": float(h)} for row, h in zip(rows, hops, strict=False)]
-
-
-def failure_kind(row: Mapping[str, float]) -> str:
-    """What became of one held-out question: correct, a wrong answer after enough searches, an answer given
-    before the last hop was searched, or no answer at all."""
-    if row["em"] >= 1.0:
-        return "correct"
-    if not row["answered"]:
-        return "no answer"
-    return "answered before its last hop" if row["tool_calls"] < row["hops"] else "wrong answer"
-
-
 def compare(before: Sequence[Mapping[str, float]], after: Sequence[Mapping[str, float]]) -> dict[str, Any]:
     """Per metric: the mean before and after with 95% intervals, and the paired change with its interval; and
     the failure mix before and after."""
@@ -109,8 +83,7 @@ def compare(before: Sequence[Mapping[str, float]], after: Sequence[Mapping[str, 
         b, a = [row[key] for row in before], [row[key] for row in after]
         metrics[key] = {"before": mean_interval(b), "after": mean_interval(a),
                         "change": paired_difference_interval(b, a)}
-    mix = {name: {kind: count / len(rows) for kind, count in Counter(map(failure_kind, rows)).items()}
-           for name, rows in (("before", before), ("after", after))}
+    mix = {"before": failure_mix(before), "after": failure_mix(after)}
     return {"metrics": metrics, "failures": mix, "questions": len(before)}
 
 
@@ -173,7 +146,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     data_dir = world_data_dir(WORLD, cache_dir)
     model = warm_start(data_dir, cache_dir)
     print(f"held-out questions: evaluating the start policy on {args.questions} ...", flush=True)
-    before = held_out(model, data_dir, args.questions)
+    before = synthhop_held_out(model, data_dir, args.questions, MAX_STEP_TOKENS)
     output = Path(args.output).resolve()
     if (output / "demo.json").exists() or (output / METRICS_FILE).exists():
         shutil.rmtree(output)  # a demo's own earlier run: the demo always starts fresh
@@ -184,7 +157,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                   "--trees-every", str(args.iterations), "--trees-count", "2", "--quiet", "--output", str(output),
                   *(["--no-mlflow"] if args.no_mlflow else []), *args.run_args])
     print(f"held-out questions: evaluating the trained policy on {args.questions} ...", flush=True)
-    after = held_out(latest, data_dir, args.questions)
+    after = synthhop_held_out(latest, data_dir, args.questions, MAX_STEP_TOKENS)
     comparison = compare(before, after)
     text = summary_text(comparison, output, load_metrics(output / METRICS_FILE), (time.perf_counter() - start) / 60)
     payload = {"settings": vars(args), "world": asdict(WORLD), "warm_start": str(model),

@@ -65,7 +65,7 @@ def test_a_rerun_of_a_setting_starts_a_fresh_run(tmp_path, monkeypatch):
 
 
 def scores(*ems: float) -> list[dict[str, float]]:
-    return [{"em": em, "tool_calls": 2.0} for em in ems]
+    return [{"em": em, "tool_calls": 2.0, "answered": 1.0, "hops": 2.0} for em in ems]
 
 
 def test_learning_summary_and_plot_rows():
@@ -81,6 +81,7 @@ def test_learning_summary_and_plot_rows():
     assert s["dev_em"]["low"] < 0.75 < s["dev_em"]["high"] <= 1.0
     assert s["tokens_generated_per_seed"] == [150, 150] and s["tool_calls_per_seed"] == [10, 10]
     assert s["seconds_per_seed"] == [5.0, 5.0] and s["tool_calls"] == 2.0
+    assert s["failures"] == {"correct": 0.75, "wrong answer": 0.25} and s["failures_before"]["correct"] == 0.25
     rows = mean_rows(runs["tree (2,2,1)"], before=0.1)
     assert [r["iteration"] for r in rows] == [0, 1, 2] and rows[0]["dev_em"] == 0.1
     assert rows[1]["tokens_generated"] == 90 and rows[1]["dev_em"] is None and rows[2]["dev_em"] == pytest.approx(0.4)

@@ -7,8 +7,9 @@ import argparse
 
 import pytest
 
+from algos.evaluation import FAILURES, failure_kind, failure_mix
 from benchmarks.bench_update import report as update_report
-from experiments.demo import FAILURES, compare, failure_kind, interval_of, parse_args, summary_text
+from experiments.demo import compare, interval_of, parse_args, summary_text
 
 
 def row(em=0.0, answered=0.0, tool_calls=1.0, hops=1.0, reward=0.0) -> dict[str, float]:
@@ -24,6 +25,12 @@ def row(em=0.0, answered=0.0, tool_calls=1.0, hops=1.0, reward=0.0) -> dict[str,
 ])
 def test_failure_kind(question, kind):
     assert failure_kind(question) == kind and kind in FAILURES
+
+
+def test_failure_mix_shares():
+    rows = [row(em=1.0, answered=1.0, tool_calls=2, hops=2), row(answered=1.0, tool_calls=1, hops=2),
+            row(answered=1.0, tool_calls=1, hops=3), row(answered=0.0, tool_calls=3, hops=2)]
+    assert failure_mix(rows) == {"correct": 0.25, "answered before its last hop": 0.5, "no answer": 0.25}
 
 
 def test_compare_pairs_the_questions():
