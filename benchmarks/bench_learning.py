@@ -58,6 +58,9 @@ WORLD = WorldSpec(seed=0, people=300, companies=150, cities=60, countries=16, tr
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--warm", default=None, help="warm-started model directory (default: run warmstart.py first)")
+    p.add_argument("--premature", type=float, default=0.5,
+                   help="warm start: share of multi-hop oracle trajectories that answer one hop short (the start "
+                        "policy's strategy mix: RL's job is the choice at that branch point)")
     p.add_argument("--quick", action="store_true", help="1 seed, 6 iterations, 60 held-out questions")
     p.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
@@ -84,8 +87,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 # The warm start: oracle SFT of a 10M-parameter Llama on the train questions of the benchmark's world and of 4
-# other worlds (names differ, so copying is learned rather than memorising), then a warm restart at half the
-# learning rate. It takes about 40 min on 2 CPU cores.
+# other worlds (names differ, so copying is learned rather than memorising), --premature of the multi-hop ones
+# answering one hop short, then a warm restart at half the learning rate. About 40 min on 2 CPU cores.
 WARM_START_STAGES: tuple[list[str], ...] = (
     ["--model", "scratch", "--extra-worlds", "4", "--batch-size", "8", "--epochs", "3", "--lr", "3e-3"],
     ["--extra-worlds", "4", "--batch-size", "8", "--epochs", "2", "--lr", "1.5e-3"],
@@ -98,7 +101,8 @@ def warm_start(args: argparse.Namespace, output: Path) -> Path:
     model = None
     for stage, options in enumerate(WARM_START_STAGES, 1):
         start = [] if model is None else ["--model", str(model)]
-        model = warmstart([*options, *start, "--env", "SynthHop-v0", "--data-dir", str(world_data_dir(WORLD)),
+        model = warmstart([*options, *start, "--premature", str(args.premature), "--env", "SynthHop-v0",
+                           "--data-dir", str(world_data_dir(WORLD)),
                            "--output", str(output / f"warm{stage}"), "--dev-questions", str(args.curve_questions),
                            "--max-step-tokens", str(args.max_step_tokens)])
     return model
