@@ -59,6 +59,10 @@ class SamplingSettings:
         if self.max_step_tokens < 1 or self.max_context_tokens < 2:
             raise ValueError("max_step_tokens must be >= 1 and max_context_tokens >= 2")
 
+    def step_cap(self, context_tokens: int) -> int:
+        """Tokens a step may sample after ``context_tokens``: the step cap, or what the context cap leaves."""
+        return min(self.max_step_tokens, self.max_context_tokens - context_tokens)
+
 
 class CacheHandle(Protocol):
     """A backend's handle on the computed context of a sequence's first ``length`` tokens. The tree stores

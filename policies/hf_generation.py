@@ -96,7 +96,7 @@ class HFStepGenerator:
         # on the logits' device: torch.multinomial refuses a generator of another device (a CPU one on CUDA logits)
         generator = torch.Generator(device=self.model.device)
         generator.manual_seed(seed if seed is not None else torch.seed() % (2**63))
-        caps = [self._token_cap(b) for b in branches]
+        caps = [self.settings.step_cap(len(b.token_ids)) for b in branches]
         state, cache, logits = self._prefill(branches, caps)
         while True:
             tokens = sample_tokens(logits, self.settings, generator).cpu()
@@ -125,9 +125,6 @@ class HFStepGenerator:
         self.counters.tokens_prefilled += ids.shape[1]
         layers = tuple((layer.keys[0].clone(), layer.values[0].clone()) for layer in out.past_key_values.layers)
         return KVCache(layers, ids.shape[1])
-
-    def _token_cap(self, branch: Branch) -> int:
-        return min(self.settings.max_step_tokens, self.settings.max_context_tokens - len(branch.token_ids))
 
     def _prefill(self, branches: Sequence[Branch], caps: list[int]) -> tuple[_Batch, DynamicCache, torch.Tensor]:
         device = self.model.device

@@ -71,13 +71,12 @@ def logprobs_mode(sampling: SamplingSettings) -> str:
 
 @dataclass(frozen=True)
 class VLLMSettings:
-    """How the engine runs: GPU memory share (weights + KV cache), sleep during updates, seed, eager mode
-    (default: eager on the CPU, where compiling takes minutes; compiled with a GPU)."""
+    """How the engine runs: GPU memory share (weights + KV cache), sleep during updates, seed. (Eager mode on the
+    CPU, where compiling takes minutes; compiled with a GPU.)"""
 
     gpu_memory_utilization: float = 0.5
     sleep: bool = False
     seed: int = 0
-    enforce_eager: bool | None = None
 
 
 def named_weights(model: PreTrainedModel) -> Iterator[tuple[str, torch.Tensor]]:
@@ -118,13 +117,12 @@ class VLLMEngine:
 
         self.settings = settings or VLLMSettings()
         on_gpu = torch.cuda.is_available()
-        eager = self.settings.enforce_eager if self.settings.enforce_eager is not None else not on_gpu
         self._directory = tempfile.TemporaryDirectory(prefix="treegrpo-vllm-")
         _write_config(_base_model(model), tokenizer, self._directory.name)
         dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
         options: dict[str, Any] = {"gpu_memory_utilization": self.settings.gpu_memory_utilization} if on_gpu else {}
         self.llm = LLM(model=self._directory.name, load_format="dummy", dtype=dtype, seed=self.settings.seed,
-                       enforce_eager=eager, enable_prefix_caching=True, logprobs_mode=logprobs_mode(sampling),
+                       enforce_eager=not on_gpu, enable_prefix_caching=True, logprobs_mode=logprobs_mode(sampling),
                        max_model_len=sampling.max_context_tokens, generation_config="vllm",
                        enable_sleep_mode=self.settings.sleep, **options)
         VLLMEngine._open = self
@@ -203,8 +201,7 @@ class VLLMStepGenerator:
         """One agent step per branch (``seed`` is not used: see the module docstring on seeds)."""
         if not branches:
             return []
-        caps = [min(self.settings.max_step_tokens, self.settings.max_context_tokens - len(b.token_ids))
-                for b in branches]
+        caps = [self.settings.step_cap(len(b.token_ids)) for b in branches]
         live = [i for i, cap in enumerate(caps) if cap > 0]
         outputs = self._run([branches[i].token_ids for i in live], [self.sampling_params(caps[i]) for i in live])
         steps = {i: _completion(out) for i, out in zip(live, outputs, strict=True)}
