@@ -88,7 +88,7 @@ def load_policy(model: str, dtype: str = "float32"):
     """(model, tokenizer) of a model name, a model directory, or a training checkpoint directory."""
     from policies.models import load_model
 
-    checkpoint = Path(model)
+    checkpoint = Path(model).resolve()  # RLlib reads checkpoints by URI: a relative path has no scheme
     if (checkpoint / RLLIB_MARKER).exists():
         from ray.rllib.core.rl_module.rl_module import RLModule
 

@@ -4,6 +4,7 @@ evaluate.py load, with the policy's exact outputs; clear errors for a missing ch
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -87,3 +88,12 @@ def test_a_truncated_checkpoint_file_is_named(run, tmp_path):
     (checkpoint / "manifest.json").unlink()  # an RLlib checkpoint without manifest: the unpickling error is named
     with pytest.raises(CheckpointError, match=f"cannot restore checkpoint {checkpoint}"):
         evaluate.load_policy(str(checkpoint))
+
+
+def test_a_checkpoint_given_by_a_relative_path_loads(run, monkeypatch):
+    # RLlib reads a checkpoint by URI; a relative path has no scheme (pyarrow: "URI has empty scheme")
+    monkeypatch.chdir(run)
+    policy, _ = evaluate.load_policy(os.path.join("checkpoints", "latest"))
+    absolute, _ = evaluate.load_policy(str(run / "checkpoints" / "latest"))
+    for (name, a), (_, b) in zip(policy.state_dict().items(), absolute.state_dict().items(), strict=True):
+        torch.testing.assert_close(a, b, msg=name)
