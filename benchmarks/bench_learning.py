@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -273,7 +274,7 @@ def main(argv: list[str] | None = None) -> Path:
     if args.report:
         from benchmarks.report import machine_description, replace_section
 
-        command = " ".join(["python benchmarks/bench_learning.py", *(sys.argv[1:] if argv is None else argv)])
+        command = shlex.join(["python", "benchmarks/bench_learning.py", *(sys.argv[1:] if argv is None else argv)])
         replace_section("docs/benchmarks.md", "learning", "Learning: tree vs chain on SynthHop-v0 (issue 15)",
                         f"Command: `{command}`. Machine: {machine_description()}.\n\n{table}\n"
                         f"Plot: `{plot}` (mean over seeds against iterations, tokens generated and tool calls; a "
