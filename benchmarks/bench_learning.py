@@ -8,7 +8,7 @@ from the same warm start, several seeds, with bootstrap intervals.
 Settings (the paper's budget table, in full-chain equivalents): tree (2,2,1) at budget 4 against chain G=4 and
 chain G=16; tree (1,2,1) against chain G=2 at budget 2; the tree (2,2,1) with intra-tree or inter-tree
 advantages only. Every run has the same prompts per iteration, the same learning rate and the same warm-started
-start point, on a world with 400 held-out questions (``WORLD``). Each run's final policy is evaluated greedily on
+start point, on a world with 300 held-out questions (``WORLD``). Each run's final policy is evaluated greedily on
 the first --eval-questions held-out questions, question by question; a setting's dev EM is the mean over seeds x
 questions with a bootstrap interval over both, and two settings are compared by the paired bootstrap of their
 difference (same seeds, same questions). Learning curves (dev EM on --curve-questions every --eval-every
@@ -52,8 +52,8 @@ COMPARISONS: tuple[tuple[str, str], ...] = (
     ("tree (2,2,1)", "chain G=4"), ("tree (2,2,1)", "chain G=16"), ("tree (1,2,1)", "chain G=2"),
     ("tree (2,2,1)", "tree (2,2,1) inter only"), ("tree (2,2,1) inter only", "tree (2,2,1) intra only"),
 )
-# the default world's proportions, 1.5x its entities, so that 400 questions can be held out beside 800 to train on
-WORLD = WorldSpec(seed=0, people=300, companies=150, cities=60, countries=16, train_questions=800, dev_questions=400)
+# the default world's entities with 300 questions held out (the default: 150) and 700 to train on
+WORLD = WorldSpec(seed=0, train_questions=700, dev_questions=300)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -77,6 +77,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-step-tokens", type=int, default=64)
     p.add_argument("--output", default="outputs/bench_learning")
     p.add_argument("--report", action="store_true", help="write the learning section of docs/benchmarks.md")
+    p.add_argument("--resume", action="store_true",
+                   help="reuse the finished runs (and start-point evaluation) in --output whose options match, e.g. "
+                        "after an interruption, or to report on seeds run by several processes")
     args = p.parse_args(argv)
     if args.quick:
         args.seeds, args.iterations, args.eval_every = args.seeds[:1], 6, 3
@@ -87,12 +90,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-# The warm start: oracle SFT of a 10M-parameter Llama on the train questions of the benchmark's world and of 4
-# other worlds (names differ, so copying is learned rather than memorising), --premature of the multi-hop ones
-# answering one hop short, then a warm restart at half the learning rate. About 40 min on 2 CPU cores.
+# The warm start: oracle SFT of a 10M-parameter Llama on the train questions of the benchmark's world and of 5
+# other worlds (names differ, so copying is learned rather than memorised): two stages of full oracle trajectories,
+# in which copying names emerges, then one in which --premature of the multi-hop trajectories answer one hop short
+# (the strategy mix). About 75 CPU-minutes on one core.
 WARM_START_STAGES: tuple[list[str], ...] = (
-    ["--model", "scratch", "--extra-worlds", "4", "--batch-size", "8", "--epochs", "3", "--lr", "3e-3"],
-    ["--extra-worlds", "4", "--batch-size", "8", "--epochs", "2", "--lr", "1.5e-3"],
+    ["--model", "scratch", "--extra-worlds", "5", "--batch-size", "8", "--epochs", "3", "--lr", "3e-3"],
+    ["--extra-worlds", "5", "--batch-size", "8", "--epochs", "2", "--lr", "1.5e-3"],
+    ["--extra-worlds", "5", "--batch-size", "8", "--epochs", "1", "--lr", "1e-3", "--premature", "{premature}"],
 )
 
 
@@ -102,7 +107,10 @@ def warm_start(args: argparse.Namespace, output: Path) -> Path:
     model = None
     for stage, options in enumerate(WARM_START_STAGES, 1):
         start = [] if model is None else ["--model", str(model)]
-        model = warmstart([*options, *start, "--premature", str(args.premature), "--env", "SynthHop-v0",
+        if args.resume and (output / f"warm{stage}" / "model" / "config.json").exists():
+            model = output / f"warm{stage}" / "model"  # a stage of an earlier invocation, reused
+            continue
+        model = warmstart([*(o.format(premature=args.premature) for o in options), *start, "--env", "SynthHop-v0",
                            "--data-dir", str(world_data_dir(WORLD)),
                            "--output", str(output / f"warm{stage}"), "--dev-questions", str(args.curve_questions),
                            "--max-step-tokens", str(args.max_step_tokens)])
@@ -121,6 +129,16 @@ def run_directory(setting: str, seed: int, output: Path) -> Path:
     return output / setting.replace(" ", "_").replace(",", "").replace("(", "").replace(")", "") / f"seed{seed}"
 
 
+def run_options(setting: str, seed: int, model_dir: str, args: argparse.Namespace, directory: Path) -> list[str]:
+    """run.py's options for one training run of ``setting`` from ``model_dir`` into ``directory``."""
+    return [*SETTINGS[setting][1], "--env", "SynthHop-v0", "--data-dir", str(world_data_dir(WORLD)),
+            "--model", model_dir, "--seed", str(seed), "--iterations", str(args.iterations),
+            "--prompts-per-iter", str(args.prompts_per_iter), "--lr", str(args.lr),
+            "--max-step-tokens", str(args.max_step_tokens), "--eval-every", str(args.eval_every),
+            "--eval-questions", str(args.curve_questions), "--micro-batch-size", "16", "--checkpoint-every", "0",
+            "--trees-every", "0", "--no-mlflow", "--quiet", "--output", str(directory)]
+
+
 def train_run(setting: str, seed: int, model_dir: str, args: argparse.Namespace, output: Path) -> Path:
     """One training run from ``model_dir``; its metrics.jsonl. The final checkpoint is what gets evaluated."""
     from experiments.run import main as run
@@ -128,12 +146,47 @@ def train_run(setting: str, seed: int, model_dir: str, args: argparse.Namespace,
     directory = run_directory(setting, seed, output)
     if directory.exists():
         shutil.rmtree(directory)  # a fresh run: run.py refuses a directory that already holds one
-    run([*SETTINGS[setting][1], "--env", "SynthHop-v0", "--data-dir", str(world_data_dir(WORLD)), "--model", model_dir,
-         "--seed", str(seed), "--iterations", str(args.iterations), "--prompts-per-iter", str(args.prompts_per_iter),
-         "--lr", str(args.lr), "--max-step-tokens", str(args.max_step_tokens), "--eval-every", str(args.eval_every),
-         "--eval-questions", str(args.curve_questions), "--micro-batch-size", "16", "--checkpoint-every", "0",
-         "--trees-every", "0", "--no-mlflow", "--quiet", "--output", str(directory)])
+    run(run_options(setting, seed, model_dir, args, directory))
     return directory / "metrics.jsonl"
+
+
+def finished_run(setting: str, seed: int, model_dir: str, args: argparse.Namespace,
+                 output: Path) -> tuple[list[dict], list[dict[str, float]]]:
+    """(metrics rows, held-out scores) of one run: with --resume, those of a finished run in its directory whose
+    options and evaluation match this one's; otherwise (or if none) trained and evaluated now. Each finished
+    run leaves RUN/held_out.json, so benchmarks split over processes (--seeds) or interrupted reuse its work."""
+    directory = run_directory(setting, seed, output)
+    key = {"run": run_options(setting, seed, model_dir, args, directory), "eval_questions": args.eval_questions}
+    scores = saved_scores(directory / "held_out.json", key) if args.resume else None
+    if scores is not None:
+        print(f"{setting}, seed {seed}: reusing the finished run in {directory}")
+    else:
+        train_run(setting, seed, model_dir, args, output)
+        scores = held_out_scores(str(directory / "checkpoints" / "latest"), args)
+        save_scores(directory / "held_out.json", key, scores)
+    return load_metrics(directory / "metrics.jsonl"), scores
+
+
+def start_point_scores(model_dir: str, args: argparse.Namespace, output: Path) -> list[dict[str, float]]:
+    """The start point's held-out scores (reused with --resume, as ``finished_run`` does)."""
+    key = {"model": model_dir, "eval_questions": args.eval_questions, "max_step_tokens": args.max_step_tokens}
+    scores = saved_scores(output / "start_point.json", key) if args.resume else None
+    if scores is None:
+        scores = held_out_scores(model_dir, args)
+        save_scores(output / "start_point.json", key, scores)
+    return scores
+
+
+def saved_scores(record: Path, key: dict) -> list[dict[str, float]] | None:
+    """The scores saved in ``record`` if it exists and was saved under ``key``, else None."""
+    if not record.exists():
+        return None
+    saved = json.loads(record.read_text(encoding="utf-8"))
+    return saved["scores"] if {k: saved.get(k) for k in key} == key else None
+
+
+def save_scores(record: Path, key: dict, scores: list[dict[str, float]]) -> None:
+    record.write_text(json.dumps({**key, "scores": scores}), encoding="utf-8")
 
 
 def em_matrix(scores: list[list[dict[str, float]]]) -> np.ndarray:
@@ -257,16 +310,14 @@ def main(argv: list[str] | None = None) -> Path:
     output.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     warm = str(Path(args.warm or warm_start(args, output)).resolve())
-    before = held_out_scores(warm, args)
+    before = start_point_scores(warm, args, output)
     print(f"start point {warm}: dev EM {np.mean([row['em'] for row in before]):.3f}")
     runs: dict[str, list[list[dict]]] = {setting: [] for setting in args.settings}
     finals: dict[str, list[list[dict]]] = {setting: [] for setting in args.settings}
     for seed in args.seeds:  # seed-major: an interrupted benchmark still compares every setting
         for setting in args.settings:
-            metrics = train_run(setting, seed, warm, args, output)
-            runs[setting].append(load_metrics(metrics))
-            scores = held_out_scores(str(metrics.parent / "checkpoints" / "latest"), args)
-            (metrics.parent / "held_out.json").write_text(json.dumps(scores), encoding="utf-8")
+            rows, scores = finished_run(setting, seed, warm, args, output)
+            runs[setting].append(rows)
             finals[setting].append(scores)
             table, plot = write_results({k: v for k, v in runs.items() if v}, finals, before, args, warm,
                                         time.perf_counter() - start, output)

@@ -96,8 +96,7 @@ def pad(rows: Sequence[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch
 
 def train(model, data: list[tuple[list[int], list[int]]], *, epochs: int, lr: float, batch_size: int, seed: int,
           pad_id: int, max_minutes: float | None = None, log=print) -> list[float]:
-    """AdamW over shuffled batches (sorted by length within a chunk, to pad less), linear warm-up then cosine
-    decay; the mean loss of each epoch."""
+    """AdamW over shuffled batches, linear warm-up then cosine decay; the mean loss of each epoch."""
     rng = np.random.default_rng(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     steps = epochs * -(-len(data) // batch_size)

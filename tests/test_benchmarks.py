@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import benchmarks.bench_learning as bench_learning
 import experiments.run
 from benchmarks.bench_learning import COMPARISONS, SETTINGS, compare, mean_rows, summarize, train_run, verdict
 from policies.generation import default_max_step_tokens
@@ -62,6 +63,38 @@ def test_a_rerun_of_a_setting_starts_a_fresh_run(tmp_path, monkeypatch):
     again = train_run("chain G=4", 0, "tiny-random", args, tmp_path)
     assert again == first == tmp_path / "chain_G=4" / "seed0" / experiments.run.METRICS_FILE
     assert not (first.parent / "checkpoints").exists()
+
+
+def test_resume_reuses_finished_runs_whose_options_match_and_reruns_the_others(tmp_path, monkeypatch):
+    trained, evaluated = [], []
+
+    def fake_run(setting, seed, model_dir, args, output):
+        directory = bench_learning.run_directory(setting, seed, output)
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "metrics.jsonl").write_text(f'{{"iteration": {args.iterations}}}\n')
+        trained.append((setting, seed))
+
+    def fake_scores(policy, args):
+        evaluated.append(policy)
+        return scores(len(evaluated))
+
+    monkeypatch.setattr(bench_learning, "train_run", fake_run)
+    monkeypatch.setattr(bench_learning, "held_out_scores", fake_scores)
+    args = bench_learning.parse_args(["--resume", "--iterations", "2", "--output", str(tmp_path)])
+    first = bench_learning.finished_run("chain G=4", 1, "warm", args, tmp_path)
+    assert first == ([{"iteration": 2}], scores(1)) and trained == [("chain G=4", 1)]
+    assert bench_learning.finished_run("chain G=4", 1, "warm", args, tmp_path) == first  # reused: nothing ran
+    assert len(trained) == 1 and len(evaluated) == 1
+    for changed in (["--iterations", "3"], ["--eval-questions", "10"]):  # other options: a run of its own
+        other = bench_learning.parse_args(["--resume", *changed, "--output", str(tmp_path)])
+        bench_learning.finished_run("chain G=4", 1, "warm", other, tmp_path)
+    assert len(trained) == 3
+    bench_learning.finished_run("chain G=4", 1, "warm", bench_learning.parse_args(["--output", str(tmp_path)]),
+                                tmp_path)
+    assert len(trained) == 4  # without --resume every run is fresh
+    assert bench_learning.start_point_scores("warm", args, tmp_path) == scores(5)
+    assert bench_learning.start_point_scores("warm", args, tmp_path) == scores(5) and len(evaluated) == 5
+    assert bench_learning.start_point_scores("other", args, tmp_path) == scores(6)
 
 
 def scores(*ems: float) -> list[dict[str, float]]:
