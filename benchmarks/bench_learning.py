@@ -1,21 +1,23 @@
 """Learning benchmark on SynthHop-v0 (issue 15): tree vs chain at matched budgets and the advantage ablation,
 from the same warm start, several seeds, with bootstrap intervals.
 
-    python benchmarks/bench_learning.py --report             # warm start (~45 min) + 7 settings x 5 seeds (hours)
-    python benchmarks/bench_learning.py --warm outputs/bench_learning/warm2/model --report   # reuse a warm start
+    python benchmarks/bench_learning.py --report             # warm start (~25 min) + 7 settings x 5 seeds (hours)
+    python benchmarks/bench_learning.py --resume --report    # go on after an interruption, reusing finished runs
+    python benchmarks/bench_learning.py --warm outputs/bench_learning/warm/model --report   # reuse a warm start
     python benchmarks/bench_learning.py --quick --warm DIR   # 1 seed, 6 iterations, 60 questions
 
 Settings (the paper's budget table, in full-chain equivalents): tree (2,2,1) at budget 4 against chain G=4 and
-chain G=16; tree (1,2,1) against chain G=2 at budget 2; the tree (2,2,1) with intra-tree or inter-tree
-advantages only. Every run has the same prompts per iteration, the same learning rate and the same warm-started
-start point, on a world with 300 held-out questions (``WORLD``). Each run's final policy is evaluated greedily on
-the first --eval-questions held-out questions, question by question; a setting's dev EM is the mean over seeds x
-questions with a bootstrap interval over both, and two settings are compared by the paired bootstrap of their
-difference (same seeds, same questions). Learning curves (dev EM on --curve-questions every --eval-every
-iterations) are plotted against iterations, tokens generated and tool calls. Runs go seed by seed and the
-results are rewritten after each: OUTPUT/learning.md, learning.json, learning.png and, with --report, the
-``learning`` section of docs/benchmarks.md (a hand-written reading belongs in a section of its own, which a rerun
-leaves alone).
+chain G=16; tree (1,2,1) against chain G=2 at budget 2; the tree (2,2,1) with intra-tree or inter-tree advantages
+only. Every run has the same prompts per iteration, the same learning rate and the same warm-started start point,
+on the demo's task at a larger size: 1- and 2-hop questions, one passage per search, 300 held out (``WORLD``,
+``TOPK``); the start policy copies names but answers half of the 2-hop questions one hop short. Each run's final
+policy is evaluated greedily on the first --eval-questions held-out questions, question by question; a setting's
+dev EM is the mean over seeds x questions with a bootstrap interval over both, and two settings are compared by the
+paired bootstrap of their difference (same seeds, same questions). Learning curves (dev EM on --curve-questions
+every --eval-every iterations) are plotted against iterations, tokens generated and tool calls. Runs go seed by
+seed and the results are rewritten after each: OUTPUT/learning.md, learning.json, learning.png and, with --report,
+the ``learning`` section of docs/benchmarks.md (a hand-written reading belongs in a section of its own, which a
+rerun leaves alone).
 """
 
 from __future__ import annotations
@@ -52,15 +54,17 @@ COMPARISONS: tuple[tuple[str, str], ...] = (
     ("tree (2,2,1)", "chain G=4"), ("tree (2,2,1)", "chain G=16"), ("tree (1,2,1)", "chain G=2"),
     ("tree (2,2,1)", "tree (2,2,1) inter only"), ("tree (2,2,1) inter only", "tree (2,2,1) intra only"),
 )
-# the default world's entities with 300 questions held out (the default: 150) and 700 to train on
-WORLD = WorldSpec(seed=0, train_questions=700, dev_questions=300)
+# the default world's entities, 1- and 2-hop questions (the demo's task, larger), 300 held out and 700 to train on;
+# one passage per search (TOPK), a context in which the 10M-parameter warm start learns to copy names
+WORLD = WorldSpec(seed=0, train_questions=700, dev_questions=300, hop_mix=(0.5, 0.5, 0.0))
+TOPK = 1
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--warm", default=None, help="warm-started model directory (default: run warmstart.py first)")
     p.add_argument("--premature", type=float, default=0.5,
-                   help="warm start: share of multi-hop oracle trajectories that answer one hop short (the start "
+                   help="warm start: share of 2-hop oracle trajectories that answer one hop short (the start "
                         "policy's strategy mix: RL's job is the choice at that branch point)")
     p.add_argument("--quick", action="store_true", help="1 seed, 6 iterations, 60 held-out questions")
     p.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
@@ -91,30 +95,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 # The warm start: oracle SFT of a 10M-parameter Llama on the train questions of the benchmark's world and of 5
-# other worlds (names differ, so copying is learned rather than memorised): two stages of full oracle trajectories,
-# in which copying names emerges, then one in which --premature of the multi-hop trajectories answer one hop short
-# (the strategy mix). About 75 CPU-minutes on one core.
-WARM_START_STAGES: tuple[list[str], ...] = (
-    ["--model", "scratch", "--extra-worlds", "5", "--batch-size", "8", "--epochs", "3", "--lr", "3e-3"],
-    ["--extra-worlds", "5", "--batch-size", "8", "--epochs", "2", "--lr", "1.5e-3"],
-    ["--extra-worlds", "5", "--batch-size", "8", "--epochs", "1", "--lr", "1e-3", "--premature", "{premature}"],
-)
+# other worlds (names differ, so copying is learned rather than memorised), --premature of the 2-hop trajectories
+# answering one hop short (the strategy mix that RL's choice at the branch point can fix): the recipe of the
+# demo's warm start (experiments/demo.py) on this larger world.
+WARM_START = ("--model", "scratch", "--extra-worlds", "5", "--batch-size", "8", "--epochs", "3", "--lr", "3e-3")
 
 
 def warm_start(args: argparse.Namespace, output: Path) -> Path:
+    """The warm-started model directory (OUTPUT/warm/model; with --resume, one trained earlier is reused)."""
     from experiments.warmstart import main as warmstart
 
-    model = None
-    for stage, options in enumerate(WARM_START_STAGES, 1):
-        start = [] if model is None else ["--model", str(model)]
-        if args.resume and (output / f"warm{stage}" / "model" / "config.json").exists():
-            model = output / f"warm{stage}" / "model"  # a stage of an earlier invocation, reused
-            continue
-        model = warmstart([*(o.format(premature=args.premature) for o in options), *start, "--env", "SynthHop-v0",
-                           "--data-dir", str(world_data_dir(WORLD)),
-                           "--output", str(output / f"warm{stage}"), "--dev-questions", str(args.curve_questions),
-                           "--max-step-tokens", str(args.max_step_tokens)])
-    return model
+    model = output / "warm" / "model"
+    if args.resume and (model / "config.json").exists():
+        return model
+    return warmstart([*WARM_START, "--premature", str(args.premature), "--env", "SynthHop-v0",
+                      "--data-dir", str(world_data_dir(WORLD)), "--topk", str(TOPK), "--output", str(model.parent),
+                      "--dev-questions", str(args.curve_questions), "--max-step-tokens", str(args.max_step_tokens)])
 
 
 def held_out_scores(policy: str, args: argparse.Namespace) -> list[dict[str, float]]:
@@ -122,7 +118,7 @@ def held_out_scores(policy: str, args: argparse.Namespace) -> list[dict[str, flo
     held-out questions, one dict of ``algos.evaluation.EVAL_COLUMNS`` and ``hops`` per question."""
     from experiments.evaluate import synthhop_held_out
 
-    return synthhop_held_out(policy, world_data_dir(WORLD), args.eval_questions, args.max_step_tokens)
+    return synthhop_held_out(policy, world_data_dir(WORLD), args.eval_questions, args.max_step_tokens, TOPK)
 
 
 def run_directory(setting: str, seed: int, output: Path) -> Path:
@@ -132,7 +128,7 @@ def run_directory(setting: str, seed: int, output: Path) -> Path:
 def run_options(setting: str, seed: int, model_dir: str, args: argparse.Namespace, directory: Path) -> list[str]:
     """run.py's options for one training run of ``setting`` from ``model_dir`` into ``directory``."""
     return [*SETTINGS[setting][1], "--env", "SynthHop-v0", "--data-dir", str(world_data_dir(WORLD)),
-            "--model", model_dir, "--seed", str(seed), "--iterations", str(args.iterations),
+            "--topk", str(TOPK), "--model", model_dir, "--seed", str(seed), "--iterations", str(args.iterations),
             "--prompts-per-iter", str(args.prompts_per_iter), "--lr", str(args.lr),
             "--max-step-tokens", str(args.max_step_tokens), "--eval-every", str(args.eval_every),
             "--eval-questions", str(args.curve_questions), "--micro-batch-size", "16", "--checkpoint-every", "0",

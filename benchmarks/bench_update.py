@@ -3,9 +3,10 @@
     python benchmarks/bench_update.py                            # K=1 vs K=4, seeds 0 1 2, 4 iterations (~30 min)
     python benchmarks/bench_update.py --iterations 8 --seeds 0 1 2 3 4 --report
 
-Each run is the CPU demo (``experiments/demo.py``: the small SynthHop world, the cached warm start that never
-answers, Tree-GRPO (2,2,1), 8 prompts per iteration) for ``--iterations`` iterations, with ``--ppo-mini-batches
-K`` optimizer steps per rollout batch and everything else equal (the same seeds draw the same first prompts).
+Each run is the CPU demo (``experiments/demo.py``: the small SynthHop world, the cached warm start that
+sometimes answers one hop short, Tree-GRPO (2,2,1), 8 prompts per iteration) for ``--iterations`` iterations,
+with ``--ppo-mini-batches K`` optimizer steps per rollout batch and everything else equal (the same seeds draw the
+same first prompts).
 Per setting: held-out answer rate, reward and EM after training, mean over seeds with a 95% bootstrap interval
 over seeds and questions; and the paired difference K=4 - K=1 (same seeds, same questions) with its interval.
 Writes OUTPUT/update.md and update.json, and with ``--report`` the ``update`` section of docs/benchmarks.md.

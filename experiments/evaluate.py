@@ -122,17 +122,18 @@ def evaluate_env(env_id: str, generator, tokenizer, *, split: str, limit: int | 
     return rows
 
 
-def synthhop_held_out(policy: str | Path, data_dir: Path, questions: int,
-                      max_step_tokens: int) -> list[dict[str, float]]:
+def synthhop_held_out(policy: str | Path, data_dir: Path, questions: int, max_step_tokens: int,
+                      topk: int = 3) -> list[dict[str, float]]:
     """Greedy per-question results of ``policy`` (a ``--model`` name, model directory or checkpoint) on the first
-    ``questions`` held-out questions of the SynthHop world in ``data_dir``, each with its hop count (``hops``)."""
+    ``questions`` held-out questions of the SynthHop world in ``data_dir`` (``topk`` passages per search), each
+    with its hop count (``hops``)."""
     from policies.generation import SamplingSettings
     from policies.generators import step_generator
 
     model, tokenizer = load_policy(str(policy))
     generator = step_generator("hf", model, tokenizer, SamplingSettings(greedy=True, max_step_tokens=max_step_tokens))
     rows = evaluate_env("SynthHop-v0", generator, tokenizer, split=envs.eval_split("SynthHop-v0"), limit=questions,
-                        batch_size=32, env_kwargs={"data_dir": str(data_dir)})
+                        batch_size=32, env_kwargs={"data_dir": str(data_dir), "topk": topk})
     facts = json.loads((Path(data_dir) / "synthhop" / "dev.json").read_text(encoding="utf-8"))
     return [{**row, "hops": float(len(question["supporting_facts"]))} for row, question in zip(rows, facts,
                                                                                              strict=False)]
