@@ -98,7 +98,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # other worlds (names differ, so copying is learned rather than memorised), --premature of the 2-hop trajectories
 # answering one hop short (the strategy mix that RL's choice at the branch point can fix): the recipe of the
 # demo's warm start (experiments/demo.py) on this larger world.
-WARM_START = ("--model", "scratch", "--extra-worlds", "5", "--batch-size", "8", "--epochs", "3", "--lr", "3e-3")
+WARM_START = ("--model", "scratch", "--extra-worlds", "5", "--batch-size", "8", "--epochs", "4", "--lr", "3e-3")
 
 
 def warm_start(args: argparse.Namespace, output: Path) -> Path:

@@ -49,7 +49,7 @@ TOPK = 1  # one passage per search: a short context, in which a model trained fo
 MAX_STEP_TOKENS = 48
 # the warm start: oracle trajectories of 10 worlds, half the 2-hop ones answering one hop short (one cached start
 # for every --seed)
-WARM_START = ("--extra-worlds", "9", "--epochs", "3", "--premature", "0.5", "--batch-size", "8", "--lr", "3e-3",
+WARM_START = ("--extra-worlds", "9", "--epochs", "4", "--premature", "0.5", "--batch-size", "8", "--lr", "3e-3",
               "--seed", "0")
 SUMMARY_METRICS = {"em": "exact match", "answered": "answer rate", "reward": "reward", "tool_calls": "tool calls"}
 
