@@ -82,8 +82,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output", default="outputs/bench_learning")
     p.add_argument("--report", action="store_true", help="write the learning section of docs/benchmarks.md")
     p.add_argument("--resume", action="store_true",
-                   help="reuse the finished runs (and start-point evaluation) in --output whose options match, e.g. "
-                        "after an interruption, or to report on seeds run by several processes")
+                   help="reuse what --output holds: the warm start (OUTPUT/warm/model), the start point's evaluation "
+                        "and the finished runs whose options match, e.g. after an interruption, or to report on seeds "
+                        "run by several processes")
     args = p.parse_args(argv)
     if args.quick:
         args.seeds, args.iterations, args.eval_every = args.seeds[:1], 6, 3

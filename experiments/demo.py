@@ -7,7 +7,7 @@ search again, and held-out exact match rises within minutes, with 95% intervals.
 
 The task is SynthHop-v0 on a small generated world (60 people, 30 companies; 240 training and 60 held-out
 questions, half of them 1-hop, half 2-hop; one passage per search). The start policy is a 10M-parameter Llama
-trained from scratch for a few minutes on oracle search trajectories of this world and of 9 others (other
+trained from scratch for about ten minutes on oracle search trajectories of this world and of 9 others (other
 names, so it learns to copy names rather than memorise them), in which half the 2-hop questions are answered
 right after the first search, with the entity it found: a wrong answer in the right format. So the start
 policy copies names well but, at the branch point after its first search, often answers one hop short. The
