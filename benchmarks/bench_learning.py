@@ -153,37 +153,33 @@ def finished_run(setting: str, seed: int, model_dir: str, args: argparse.Namespa
     options and evaluation match this one's; otherwise (or if none) trained and evaluated now. Each finished
     run leaves RUN/held_out.json, so benchmarks split over processes (--seeds) or interrupted reuse its work."""
     directory = run_directory(setting, seed, output)
-    key = {"run": run_options(setting, seed, model_dir, args, directory), "eval_questions": args.eval_questions}
-    scores = saved_scores(directory / "held_out.json", key) if args.resume else None
-    if scores is not None:
-        print(f"{setting}, seed {seed}: reusing the finished run in {directory}")
-    else:
+
+    def train_and_evaluate() -> list[dict[str, float]]:
         train_run(setting, seed, model_dir, args, output)
-        scores = held_out_scores(str(directory / "checkpoints" / "latest"), args)
-        save_scores(directory / "held_out.json", key, scores)
+        return held_out_scores(str(directory / "checkpoints" / "latest"), args)
+
+    key = {"run": run_options(setting, seed, model_dir, args, directory), "eval_questions": args.eval_questions}
+    scores = scores_once(directory / "held_out.json", key, args.resume, train_and_evaluate)
     return load_metrics(directory / "metrics.jsonl"), scores
 
 
 def start_point_scores(model_dir: str, args: argparse.Namespace, output: Path) -> list[dict[str, float]]:
     """The start point's held-out scores (reused with --resume, as ``finished_run`` does)."""
     key = {"model": model_dir, "eval_questions": args.eval_questions, "max_step_tokens": args.max_step_tokens}
-    scores = saved_scores(output / "start_point.json", key) if args.resume else None
-    if scores is None:
-        scores = held_out_scores(model_dir, args)
-        save_scores(output / "start_point.json", key, scores)
-    return scores
+    return scores_once(output / "start_point.json", key, args.resume, lambda: held_out_scores(model_dir, args))
 
 
-def saved_scores(record: Path, key: dict) -> list[dict[str, float]] | None:
-    """The scores saved in ``record`` if it exists and was saved under ``key``, else None."""
-    if not record.exists():
-        return None
-    saved = json.loads(record.read_text(encoding="utf-8"))
-    return saved["scores"] if {k: saved.get(k) for k in key} == key else None
-
-
-def save_scores(record: Path, key: dict, scores: list[dict[str, float]]) -> None:
+def scores_once(record: Path, key: dict, resume: bool, compute) -> list[dict[str, float]]:
+    """The scores saved in ``record`` under ``key`` when ``resume`` and they exist; else ``compute()``'s, saved
+    there with their key."""
+    if resume and record.exists():
+        saved = json.loads(record.read_text(encoding="utf-8"))
+        if {k: saved.get(k) for k in key} == key:
+            print(f"reusing {record}")
+            return saved["scores"]
+    scores = compute()
     record.write_text(json.dumps({**key, "scores": scores}), encoding="utf-8")
+    return scores
 
 
 def em_matrix(scores: list[list[dict[str, float]]]) -> np.ndarray:

@@ -123,7 +123,7 @@ def evaluate_env(env_id: str, generator, tokenizer, *, split: str, limit: int | 
 
 
 def synthhop_held_out(policy: str | Path, data_dir: Path, questions: int, max_step_tokens: int,
-                      topk: int = 3) -> list[dict[str, float]]:
+                      topk: int) -> list[dict[str, float]]:
     """Greedy per-question results of ``policy`` (a ``--model`` name, model directory or checkpoint) on the first
     ``questions`` held-out questions of the SynthHop world in ``data_dir`` (``topk`` passages per search), each
     with its hop count (``hops``)."""
