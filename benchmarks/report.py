@@ -1,5 +1,5 @@
-"""What the benchmarks share: the machine's description, one replaceable section of docs/benchmarks.md, and the
-accelerator options of the scripts that run on a bare GPU machine."""
+"""What the benchmarks share: the machine's description, one replaceable section of docs/benchmarks.md, a compact
+copy of a plot for the docs, and the accelerator options of the scripts that run on a bare GPU machine."""
 
 from __future__ import annotations
 
@@ -45,6 +45,18 @@ def replace_section(path: str | os.PathLike, key: str, title: str, body: str) ->
         text = text.rstrip() + "\n\n" + block + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")
+
+
+def compact_plot_copy(source: str | os.PathLike, destination: str | os.PathLike, colors: int = 128) -> Path:
+    """Copy a PNG plot to ``destination`` with a palette of ``colors`` (a committed docs figure at about a third
+    of matplotlib's size; line plots use few colours)."""
+    from PIL import Image
+
+    destination = Path(destination)
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    with Image.open(source) as image:
+        image.convert("RGB").quantize(colors=colors).save(destination, optimize=True)
+    return destination
 
 
 def add_accelerator_options(parser: argparse.ArgumentParser) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import subprocess
 import sys
@@ -101,13 +102,19 @@ def scores(*ems: float) -> list[dict[str, float]]:
     return [{"em": em, "tool_calls": 2.0, "answered": 1.0, "hops": 2.0} for em in ems]
 
 
-def test_learning_summary_and_plot_rows():
+def two_seed_runs() -> tuple[dict[str, list[list[dict]]], dict[str, list[list[dict[str, float]]]]]:
+    """(metrics rows, final held-out scores) of two seeds of the tree (2,2,1) setting."""
     runs = {"tree (2,2,1)": [
         [{"iteration": 1, "dev_em": None, "tokens_generated": 100, "tool_calls": 6, "reward_mean": 0.2, "time_s": 3.0},
          {"iteration": 2, "dev_em": 0.5, "tokens_generated": 50, "tool_calls": 4, "reward_mean": 0.4, "time_s": 2.0}],
         [{"iteration": 1, "dev_em": None, "tokens_generated": 80, "tool_calls": 2, "reward_mean": 0.1, "time_s": 4.0},
          {"iteration": 2, "dev_em": 0.3, "tokens_generated": 70, "tool_calls": 8, "reward_mean": 0.3, "time_s": 1.0}]]}
     finals = {"tree (2,2,1)": [scores(1, 1, 0, 0), scores(1, 1, 1, 1)]}  # seed means 0.5 and 1.0
+    return runs, finals
+
+
+def test_learning_summary_and_plot_rows():
+    runs, finals = two_seed_runs()
     s = summarize(runs, finals, before=scores(0, 0, 1, 0))["tree (2,2,1)"]
     assert s["budget"] == SETTINGS["tree (2,2,1)"][0] == 4 and s["dev_em"]["mean"] == pytest.approx(0.75)
     assert s["dev_em_per_seed"] == [0.5, 1.0] and s["dev_em_before"]["mean"] == 0.25
@@ -121,6 +128,20 @@ def test_learning_summary_and_plot_rows():
     assert [r["tool_calls"] for r in rows] == [0, 4, 6]
     assert rows[0]["dev_em_std"] == 0.0 and rows[1]["dev_em_std"] is None
     assert rows[2]["dev_em_std"] == pytest.approx(0.1)  # population std of 0.5 and 0.3
+
+
+def test_results_are_written_and_the_curves_start_on_the_curve_questions(tmp_path, monkeypatch):
+    plotted = {}
+    monkeypatch.setattr(bench_learning, "plot_runs", lambda runs, path, metrics: plotted.update(runs) or Path(path))
+    args = bench_learning.parse_args(["--curve-questions", "2", "--output", str(tmp_path)])
+    runs, finals = two_seed_runs()
+    table, plot = bench_learning.write_results(runs, finals, scores(1, 1, 0, 0), args, "W", 120.0, tmp_path)
+    # the curves' dev EM is on the first 2 held-out questions: so is their start point (1.0, not 0.5 over all 4)
+    assert plotted["tree (2,2,1)"][0]["dev_em"] == 1.0 and plot == tmp_path / "learning.png"
+    saved = json.loads((tmp_path / "learning.json").read_text(encoding="utf-8"))
+    assert saved["summary"]["tree (2,2,1)"]["dev_em_before"]["mean"] == 0.5
+    assert (tmp_path / "learning.md").read_text(encoding="utf-8") == table
+    assert "| tree (2,2,1) | 4 | 0.500" in table and "this invocation: 2 min" in table
 
 
 def test_comparisons_pair_seeds_and_questions_and_read_the_direction():
@@ -177,3 +198,19 @@ def test_the_device_check_runs_on_the_cpu_and_finds_no_fp32_gap(tmp_path, monkey
     assert rows["leaves / prompts"] == "6 / 1"
     assert float(rows["sampler/learner mean abs log-prob gap"]) < 1e-4
     assert (tmp_path / "device.md").read_text() == text
+
+
+def test_the_docs_copy_of_a_plot_keeps_its_pixels_size_and_lines(tmp_path):
+    from PIL import Image
+
+    from benchmarks.report import compact_plot_copy
+
+    source = tmp_path / "plot.png"
+    pixels = np.full((40, 60, 3), 255, dtype=np.uint8)
+    pixels[10, :] = (31, 119, 180)  # a line in matplotlib's first colour, on white
+    pixels[:, 30] = (255, 127, 14)
+    Image.fromarray(pixels).save(source)
+    copy = compact_plot_copy(source, tmp_path / "docs" / "plot.png", colors=16)
+    with Image.open(copy) as image:
+        assert image.mode == "P" and image.size == (60, 40)
+        assert np.array_equal(np.asarray(image.convert("RGB")), pixels)  # 3 colours: the palette holds them exactly
