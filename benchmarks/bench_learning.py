@@ -1,8 +1,13 @@
 """Learning benchmark on SynthHop-v0 (issue 15): tree vs chain at matched budgets and the advantage ablation,
 from the same warm start, several seeds, with bootstrap intervals.
 
-    python benchmarks/bench_learning.py --report             # warm start (~25 min) + 7 settings x 5 seeds (hours)
+    python benchmarks/bench_learning.py --report             # warm start (18 min) + 7 settings x 5 seeds: 1.5-2.5 h
     python benchmarks/bench_learning.py --resume --report    # go on after an interruption, reusing finished runs
+    # or split the runs over processes sharing --output, once OUTPUT/warm/model exists (e.g. after a first
+    # `--seeds 0 --settings 'chain G=2'`): about 80 min in all on 2 cores (docs/benchmarks.md)
+    OMP_NUM_THREADS=1 python benchmarks/bench_learning.py --resume --seeds 0 1 2 &
+    OMP_NUM_THREADS=1 python benchmarks/bench_learning.py --resume --seeds 3 4 &
+    wait; python benchmarks/bench_learning.py --resume --report
     python benchmarks/bench_learning.py --warm outputs/bench_learning/warm/model --report   # reuse a warm start
     python benchmarks/bench_learning.py --quick --warm DIR   # 1 seed, 6 iterations, 60 questions
 
