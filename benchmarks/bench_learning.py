@@ -3,8 +3,8 @@ from the same warm start, several seeds, with bootstrap intervals.
 
     python benchmarks/bench_learning.py --report             # warm start (18 min) + 7 settings x 5 seeds: 1.5-2.5 h
     python benchmarks/bench_learning.py --resume --report    # go on after an interruption, reusing finished runs
-    # or split the runs over processes sharing --output, once OUTPUT/warm/model exists (e.g. after a first
-    # `--seeds 0 --settings 'chain G=2'`): about 80 min in all on 2 cores (docs/benchmarks.md)
+    # or split the runs over processes sharing --output (the first trains the warm start, the others wait for it;
+    # about 1.5 h in all on 2 cores: docs/benchmarks.md)
     OMP_NUM_THREADS=1 python benchmarks/bench_learning.py --resume --seeds 0 1 2 &
     OMP_NUM_THREADS=1 python benchmarks/bench_learning.py --resume --seeds 3 4 &
     wait; python benchmarks/bench_learning.py --resume --report
@@ -28,6 +28,8 @@ rerun leaves alone).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import os
 import shlex
@@ -119,6 +121,20 @@ def warm_start(args: argparse.Namespace, output: Path) -> Path:
     return warmstart([*WARM_START, "--premature", str(args.premature), "--env", "SynthHop-v0",
                       "--data-dir", str(world_data_dir(WORLD)), "--topk", str(TOPK), "--output", str(model.parent),
                       "--dev-questions", str(args.curve_questions), "--max-step-tokens", str(args.max_step_tokens)])
+
+
+@contextlib.contextmanager
+def exclusive(lock: Path):
+    """Hold an exclusive lock on the file ``lock`` while the block runs: of several processes sharing --output
+    with --resume, the first trains the warm start and evaluates the start point, and the others, waiting here,
+    reuse them."""
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def held_out_scores(policy: str, args: argparse.Namespace) -> list[dict[str, float]]:
@@ -313,8 +329,9 @@ def main(argv: list[str] | None = None) -> Path:
     output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    warm = str(Path(args.warm or warm_start(args, output)).resolve())
-    before = start_point_scores(warm, args, output)
+    with exclusive(output / "start.lock"):
+        warm = str(Path(args.warm or warm_start(args, output)).resolve())
+        before = start_point_scores(warm, args, output)
     print(f"start point {warm}: dev EM {np.mean([row['em'] for row in before]):.3f}")
     runs: dict[str, list[list[dict]]] = {setting: [] for setting in args.settings}
     finals: dict[str, list[list[dict]]] = {setting: [] for setting in args.settings}

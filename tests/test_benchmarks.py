@@ -8,6 +8,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -214,3 +216,21 @@ def test_the_docs_copy_of_a_plot_keeps_its_pixels_size_and_lines(tmp_path):
     with Image.open(copy) as image:
         assert image.mode == "P" and image.size == (60, 40)
         assert np.array_equal(np.asarray(image.convert("RGB")), pixels)  # 3 colours: the palette holds them exactly
+
+
+def test_processes_sharing_an_output_take_the_start_lock_in_turn(tmp_path):
+    order, inside = [], threading.Event()
+
+    def first() -> None:
+        with bench_learning.exclusive(tmp_path / "start.lock"):
+            inside.set()
+            time.sleep(0.3)  # long enough for the second to reach the lock, were it free
+            order.append("first leaves")
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    assert inside.wait(10)
+    with bench_learning.exclusive(tmp_path / "start.lock"):
+        order.append("second enters")
+    thread.join()
+    assert order == ["first leaves", "second enters"]
