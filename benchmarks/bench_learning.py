@@ -36,6 +36,7 @@ import shlex
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -192,7 +193,8 @@ def start_point_scores(model_dir: str, args: argparse.Namespace, output: Path) -
     return scores_once(output / "start_point.json", key, args.resume, lambda: held_out_scores(model_dir, args))
 
 
-def scores_once(record: Path, key: dict, resume: bool, compute) -> list[dict[str, float]]:
+def scores_once(record: Path, key: dict, resume: bool,
+                compute: Callable[[], list[dict[str, float]]]) -> list[dict[str, float]]:
     """The scores saved in ``record`` under ``key`` when ``resume`` and they exist; else ``compute()``'s, saved
     there with their key."""
     if resume and record.exists():

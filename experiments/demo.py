@@ -14,8 +14,9 @@ policy copies names well but, at the branch point after its first search, often 
 world and this warm start are built on the first run and cached (``$TREEGRPO_CACHE_DIR``, default
 ``~/.cache/tree-grpo``), so a second run starts training at once. Then Tree-GRPO, (M, N, L) = (2, 2, 1), 8
 prompts per iteration, the paper's update (PPO mini-batches, warm-up). Sibling leaves that branch after the
-same first search, one answering and one searching again, earn different rewards: that step-level signal is
-what the trees give, and it teaches the second search.
+same first search, one answering and one searching again, earn different rewards: the step-level signal the
+trees give. (Chain GRPO learns the second search as well on this task: docs/benchmarks.md, "Learning: tree vs
+chain".)
 
 Before and after, the same held-out questions are answered greedily; the summary gives each metric's mean with
 its 95% interval and the paired change (per question) with its interval, the failure mix, the tokens generated,
