@@ -31,6 +31,7 @@ class Node:
     is_leaf: bool = False
     info: dict[str, Any] = field(default_factory=dict)
     children: list[Node] = field(default_factory=list)
+    lineage: tuple[int, int] = (0, 0)  # (expansion round, branch index in it) of the branch that made this step
 
     @property
     def depth(self) -> int:
@@ -45,8 +46,10 @@ class Node:
         return nodes[::-1]
 
     def add_child(self, child: Node) -> Node:
+        """Attach ``child``; children stay in lineage order, whatever order their steps finished in."""
         child.parent = self
         self.children.append(child)
+        self.children.sort(key=lambda node: node.lineage)
         return child
 
 

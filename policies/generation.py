@@ -20,10 +20,11 @@ backend implements the same calls with its own prefix caching in place of cache 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -74,10 +75,19 @@ class CacheHandle(Protocol):
 
 @dataclass(frozen=True)
 class Branch:
-    """A context to continue: its token ids and, optionally, the cache of a prefix of them."""
+    """A context to continue: its token ids, optionally the cache of a prefix of them, and the random stream its
+    tokens are drawn from (any integer below 2**62; :func:`branch_stream`). A branch draws the same tokens from
+    the same stream whichever branches share its batch."""
 
     token_ids: tuple[int, ...]
     cache: CacheHandle | None = None
+    stream: int | None = None
+
+
+def branch_stream(*entropy: int) -> int:
+    """A random stream (62 bits) determined by ``entropy`` (a seed and, say, a tree and a branch index)."""
+    words = np.random.SeedSequence(list(entropy)).generate_state(2, dtype=np.uint32)
+    return (int(words[0]) << 30) ^ int(words[1])
 
 
 @dataclass(frozen=True)
@@ -98,26 +108,58 @@ class StepOutput:
 
 @dataclass
 class GenerationCounters:
-    """What generation cost: tokens sampled, tokens prefilled (computed without a cache), LLM calls (steps)."""
+    """What generation cost: tokens sampled, tokens prefilled (computed without a cache), LLM calls (steps),
+    forward passes of the model (engine iterations; tokens per pass = tokens_generated / forward_passes)."""
 
     tokens_generated: int = 0
     tokens_prefilled: int = 0
     llm_calls: int = 0
+    forward_passes: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return {"tokens_generated": self.tokens_generated, "tokens_prefilled": self.tokens_prefilled,
-                "llm_calls": self.llm_calls}
+                "llm_calls": self.llm_calls, "forward_passes": self.forward_passes}
 
 
 class StepGenerator(Protocol):
-    """Advances many branches by one agent step (the contract every generation backend implements)."""
+    """Advances branches by one agent step each (the contract every generation backend implements).
+
+    Steps are requests: :meth:`submit` queues one, :meth:`poll` advances the engine (one forward pass, or one
+    engine iteration) and returns the steps that finished, each under the tag it was submitted with; a step
+    submitted while others run joins them at the next pass. :meth:`generate_step` is the batch form (submit
+    all, poll until all are back)."""
 
     counters: GenerationCounters
+    settings: SamplingSettings
+
+    def submit(self, branch: Branch, tag: Hashable) -> None: ...
+
+    def poll(self) -> list[tuple[Hashable, StepOutput]]: ...
+
+    @property
+    def pending(self) -> int:
+        """Steps submitted and not yet returned by :meth:`poll`."""
 
     def generate_step(self, branches: Sequence[Branch], *, seed: int | None = None) -> list[StepOutput]: ...
 
     def prefix_cache(self, token_ids: tuple[int, ...]) -> CacheHandle | None:
         """A cache handle for a context many branches will start from (None where the backend caches itself)."""
+
+
+def generate_steps(generator: StepGenerator, branches: Sequence[Branch], seed: int | None) -> list[StepOutput]:
+    """One step of every branch, in order (:meth:`StepGenerator.generate_step`): branches without a stream get
+    one from ``seed`` (random when None) and their position in ``branches``."""
+    base = seed if seed is not None else int(np.random.SeedSequence().generate_state(1)[0])
+    for i, branch in enumerate(branches):
+        stream = branch.stream if branch.stream is not None else branch_stream(base, i)
+        generator.submit(Branch(branch.token_ids, branch.cache, stream), i)
+    outputs: dict[Hashable, StepOutput] = {}
+    while len(outputs) < len(branches):
+        finished = generator.poll()
+        if not finished and not generator.pending:
+            raise RuntimeError("the step generator stopped with steps outstanding")
+        outputs.update(finished)
+    return [outputs[i] for i in range(len(branches))]
 
 
 # -- conversation in token space ---------------------------------------------------------------------------

@@ -1,18 +1,29 @@
-"""The transformers backend of :class:`~policies.generation.StepGenerator`: batched branching generation on a
-causal LM with KV-cache reuse across branches (CPU or GPU).
+"""The transformers backend of :class:`~policies.generation.StepGenerator`: a continuous-batching engine over a
+causal LM (CPU or GPU).
 
-Branches that carry a :class:`KVCache` (the keys and values of a prefix of their context) prefill only the rest;
-every step returns a cache handle for the new context, so a child branch forked from it prefills only its
-observation.
+Steps are submitted as requests (:meth:`HFStepGenerator.submit`) and advanced by :meth:`HFStepGenerator.poll`,
+one forward pass per call: every row being decoded feeds its last token, and waiting requests join in the same
+pass with their uncached tokens (:mod:`policies.ragged_attention` lays them out without padding). A row whose step
+ends leaves the batch at once and its place is taken by whatever is waiting, so a branch back from its tool call
+does not wait for the longest branch of the others.
+
+Per forward pass: sampling on the device (:mod:`policies.sampling`: top-k candidates, top-p inside them, the
+exponential race from the branch's own random stream; no sort of the vocabulary, no sync), one transfer of the
+sampled ids and log-probs to the host, and a stop check that decodes text only for rows whose new token can end a
+stop string. Keys and values live in a :class:`~policies.kv_cache.KVPool` written in place; a finished step hands
+back a :class:`~policies.kv_cache.KVSegment` holding only its own tokens and a link to its parent, so a branch
+forked from it prefills only its observation.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
 
 import torch
-from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from policies.generation import (
     Branch,
@@ -20,196 +31,261 @@ from policies.generation import (
     SamplingSettings,
     StepOutput,
     end_of_turn_ids,
+    generate_steps,
 )
+from policies.kv_cache import KVPool, KVSegment
+from policies.ragged_attention import PrefillRow, RaggedPlan, prefill_mask, ragged_attention_for
+from policies.sampling import sample_tokens, sample_tokens_exact
 
 
 @dataclass(frozen=True)
-class KVCache:
-    """Keys and values of one sequence's first ``length`` tokens: per layer (K, V), each [kv_heads, length, dim]."""
+class EngineLimits:
+    """How much one forward pass may take on: rows decoded together, and uncached tokens of requests admitted in
+    one pass (a long prefill delays every row's next token; at least one request is admitted per pass)."""
 
-    layers: tuple[tuple[torch.Tensor, torch.Tensor], ...]
-    length: int
+    max_rows: int = 256
+    max_prefill_tokens: int = 4096
 
-    def crop(self, length: int) -> KVCache:
-        """The cache of the first ``length`` tokens (a view, no copy)."""
-        return KVCache(tuple((k[:, :length], v[:, :length]) for k, v in self.layers), length)
-
-
-
-# -- sampling ----------------------------------------------------------------------------------------------
-
-
-def sample_tokens(logits: torch.Tensor, settings: SamplingSettings, generator: torch.Generator) -> torch.Tensor:
-    """One token id per row of ``logits`` [B, V]: greedy, or temperature + nucleus (top-p) sampling."""
-    if settings.greedy:
-        return logits.argmax(dim=-1)
-    probs = torch.softmax(logits.float() / settings.temperature, dim=-1)
-    if settings.top_p < 1.0:
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
-        # keep the smallest prefix whose mass reaches top_p (the first token always stays)
-        outside = sorted_probs.cumsum(dim=-1) - sorted_probs >= settings.top_p
-        sorted_probs = sorted_probs.masked_fill(outside, 0.0)
-        choice = torch.multinomial(sorted_probs, 1, generator=generator).squeeze(-1)
-        return order.gather(-1, choice[:, None]).squeeze(-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-
-
-# -- the transformers backend ------------------------------------------------------------------------------
+    def __post_init__(self) -> None:
+        if self.max_rows < 1 or self.max_prefill_tokens < 1:
+            raise ValueError(f"engine limits must be >= 1, got max_rows={self.max_rows}, "
+                             f"max_prefill_tokens={self.max_prefill_tokens}")
 
 
 @dataclass
-class _Batch:
-    """Padded batch state during one ``generate_step`` call."""
+class _Request:
+    branch: Branch
+    tag: Hashable
+    stream: int
 
-    attention_mask: torch.Tensor  # [B, past + current], 1 = real token
-    next_position: torch.Tensor  # [B], position id of each branch's next real token
-    generated: list[list[int]]  # sampled ids per branch
-    logprobs: list[list[float]]
-    finish: list[str | None]  # None while a branch is active
-    closing: list[bool]  # a stop string closed; one end-of-turn token to go
+
+@dataclass
+class _Row:
+    """A step being generated: its pool row holds ``length`` tokens; ``pending`` is sampled but not yet fed."""
+
+    tag: Hashable
+    stream: int
+    cap: int
+    parent: KVSegment | None
+    start: int  # tokens loaded from ``parent`` (this step's segment starts here)
+    length: int
+    suffix: tuple[int, ...] = ()  # uncached context tokens, fed by the first forward pass
+    pending: int = -1
+    generated: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    closing: bool = False
+    finish: str | None = None
+
+
+@lru_cache(maxsize=8)
+def stop_enders(tokenizer: PreTrainedTokenizerBase, stop_strings: tuple[str, ...]) -> frozenset[int]:
+    """Token ids whose text holds the last character of a stop string: only such a token can complete one."""
+    last = {stop[-1] for stop in stop_strings}
+    texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
+    return frozenset(i for i, text in enumerate(texts) if any(c in text for c in last))
 
 
 class HFStepGenerator:
-    """A :class:`StepGenerator` on a transformers causal LM, with KV-cache reuse across branches.
-
-    Branches are laid out left-padded: ``[pad | cached prefix | pad | uncached suffix]``; the attention mask
-    hides the pads and explicit position ids keep every branch's positions contiguous, so each branch sees
-    exactly what it would see alone.
-    """
+    """A :class:`~policies.generation.StepGenerator` on a transformers causal LM (see the module docstring)."""
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
-                 settings: SamplingSettings | None = None, *, keep_cache: bool = True):
+                 settings: SamplingSettings | None = None, *, keep_cache: bool = True,
+                 limits: EngineLimits | None = None):
         self.model, self.tokenizer = model, tokenizer
         self.settings = settings or SamplingSettings()
         self.keep_cache = keep_cache
+        self.limits = limits or EngineLimits()
         # the distribution the recorded log-probs are of: the tempered softmax (greedy decoding: the model's own)
         self._logprob_temperature = 1.0 if self.settings.greedy else self.settings.temperature
         self.eot_ids = end_of_turn_ids(tokenizer, model)
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eot_ids)
         self.counters = GenerationCounters()
+        self._enders = stop_enders(tokenizer, self.settings.stop_strings)
         self._stop_window = max(len(s) for s in self.settings.stop_strings) + 2  # tokens to decode per check
+        config = model.config.get_text_config()
+        self.max_positions = getattr(config, "max_position_embeddings", None)
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.pool = KVPool(config.num_hidden_layers, config.num_key_value_heads, head_dim,
+                           next(model.parameters()).dtype, model.device)
+        self._waiting: deque[_Request] = deque()
+        self._rows: list[_Row] = []
+
+    # -- the StepGenerator calls ------------------------------------------------------------------------------
+
+    def submit(self, branch: Branch, tag: Hashable) -> None:
+        """Queue one step of ``branch`` (its ``stream`` must be set); :meth:`poll` returns it under ``tag``."""
+        if branch.stream is None:
+            raise ValueError("a submitted branch needs its random stream (Branch.stream)")
+        if self.max_positions is not None and len(branch.token_ids) >= self.max_positions:
+            raise ValueError(f"a context of {len(branch.token_ids)} tokens does not fit the model's "
+                             f"{self.max_positions} positions")
+        self._waiting.append(_Request(branch, tag, branch.stream))
+
+    @property
+    def pending(self) -> int:
+        """Steps submitted and not yet returned."""
+        return len(self._waiting) + len(self._rows)
 
     @torch.inference_mode()
+    def poll(self) -> list[tuple[Hashable, StepOutput]]:
+        """One forward pass over the rows being decoded and the requests admitted now; the steps it finished."""
+        done: list[tuple[Hashable, StepOutput]] = []
+        admitted = self._admit(done)
+        if self._rows or admitted:
+            self._forward(self._rows, admitted)
+            self._rows += admitted
+            done += self._retire()
+        return done
+
     def generate_step(self, branches: Sequence[Branch], *, seed: int | None = None) -> list[StepOutput]:
-        if not branches:
-            return []
-        # on the logits' device: torch.multinomial refuses a generator of another device (a CPU one on CUDA logits)
-        generator = torch.Generator(device=self.model.device)
-        generator.manual_seed(seed if seed is not None else torch.seed() % (2**63))
-        caps = [self.settings.step_cap(len(b.token_ids)) for b in branches]
-        state, cache, logits = self._prefill(branches, caps)
-        while True:
-            tokens = sample_tokens(logits, self.settings, generator).cpu()
-            chosen = torch.log_softmax(logits.float() / self._logprob_temperature, dim=-1).gather(
-                -1, tokens.to(logits.device)[:, None])
-            self._record(state, tokens.tolist(), chosen.squeeze(-1).tolist(), caps)
-            active = torch.tensor([f is None for f in state.finish])
-            if not active.any():
-                break
-            logits = self._decode(state, cache, tokens, active)
-        self.counters.llm_calls += len(branches)
-        self.counters.tokens_generated += sum(len(g) for g in state.generated)
-        return [
-            StepOutput(tuple(gen), tuple(lp), finish, self._extract(cache, state, b) if self.keep_cache else None)
-            for b, (gen, lp, finish) in enumerate(zip(state.generated, state.logprobs, state.finish, strict=True))
-        ]
+        return generate_steps(self, branches, seed)
 
     @torch.inference_mode()
-    def prefix_cache(self, token_ids: tuple[int, ...]) -> KVCache | None:
+    def prefix_cache(self, token_ids: tuple[int, ...]) -> KVSegment | None:
         """The cache of ``token_ids[:-1]``: branches sharing this context (the M trees of a prompt) then prefill
         one token each instead of the whole prompt."""
         if not self.keep_cache or len(token_ids) < 2:
             return None
-        ids = torch.tensor([token_ids[:-1]], device=self.model.device)
-        out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1)
-        self.counters.tokens_prefilled += ids.shape[1]
-        layers = tuple((layer.keys[0].clone(), layer.values[0].clone()) for layer in out.past_key_values.layers)
-        return KVCache(layers, ids.shape[1])
+        row = _Row(tag=None, stream=0, cap=0, parent=None, start=0, length=0, suffix=tuple(token_ids[:-1]))
+        slot = len(self._rows)  # a row past the active ones; they do not advance in this pass
+        self.pool.ensure(slot + 1, len(row.suffix), used_rows=slot)
+        self._forward([], [row], first_slot=slot, sample=False)
+        return self.pool.segment(slot, 0, row.length, None)
 
-    def _prefill(self, branches: Sequence[Branch], caps: list[int]) -> tuple[_Batch, DynamicCache, torch.Tensor]:
-        device = self.model.device
-        caches = [_usable_cache(b) for b in branches]
-        cached = [c.length if c else 0 for c in caches]
-        suffixes = [b.token_ids[n:] for b, n in zip(branches, cached, strict=True)]
-        past_len, suffix_len = max(cached), max(len(s) for s in suffixes)
-        batch = len(branches)
-        input_ids = torch.full((batch, suffix_len), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((batch, past_len + suffix_len), dtype=torch.long)
-        positions = torch.zeros((batch, suffix_len), dtype=torch.long)
-        for b, (n, suffix) in enumerate(zip(cached, suffixes, strict=True)):
-            start = suffix_len - len(suffix)
-            input_ids[b, start:] = torch.tensor(suffix, dtype=torch.long)
-            mask[b, past_len - n : past_len] = 1
-            mask[b, past_len + start :] = 1
-            positions[b, start:] = torch.arange(n, n + len(suffix))
-        past = DynamicCache(ddp_cache_data=_stack_caches(caches, past_len, self.model)) if past_len else DynamicCache()
-        out = self.model(input_ids=input_ids.to(device), attention_mask=mask.to(device),
-                         position_ids=positions.to(device), past_key_values=past, use_cache=True,
-                         logits_to_keep=1)  # only the last position's logits: never B x T x V
-        self.counters.tokens_prefilled += sum(len(s) for s in suffixes)
-        next_position = torch.tensor([n + len(s) for n, s in zip(cached, suffixes, strict=True)])
-        state = _Batch(mask, next_position, generated=[[] for _ in branches], logprobs=[[] for _ in branches],
-                       finish=[None if cap > 0 else "length" for cap in caps], closing=[False for _ in branches])
-        return state, out.past_key_values, out.logits[:, -1]
+    # -- admission, the forward pass, retirement ---------------------------------------------------------------
 
-    def _decode(self, state: _Batch, cache: DynamicCache, tokens: torch.Tensor,
-                active: torch.Tensor) -> torch.Tensor:
-        device = self.model.device
-        inputs = torch.where(active, tokens, torch.full_like(tokens, self.pad_id))
-        state.attention_mask = torch.cat([state.attention_mask, active.long()[:, None]], dim=1)
-        out = self.model(input_ids=inputs[:, None].to(device), attention_mask=state.attention_mask.to(device),
-                         position_ids=state.next_position[:, None].to(device), past_key_values=cache, use_cache=True,
-                         logits_to_keep=1)
-        state.next_position = state.next_position + active.long()
-        return out.logits[:, -1]
-
-    def _record(self, state: _Batch, tokens: list[int], logprobs: list[float], caps: list[int]) -> None:
-        for b, (token, logprob) in enumerate(zip(tokens, logprobs, strict=True)):
-            if state.finish[b] is not None:
+    def _admit(self, done: list[tuple[Hashable, StepOutput]]) -> list[_Row]:
+        """Waiting requests that join this pass, loaded into rows after the active ones; requests with no room
+        left in the context cap finish at once (no tokens, ``length``)."""
+        admitted: list[_Row] = []
+        budget = self.limits.max_prefill_tokens
+        while self._waiting and len(self._rows) + len(admitted) < self.limits.max_rows:
+            request = self._waiting[0]
+            context = request.branch.token_ids
+            cap = self.settings.step_cap(len(context))
+            handle = _usable_cache(request.branch) if self.keep_cache else None
+            cached = handle.length if handle is not None else 0
+            if admitted and len(context) - cached > budget:
+                break
+            self._waiting.popleft()
+            if cap <= 0:
+                done.append((request.tag, StepOutput((), (), "length", handle)))
                 continue
-            state.generated[b].append(token)
-            state.logprobs[b].append(logprob)
-            if state.closing[b]:
-                state.finish[b] = "stop"
+            budget -= len(context) - cached
+            slot = len(self._rows) + len(admitted)
+            self.pool.ensure(slot + 1, len(context) + cap, used_rows=slot)
+            self.pool.load(slot, handle)
+            admitted.append(_Row(request.tag, request.stream, cap, handle, cached, cached, tuple(context[cached:])))
+        return admitted
+
+    def _forward(self, decoding: list[_Row], prefilling: list[_Row], *, first_slot: int | None = None,
+                 sample: bool = True) -> None:
+        """Feed every decoding row's pending token (pool rows 0, 1, ...) and every prefilling row's suffix (rows
+        from ``first_slot``, default right after the decoding ones) in one pass; with ``sample``, each row's next
+        token is drawn and recorded."""
+        rows = decoding + prefilling
+        tokens = [r.pending for r in decoding]
+        positions = [r.length for r in decoding]
+        write_rows = list(range(len(decoding)))
+        prefill, offset = [], len(decoding)
+        first_slot = len(decoding) if first_slot is None else first_slot
+        for slot, r in enumerate(prefilling, start=first_slot):
+            prefill.append(PrefillRow(slot, offset, len(r.suffix), r.length))
+            tokens += r.suffix
+            positions += range(r.length, r.length + len(r.suffix))
+            write_rows += [slot] * len(r.suffix)
+            offset += len(r.suffix)
+            self.counters.tokens_prefilled += len(r.suffix)
+        for r in decoding:
+            r.length += 1
+        for r in prefilling:
+            r.length, r.suffix = r.length + len(r.suffix), ()
+        keep = list(range(len(decoding))) + [p.offset + p.count - 1 for p in prefill]
+        view = -(-max((r.length for r in decoding), default=0) // 16) * 16
+        # everything the pass needs from the host, in one transfer
+        host = torch.tensor([*tokens, *positions, *write_rows, *keep, *(r.length for r in decoding),
+                             *(r.stream for r in rows), *(r.length for r in rows)], dtype=torch.long)
+        device = self.model.device
+        ids, pos, write, kept, lengths, streams, at = host.to(device).split(
+            [len(tokens)] * 3 + [len(keep), len(decoding), len(rows), len(rows)])
+        decode_mask = None
+        if decoding:
+            view = min(view, self.pool.capacity)
+            decode_mask = (torch.arange(view, device=device)[None] < lengths[:, None])[:, None, None, :]
+        plan = RaggedPlan(self.pool, len(decoding), write, pos, decode_mask, tuple(prefill),
+                          tuple(prefill_mask(p.start, p.count, device) for p in prefill))
+        with ragged_attention_for(self.model):
+            logits = self.model(input_ids=ids[None], position_ids=pos[None], logits_to_keep=kept, use_cache=False,
+                                ragged_plan=plan).logits[0]
+        self.counters.forward_passes += 1
+        if sample:
+            drawn, logprobs = self._sample(logits, streams, at)
+            self._record(rows, drawn, logprobs)
+
+    def _sample(self, logits: torch.Tensor, streams: torch.Tensor,
+                positions: torch.Tensor) -> tuple[list[int], list[float]]:
+        """Each row's next token and its log-prob under the recorded distribution, on the host."""
+        logprobs = torch.log_softmax(logits.float() / self._logprob_temperature, dim=-1)
+        if self.settings.greedy:
+            drawn, redraw = logits.argmax(dim=-1), torch.zeros_like(streams, dtype=torch.bool)
+        else:
+            drawn, redraw = sample_tokens(logprobs, self.settings.top_p, streams, positions)
+        chosen = logprobs.gather(-1, drawn[:, None]).squeeze(-1)
+        host = torch.stack([drawn.double(), chosen.double(), redraw.double()]).cpu()
+        tokens, values, flags = host[0].long().tolist(), host[1].tolist(), host[2].bool()
+        if flags.any():  # candidates short of top_p: the exact draw over the sorted vocabulary (rare)
+            rows = flags.nonzero().squeeze(-1).to(logits.device)
+            exact = sample_tokens_exact(logprobs[rows], self.settings.top_p, streams[rows], positions[rows])
+            exact_lp = logprobs[rows].gather(-1, exact[:, None]).squeeze(-1)
+            for row, token, value in zip(rows.tolist(), exact.tolist(), exact_lp.tolist(), strict=True):
+                tokens[row], values[row] = token, value
+        return tokens, values
+
+    def _record(self, rows: list[_Row], tokens: list[int], logprobs: list[float]) -> None:
+        for r, token, logprob in zip(rows, tokens, logprobs, strict=True):
+            r.generated.append(token)
+            r.logprobs.append(logprob)
+            r.pending = token
+            if r.closing:
+                r.finish = "stop"
             elif token in self.eot_ids:
-                state.finish[b] = "eos"
-            elif stop := self._closing_string(state.generated[b]):
-                end_turn = stop in self.settings.end_turn_after and len(state.generated[b]) < caps[b]
-                state.closing[b] = end_turn
-                state.finish[b] = None if end_turn else "stop"
-            elif len(state.generated[b]) >= caps[b]:
-                state.finish[b] = "length"
+                r.finish = "eos"
+            elif token in self._enders and (stop := self._closing_string(r.generated)):
+                end_turn = stop in self.settings.end_turn_after and len(r.generated) < r.cap
+                r.closing = end_turn
+                r.finish = None if end_turn else "stop"
+            elif len(r.generated) >= r.cap:
+                r.finish = "length"
 
     def _closing_string(self, generated: list[int]) -> str | None:
-        # Checked after every token, so a stop string in the recent tail is the first one of the step.
+        # Checked whenever a token can end a stop string, so one found in the tail is the first of the step.
         tail = self.tokenizer.decode(generated[-self._stop_window :])
         return next((stop for stop in self.settings.stop_strings if stop in tail), None)
 
-    def _extract(self, cache: DynamicCache, state: _Batch, b: int) -> KVCache:
-        # The mask covers every fed position; the last sampled token was never fed.
-        keep = state.attention_mask[b].bool().to(cache.layers[0].keys.device)
-        layers = tuple((layer.keys[b][:, keep].clone(), layer.values[b][:, keep].clone()) for layer in cache.layers)
-        return KVCache(layers, int(keep.sum()))
+    def _retire(self) -> list[tuple[Hashable, StepOutput]]:
+        """Finished rows leave the batch (the last active rows move into their places); their steps."""
+        done = []
+        finished = [i for i, r in enumerate(self._rows) if r.finish is not None]
+        for i in finished:
+            r = self._rows[i]
+            # the pool row holds the context and every sampled token but the last (never fed)
+            cache = self.pool.segment(i, r.start, r.length, r.parent) if self.keep_cache else None
+            done.append((r.tag, StepOutput(tuple(r.generated), tuple(r.logprobs), r.finish, cache)))
+            self.counters.llm_calls += 1
+            self.counters.tokens_generated += len(r.generated)
+        survivors = [i for i, r in enumerate(self._rows) if r.finish is None]
+        kept = len(survivors)
+        movers = iter(i for i in survivors if i >= kept)
+        for hole in (i for i in finished if i < kept):
+            source = next(movers)
+            self.pool.move(source, hole, self._rows[source].length)
+            self._rows[hole] = self._rows[source]
+        del self._rows[kept:]
+        return done
 
 
-def _usable_cache(branch: Branch) -> KVCache | None:
+def _usable_cache(branch: Branch) -> KVSegment | None:
     """The branch's cache, cropped to leave at least one token to prefill (the next-token logits need it)."""
     cache = branch.cache
     if cache is None or cache.length == 0:
         return None
     return cache if cache.length < len(branch.token_ids) else cache.crop(len(branch.token_ids) - 1)
-
-
-def _stack_caches(caches: list[KVCache | None], length: int, model: PreTrainedModel) -> list[tuple]:
-    """Per layer (K, V) of the whole batch, each cache right-aligned in ``length`` slots (zeros = padding)."""
-    template = next(c for c in caches if c is not None)
-    stacked = []
-    for layer, (k_ref, v_ref) in enumerate(template.layers):
-        keys = k_ref.new_zeros((len(caches), k_ref.shape[0], length, k_ref.shape[2]))
-        values = v_ref.new_zeros((len(caches), v_ref.shape[0], length, v_ref.shape[2]))
-        for b, cache in enumerate(caches):
-            if cache is not None:
-                keys[b, :, length - cache.length :] = cache.layers[layer][0]
-                values[b, :, length - cache.length :] = cache.layers[layer][1]
-        stacked.append((keys.to(model.device), values.to(model.device)))
-    return stacked

@@ -36,9 +36,10 @@ class TokenTrajectory:
         return TokenTrajectory(self.token_ids + tuple(ids), self.generated_mask + (False,) * n,
                                self.sampling_logprobs + (0.0,) * n)
 
-    def branch(self, cache: CacheHandle | None = None) -> Branch:
-        """This context as a branch to continue, reusing ``cache`` for the prefix it covers."""
-        return Branch(self.token_ids, cache)
+    def branch(self, cache: CacheHandle | None = None, stream: int | None = None) -> Branch:
+        """This context as a branch to continue, reusing ``cache`` for the prefix it covers, drawing from
+        ``stream``."""
+        return Branch(self.token_ids, cache, stream)
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 import envs  # noqa: F401  (registers the env ids)
-import policies.hf_generation as generation
 from policies.generation import (
     Branch,
     SamplingSettings,
@@ -69,7 +68,8 @@ def test_prefix_reuse_prefills_only_the_new_tokens(tiny):
     gen = HFStepGenerator(model, tokenizer, SamplingSettings(max_step_tokens=6))
     prompt = prompt_ids(tokenizer, "Who wrote Hamlet?")
     (out,) = gen.generate_step([Branch(prompt)], seed=0)
-    assert gen.counters.as_dict() == {"tokens_generated": 6, "tokens_prefilled": len(prompt), "llm_calls": 1}
+    assert gen.counters.as_dict() == {"tokens_generated": 6, "tokens_prefilled": len(prompt), "llm_calls": 1,
+                                      "forward_passes": 6}
     assert out.cache.length == len(prompt) + 5  # the last sampled token was never fed
     obs = observation_ids(tokenizer, OBSERVATION)
     gen.generate_step([Branch(prompt + out.token_ids + obs, out.cache)] * 3, seed=1)
@@ -101,15 +101,16 @@ def test_seeded_sampling(tiny):
 
 @pytest.fixture
 def scripted(monkeypatch, tiny):
-    """Make the generator 'sample' a fixed script of token ids (one per call, the same for every row)."""
+    """Make the generator 'sample' a fixed script of token ids (one per forward pass, the same for every row)."""
 
     def install(script: list[int]) -> None:
         position = iter(script)
 
-        def fake_sample(logits, settings, generator):
-            return torch.full((logits.shape[0],), next(position), dtype=torch.long)
+        def fake_sample(self, logits, streams, positions):
+            token = next(position)
+            return [token] * logits.shape[0], [0.0] * logits.shape[0]
 
-        monkeypatch.setattr(generation, "sample_tokens", fake_sample)
+        monkeypatch.setattr(HFStepGenerator, "_sample", fake_sample)
 
     return install
 
@@ -175,15 +176,6 @@ def test_sampling_settings_validate():
     with pytest.raises(ValueError, match="temperature"):
         SamplingSettings(temperature=0.0)
     SamplingSettings(temperature=0.0, greedy=True)
-
-
-def test_top_p_keeps_the_nucleus():
-    # probs 0.5, 0.3, 0.15, 0.05: top_p 0.7 keeps {0, 1} (0.5 < 0.7 <= 0.8), never 2 or 3
-    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).repeat(2000, 1)
-    generator = torch.Generator().manual_seed(0)
-    drawn = generation.sample_tokens(logits, SamplingSettings(top_p=0.7), generator)
-    counts = torch.bincount(drawn, minlength=4)
-    assert counts[2] == counts[3] == 0 and 0.55 < counts[0] / 2000 < 0.70  # 0.5 / 0.8 = 0.625
 
 
 def test_shared_prompt_cache_is_prefilled_once_and_exact(tiny):

@@ -179,27 +179,38 @@ def test_tree_shape_validates():
 
 
 class ScriptedGenerator:
-    """A policy stand-in: each step searches a random word until its third step, then answers."""
+    """A policy stand-in: each step searches a random word until its third step, then answers; every poll
+    returns the steps submitted since the last one."""
 
     def __init__(self, tokenizer, seed: int):
         self.tokenizer, self.rng = tokenizer, np.random.default_rng(seed)
         self.counters = GenerationCounters()
+        self.settings = SamplingSettings()
         self.words = ["album", "rapper", "film", "river", "novel", "king", "city", "band"]
+        self.queue = []
 
     def prefix_cache(self, token_ids):
         return None
 
-    def generate_step(self, branches, *, seed=None):
-        outputs = []
-        for branch in branches:
-            steps_so_far = self.tokenizer.decode(branch.token_ids).count("<think>go</think>")
-            word = self.words[self.rng.integers(len(self.words))]
-            text = f"<think>go</think><search>{word}</search>" if steps_so_far < 2 else "<answer>x</answer>"
-            ids = tuple(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-            outputs.append(StepOutput(ids, (0.0,) * len(ids), "stop", None))
-            self.counters.tokens_generated += len(ids)
-            self.counters.llm_calls += 1
+    @property
+    def pending(self):
+        return len(self.queue)
+
+    def submit(self, branch, tag):
+        self.queue.append((branch, tag))
+
+    def poll(self):
+        outputs, self.queue = [(tag, self._step(branch)) for branch, tag in self.queue], []
         return outputs
+
+    def _step(self, branch):
+        steps_so_far = self.tokenizer.decode(branch.token_ids).count("<think>go</think>")
+        word = self.words[self.rng.integers(len(self.words))]
+        text = f"<think>go</think><search>{word}</search>" if steps_so_far < 2 else "<answer>x</answer>"
+        ids = tuple(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        self.counters.tokens_generated += len(ids)
+        self.counters.llm_calls += 1
+        return StepOutput(ids, (0.0,) * len(ids), "stop", None)
 
 
 def test_tree_costs_less_per_leaf_than_chains(tiny, data_dir):

@@ -1,0 +1,92 @@
+"""Token sampling on the device without a host sync or a full-vocabulary sort, with one random stream per branch.
+
+Nucleus (top-p) sampling needs the smallest set of most likely tokens whose mass reaches ``top_p``. Sorting the
+whole vocabulary for it (49k ids for SmolLM2) costs more than a small model's forward pass, so
+:func:`sample_tokens` takes the ``CANDIDATES`` most likely tokens first (a partial selection), cuts the nucleus
+inside them, and draws among the survivors. That is exact whenever the candidates hold at least ``top_p`` of the
+mass (the nucleus then lies inside them); rows where they do not are flagged and :func:`sample_tokens_exact`
+redraws them over the whole sorted vocabulary, with the same random numbers, so a token's fate never depends on
+which path drew it.
+
+The draw is the exponential race: ``argmax_i p_i / E_i`` with ``E_i ~ Exponential(1)`` picks ``i`` with
+probability ``p_i / sum(p)`` (equivalently the Gumbel-max trick), with no ``torch.multinomial`` and so no host
+sync. The exponentials come from a counter-based hash of (branch stream, token position, token id)
+(:func:`stream_uniforms`), not from a stateful generator: a branch draws the same numbers whichever other branches
+share its batch and in whatever order the batches run, which is what keeps a seeded rollout exact under
+continuous batching and resume.
+"""
+
+from __future__ import annotations
+
+import torch
+
+CANDIDATES = 256  # tokens taken before top-p: covers the nucleus of a trained model's distribution almost always
+_MASK32 = 0xFFFFFFFF
+
+
+def _mul32(x: torch.Tensor, constant: int) -> torch.Tensor:
+    """``(x * constant) mod 2**32`` for int64 ``x`` in [0, 2**32), in 16-bit halves so that no int64 overflows."""
+    low, high = x & 0xFFFF, x >> 16
+    return (low * constant + ((high * (constant & 0xFFFF)) << 16)) & _MASK32
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash with full avalanche (the "lowbias32" constants), on int64 values in [0, 2**32)."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def stream_uniforms(streams: torch.Tensor, positions: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    """Uniforms in (0, 1), float64, one per token id: a pure function of (stream, position, token id).
+
+    ``streams`` and ``positions`` are [B] int64 (a stream is any integer below 2**62), ``token_ids`` [B, K]
+    int64; the result is [B, K]. Each input word is folded in through the hash in turn, so changing any of them
+    changes the number.
+    """
+    low, high = (streams & _MASK32)[:, None], ((streams >> 32) & _MASK32)[:, None]
+    x = _mix32((token_ids + 0x9E3779B9) & _MASK32)
+    x = _mix32(x ^ (positions[:, None] & _MASK32))
+    x = _mix32(x ^ low)
+    x = _mix32(x ^ high)
+    return (x.double() + 0.5) / 2.0**32
+
+
+def race(logprobs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Index of the winner of the exponential race on each row: ``argmax log p - log E`` with ``E = -log u``
+    (``-inf`` log-probs never win)."""
+    return (logprobs.double() - torch.log(-torch.log(uniforms))).argmax(dim=-1)
+
+
+def nucleus_mask(sorted_probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Which of the descending ``sorted_probs`` [B, K] are in the nucleus: the smallest prefix whose mass reaches
+    ``top_p`` (the first token always is)."""
+    return sorted_probs.cumsum(dim=-1) - sorted_probs < top_p
+
+
+def sample_tokens(logprobs: torch.Tensor, top_p: float, streams: torch.Tensor,
+                  positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per row of the (tempered) ``logprobs`` [B, V] under top-p, drawn from the rows' streams at
+    ``positions``; returns (token ids [B], rows that need :func:`sample_tokens_exact` [B] bool). Neither output
+    needs the host: the flagged rows' token ids are placeholders until redrawn."""
+    if top_p >= 1.0:
+        everything = torch.arange(logprobs.shape[-1], device=logprobs.device).expand_as(logprobs)
+        winner = race(logprobs, stream_uniforms(streams, positions, everything))
+        return winner, torch.zeros_like(streams, dtype=torch.bool)
+    top, ids = logprobs.topk(min(CANDIDATES, logprobs.shape[-1]), dim=-1)  # sorted, descending
+    probs = top.exp()
+    kept = nucleus_mask(probs, top_p)
+    incomplete = probs.sum(dim=-1) < top_p  # the nucleus may reach past the candidates
+    winner = race(top.masked_fill(~kept, -torch.inf), stream_uniforms(streams, positions, ids))
+    return ids.gather(-1, winner[:, None]).squeeze(-1), incomplete
+
+
+def sample_tokens_exact(logprobs: torch.Tensor, top_p: float, streams: torch.Tensor,
+                        positions: torch.Tensor) -> torch.Tensor:
+    """:func:`sample_tokens` over the whole sorted vocabulary (for the rows it flags): token ids [B]."""
+    ordered, ids = logprobs.sort(dim=-1, descending=True)
+    kept = nucleus_mask(ordered.exp(), top_p)
+    winner = race(ordered.masked_fill(~kept, -torch.inf), stream_uniforms(streams, positions, ids))
+    return ids.gather(-1, winner[:, None]).squeeze(-1)
