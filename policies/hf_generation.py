@@ -35,7 +35,7 @@ from policies.generation import (
 )
 from policies.kv_cache import KVPool, KVSegment
 from policies.ragged_attention import PrefillRow, RaggedPlan, prefill_mask, ragged_attention_for
-from policies.sampling import sample_tokens, sample_tokens_exact
+from policies.sampling import CANDIDATES, sample_tokens, sample_tokens_exact
 
 
 @dataclass(frozen=True)
@@ -232,12 +232,20 @@ class HFStepGenerator:
         chosen = logprobs.gather(-1, drawn[:, None]).squeeze(-1)
         host = torch.stack([drawn.double(), chosen.double(), redraw.double()]).cpu()
         tokens, values, flags = host[0].long().tolist(), host[1].tolist(), host[2].bool()
-        if flags.any():  # candidates short of top_p: the exact draw over the sorted vocabulary (rare)
+        stages = [*CANDIDATES[1:], None]  # more candidates, then the exact draw over the sorted vocabulary
+        while flags.any():  # rows whose candidates held less than top_p (the same random numbers: still exact)
             rows = flags.nonzero().squeeze(-1).to(logits.device)
-            exact = sample_tokens_exact(logprobs[rows], self.settings.top_p, streams[rows], positions[rows])
-            exact_lp = logprobs[rows].gather(-1, exact[:, None]).squeeze(-1)
-            for row, token, value in zip(rows.tolist(), exact.tolist(), exact_lp.tolist(), strict=True):
+            stage = stages.pop(0)
+            args = (logprobs[rows], self.settings.top_p, streams[rows], positions[rows])
+            if stage is None:
+                redrawn, short = sample_tokens_exact(*args), torch.zeros(len(rows), dtype=torch.bool)
+            else:
+                redrawn, short = sample_tokens(*args, candidates=stage)
+            chosen = logprobs[rows].gather(-1, redrawn[:, None]).squeeze(-1)
+            for row, token, value in zip(rows.tolist(), redrawn.tolist(), chosen.tolist(), strict=True):
                 tokens[row], values[row] = token, value
+            flags = torch.zeros_like(flags)
+            flags[rows.cpu()] = short.cpu()
         return tokens, values
 
     def _record(self, rows: list[_Row], tokens: list[int], logprobs: list[float]) -> None:

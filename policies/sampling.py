@@ -20,7 +20,10 @@ from __future__ import annotations
 
 import torch
 
-CANDIDATES = 256  # tokens taken before top-p: covers the nucleus of a trained model's distribution almost always
+# Candidate counts tried in turn before the exact path: 256 covers a trained model's nucleus almost always; an
+# untrained model's flat distribution (SmolLM2-135M at T=1 on HotpotQA: 256 fall short in most steps) mostly fits
+# in 4096, still a tenth of a sort's cost.
+CANDIDATES = (256, 4096)
 _MASK32 = 0xFFFFFFFF
 
 
@@ -66,16 +69,17 @@ def nucleus_mask(sorted_probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return sorted_probs.cumsum(dim=-1) - sorted_probs < top_p
 
 
-def sample_tokens(logprobs: torch.Tensor, top_p: float, streams: torch.Tensor,
-                  positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_tokens(logprobs: torch.Tensor, top_p: float, streams: torch.Tensor, positions: torch.Tensor,
+                  candidates: int = CANDIDATES[0]) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per row of the (tempered) ``logprobs`` [B, V] under top-p, drawn from the rows' streams at
-    ``positions``; returns (token ids [B], rows that need :func:`sample_tokens_exact` [B] bool). Neither output
+    ``positions`` among the ``candidates`` most likely tokens; returns (token ids [B], rows whose candidates hold
+    less than ``top_p`` [B] bool, to redraw with more candidates or :func:`sample_tokens_exact`). Neither output
     needs the host: the flagged rows' token ids are placeholders until redrawn."""
     if top_p >= 1.0:
         everything = torch.arange(logprobs.shape[-1], device=logprobs.device).expand_as(logprobs)
         winner = race(logprobs, stream_uniforms(streams, positions, everything))
         return winner, torch.zeros_like(streams, dtype=torch.bool)
-    top, ids = logprobs.topk(min(CANDIDATES, logprobs.shape[-1]), dim=-1)  # sorted, descending
+    top, ids = logprobs.topk(min(candidates, logprobs.shape[-1]), dim=-1)  # sorted, descending
     probs = top.exp()
     kept = nucleus_mask(probs, top_p)
     incomplete = probs.sum(dim=-1) < top_p  # the nucleus may reach past the candidates
@@ -85,8 +89,11 @@ def sample_tokens(logprobs: torch.Tensor, top_p: float, streams: torch.Tensor,
 
 def sample_tokens_exact(logprobs: torch.Tensor, top_p: float, streams: torch.Tensor,
                         positions: torch.Tensor) -> torch.Tensor:
-    """:func:`sample_tokens` over the whole sorted vocabulary (for the rows it flags): token ids [B]."""
+    """:func:`sample_tokens` over the whole sorted vocabulary (for the rows it flags): token ids [B]. Reads the
+    nucleus width on the host (this path is the rare one), so only the nucleus is hashed."""
     ordered, ids = logprobs.sort(dim=-1, descending=True)
     kept = nucleus_mask(ordered.exp(), top_p)
+    width = int(kept.sum(dim=-1).max())
+    ordered, ids, kept = ordered[:, :width], ids[:, :width], kept[:, :width]
     winner = race(ordered.masked_fill(~kept, -torch.inf), stream_uniforms(streams, positions, ids))
     return ids.gather(-1, winner[:, None]).squeeze(-1)

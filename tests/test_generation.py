@@ -15,7 +15,7 @@ from policies.generation import (
     observation_ids,
     prompt_ids,
 )
-from policies.hf_generation import HFStepGenerator
+from policies.hf_generation import EngineLimits, HFStepGenerator
 from policies.models import load_model
 from policies.trajectory import TokenTrajectory
 
@@ -190,3 +190,88 @@ def test_shared_prompt_cache_is_prefilled_once_and_exact(tiny):
         expected = reference_logprobs(model, prompt, out.token_ids)
         torch.testing.assert_close(torch.tensor(out.logprobs), expected, atol=1e-4, rtol=0)
     assert HFStepGenerator(model, tokenizer, keep_cache=False).prefix_cache(prompt) is None
+
+
+# -- the continuous-batching engine ---------------------------------------------------------------------------
+
+
+def test_a_branch_draws_the_same_tokens_however_it_is_batched(tiny):
+    model, tokenizer = tiny
+    settings = SamplingSettings(max_step_tokens=10)
+    prompts = [prompt_ids(tokenizer, q) for q in ("Who wrote Hamlet?", "Capital of France?", "Why?")]
+    branches = [Branch(p, stream=100 + i) for i, p in enumerate(prompts)]
+    together = HFStepGenerator(model, tokenizer, settings).generate_step(branches)
+    one_row = HFStepGenerator(model, tokenizer, settings, limits=EngineLimits(max_rows=1)).generate_step(branches)
+    alone = [HFStepGenerator(model, tokenizer, settings).generate_step([b])[0] for b in branches]
+    reordered = HFStepGenerator(model, tokenizer, settings).generate_step(branches[::-1])[::-1]
+    for outputs in (one_row, alone, reordered):
+        assert [o.token_ids for o in outputs] == [o.token_ids for o in together]
+        for a, b in zip(outputs, together, strict=True):
+            torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0)
+
+
+def test_a_step_submitted_while_others_decode_joins_the_next_pass(tiny):
+    model, tokenizer = tiny
+    prompt = prompt_ids(tokenizer, "Who wrote Hamlet?")
+    gen = HFStepGenerator(model, tokenizer, SamplingSettings(max_step_tokens=8, max_context_tokens=len(prompt) + 8))
+    gen.submit(Branch(prompt, stream=1), "long")
+    assert [gen.poll() for _ in range(3)] == [[], [], []] and gen.pending == 1
+    gen.submit(Branch(prompt + (5,) * 6, stream=2), "short")  # room for 2 tokens in the context cap
+    finished = [gen.poll() for _ in range(2)]
+    assert finished[0] == [] and [tag for tag, _ in finished[1]] == ["short"] and gen.pending == 1
+    rest = [gen.poll() for _ in range(3)]
+    assert [tag for tag, _ in rest[-1]] == ["long"] and gen.pending == 0
+    # 8 passes in all: the short step rode along with the long one's passes 4-5, and left the batch after
+    assert gen.counters.forward_passes == 8 and gen.counters.tokens_generated == 10
+    assert gen.poll() == [] and gen.counters.forward_passes == 8  # nothing to do: no pass
+
+
+def test_engine_results_are_exact_with_the_smallest_limits(tiny):
+    # one row and one prefill token per pass (still one request admitted per pass): same steps as unlimited
+    model, tokenizer = tiny
+    settings = SamplingSettings(max_step_tokens=6)
+    branches = [Branch(prompt_ids(tokenizer, q), stream=i) for i, q in enumerate(("A?", "B and C?"))]
+    limited = HFStepGenerator(model, tokenizer, settings, limits=EngineLimits(max_rows=1, max_prefill_tokens=1))
+    assert [o.token_ids for o in limited.generate_step(branches)] == [
+        o.token_ids for o in HFStepGenerator(model, tokenizer, settings).generate_step(branches)]
+    with pytest.raises(ValueError, match="max_rows=0"):
+        EngineLimits(max_rows=0)
+
+
+def test_stop_string_split_across_tokens(tiny, scripted):
+    model, tokenizer = tiny
+    pieces = tokenizer.convert_tokens_to_ids(list("</search>"))  # one token per character
+    assert len(pieces) == len("</search>") and tokenizer.decode(pieces) == "</search>"
+    scripted([*pieces, 7, 8, 9])
+    (out,) = HFStepGenerator(model, tokenizer).generate_step([Branch(prompt_ids(tokenizer, "Q?"))], seed=0)
+    assert out.token_ids == tuple(pieces) and out.finish_reason == "stop"
+
+
+def test_a_step_that_ends_on_its_first_token(tiny, scripted):
+    model, tokenizer = tiny
+    scripted([tokenizer.eos_token_id, 5, 6])
+    prompt = prompt_ids(tokenizer, "Q?")
+    gen = HFStepGenerator(model, tokenizer)
+    (out,) = gen.generate_step([Branch(prompt)], seed=0)
+    assert out.token_ids == (tokenizer.eos_token_id,) and out.finish_reason == "eos"
+    assert out.cache.length == len(prompt) and gen.counters.forward_passes == 1
+
+
+def test_a_context_past_the_model_positions_is_refused_with_its_length(tiny):
+    model, tokenizer = tiny
+    gen = HFStepGenerator(model, tokenizer)
+    too_long = (5,) * model.config.max_position_embeddings
+    with pytest.raises(ValueError, match=f"{len(too_long)} tokens does not fit the model's"):
+        gen.submit(Branch(too_long, stream=0), 0)
+    with pytest.raises(ValueError, match="random stream"):
+        gen.submit(Branch((5, 6)), 0)
+
+
+def test_prompt_longer_than_the_context_cap_names_the_question(tiny, data_dir):
+    from algos.rollout import TreeRollout, TreeShape
+
+    model, tokenizer = tiny
+    gen = HFStepGenerator(model, tokenizer, SamplingSettings(max_context_tokens=20))
+    rollout = TreeRollout(gym.make("HotpotQA-v0", split="dev"), gen, tokenizer)
+    with pytest.raises(ValueError, match=r"question 3 \(.*\) is \d+ tokens as a prompt, and the context cap"):
+        rollout.grow([3], TreeShape(1, 0, 0))

@@ -19,7 +19,7 @@ from policies.generation import (
     observation_ids,
     prompt_ids,
 )
-from policies.hf_generation import HFStepGenerator
+from policies.hf_generation import EngineLimits, HFStepGenerator
 from policies.models import load_model
 from policies.trajectory import TokenTrajectory
 
@@ -30,10 +30,12 @@ def tiny():
     return model.eval(), tokenizer
 
 
-def grow(tiny, shape: TreeShape, prompts=(0, 1), seed: int = 0, keep_cache: bool = True):
+def grow(tiny, shape: TreeShape, prompts=(0, 1), seed: int = 0, keep_cache: bool = True,
+         limits: EngineLimits | None = None):
     model, tokenizer = tiny
     env = gym.make("HotpotQA-v0", split="dev")
-    generator = HFStepGenerator(model, tokenizer, SamplingSettings(max_step_tokens=12), keep_cache=keep_cache)
+    generator = HFStepGenerator(model, tokenizer, SamplingSettings(max_step_tokens=12), keep_cache=keep_cache,
+                               limits=limits)
     rollout = TreeRollout(env, generator, tokenizer, seed=seed)
     return rollout.grow(list(prompts), shape), rollout, generator
 
@@ -141,6 +143,18 @@ def test_same_seed_same_trees(tiny, data_dir):
     assert signature(first) == signature(again) != signature(other)
 
 
+def test_trees_do_not_depend_on_how_steps_were_batched(tiny, data_dir):
+    # one row at a time (no batching at all), or without cache reuse: the same trees, children in the same order
+    def signature(trees):
+        return [(node.trajectory.token_ids, node.reward, node.lineage) for tree in trees for node in tree.nodes()]
+
+    batched, _, generator = grow(tiny, TreeShape(2, 1, 2), prompts=(4,), seed=1)
+    serial, _, serial_generator = grow(tiny, TreeShape(2, 1, 2), prompts=(4,), seed=1, limits=EngineLimits(max_rows=1))
+    uncached, _, _ = grow(tiny, TreeShape(2, 1, 2), prompts=(4,), seed=1, keep_cache=False)
+    assert signature(batched) == signature(serial) == signature(uncached)
+    assert generator.counters.forward_passes < serial_generator.counters.forward_passes
+
+
 def test_expansion_picks_are_uniform_over_root_and_non_leaves():
     # root -> a -> b (leaf); root -> c (leaf); a -> d (leaf): candidates root, a
     empty = TokenTrajectory.from_prompt(())
@@ -211,6 +225,41 @@ class ScriptedGenerator:
         self.counters.tokens_generated += len(ids)
         self.counters.llm_calls += 1
         return StepOutput(ids, (0.0,) * len(ids), "stop", None)
+
+
+class SlowPromptGenerator(ScriptedGenerator):
+    """The scripted policy, but a step of prompt 1's trees takes 6 polls (prompt 0's: one); records when each
+    step was submitted."""
+
+    def __init__(self, tokenizer, seed: int, slow_prompt: tuple[int, ...]):
+        super().__init__(tokenizer, seed)
+        self.slow_prompt, self.polls, self.log = slow_prompt, 0, []
+
+    def submit(self, branch, tag):
+        slow = branch.token_ids[: len(self.slow_prompt)] == self.slow_prompt
+        self.log.append((self.polls, slow))
+        self.queue.append((branch, tag, self.polls + (6 if slow else 1)))
+
+    def poll(self):
+        self.polls += 1
+        ready = [(tag, self._step(branch)) for branch, tag, due in self.queue if due <= self.polls]
+        self.queue = [item for item in self.queue if item[2] > self.polls]
+        return ready
+
+
+def test_a_tree_expands_as_soon_as_its_own_chains_end(tiny, data_dir):
+    _, tokenizer = tiny
+    env = gym.make("HotpotQA-v0", split="dev")
+    slow_prompt = prompt_ids(tokenizer, env.unwrapped.reset(options={"index": 1})[0])
+    generator = SlowPromptGenerator(tokenizer, 0, slow_prompt)
+    trees = TreeRollout(env, generator, tokenizer, seed=0).grow([0, 1], TreeShape(2, 2, 1))
+    assert all(len(tree.leaves()) == 3 for tree in trees)
+    # prompt 0's chains are 3 steps of one poll each: its expansions start at poll 3, while prompt 1's chains
+    # (6 polls a step) run until poll 18; with a barrier per round they would wait for those
+    fast = [when for when, slow in generator.log if not slow]
+    assert generator.log[:4] == [(0, False), (0, False), (0, True), (0, True)]
+    assert fast[:6] == [0, 0, 1, 1, 2, 2]  # the chains' steps
+    assert fast[6:10] == [3, 3, 3, 3] and generator.polls > 18  # the expansions, at poll 3
 
 
 def test_tree_costs_less_per_leaf_than_chains(tiny, data_dir):
