@@ -5,23 +5,25 @@
     python experiments/tune.py --budget 2 4 8 16 --iterations 20 --eval-every 5       # the paper's budget table
     python experiments/tune.py --config experiments/configs/hotpotqa_tree.yaml --grid lr=1e-6,3e-6
 
-Every run.py option sets the base settings (``--config FILE`` too). ``--grid KEY=V1,V2`` sweeps a setting of
-the algorithm (M, N, L, lr, kl_coef, temperature, ...; the cross product of all grids); values are read as
-YAML scalars and every trial's settings are checked, like run.py's, before Ray starts. ``--budget B``
-is the matched-budget mode: for each budget in full-chain equivalents, the tree shapes whose cost matches it
-(``--shapes paper``: the paper's shape; ``all``: every shape within ``--tolerance``) and chain GRPO with
-G = B (``algo: grpo``, the same code path). Trials run as many at a time as Ray's resources allow. Every trial is
-tracked as run.py's runs are (the ``RunTracker`` callback: its directory's metrics.jsonl and trees, one MLflow
+Every run.py option sets the base settings (``--config FILE`` too). ``--grid KEY=V1,V2`` sweeps a setting of the
+algorithm (M, N, L, lr, kl_coef, temperature, ...; the cross product of all grids; a key with one value sets it for
+every trial); values are read as YAML scalars and every trial's settings are checked, like run.py's, before Ray
+starts. ``--budget B`` is the matched-budget mode: for each budget in full-chain equivalents, the tree shapes whose
+cost matches it (``--shapes paper``: the paper's shape; ``all``: every shape within ``--tolerance``) and chain GRPO
+with G = B (``algo: grpo``, the same code path). Trials run as many at a time as Ray's resources allow. Every trial
+is tracked as run.py's runs are (the ``RunTracker`` callback: its directory's metrics.jsonl and trees, one MLflow
 run per trial, default store ``sqlite:///OUTPUT/mlflow.db``). Writes OUTPUT/tune_results.md and .json (trials
 sorted by ``--metric``, a metrics.jsonl column).
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import itertools
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +113,42 @@ def trial_settings(base: dict[str, Any], points: list[dict[str, Any]]) -> list[R
     return trials
 
 
+def differing_leaves(configs: list[dict[str, Any]]) -> list[tuple[str, ...]]:
+    """The paths (keys from the top) of the leaves whose values differ between ``configs``, nested dicts of one
+    layout (RLlib configs as dicts)."""
+
+    def leaves(tree: dict[str, Any], path: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
+        found = {}
+        for key, value in tree.items():
+            found.update(leaves(value, (*path, key)) if isinstance(value, dict) and value else {(*path, key): value})
+        return found
+
+    first, *others = [leaves(config) for config in configs]
+    return [path for path, value in first.items() if any(other[path] != value for other in others)]
+
+
+def search_space(configs: list[dict[str, Any]], choice: Callable[[list[Any]], Any],
+                 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Tune's space and its points from every trial's RLlib config (as a dict): the space is the first trial's
+    config with ``choice(values)`` at each leaf that differs between trials, a point per trial sets those leaves.
+    Everything else is the value the trials share, so a grid key with one value is a constant of every trial
+    (not the base's default), and a setting that reaches the config twice (the seed: ``seed`` and the model's
+    ``seed``) varies in both places."""
+    space, points = copy.deepcopy(configs[0]), [{} for _ in configs]
+    for path in differing_leaves(configs):
+        values = [functools.reduce(dict.__getitem__, path, config) for config in configs]
+        for point, value in zip(points, values, strict=True):
+            _assign(point, path, value)
+        _assign(space, path, choice([v for i, v in enumerate(values) if v not in values[:i]]))
+    return space, points
+
+
+def _assign(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    for key in path[:-1]:
+        tree = tree.setdefault(key, {})
+    tree[path[-1]] = value
+
+
 def varied_fields(trials: list[RunSettings]) -> dict[str, list[Any]]:
     """Per trial, the values of the fields that differ between trials (the searched keys)."""
     keys = [k for k in GRID_FIELDS if len({json.dumps(getattr(t, k)) for t in trials}) > 1] or ["seed"]
@@ -188,8 +226,8 @@ def main(argv: list[str] | None = None) -> Path:
     output.mkdir(parents=True, exist_ok=True)
     metric = options.metric or (f"{M.DEV_PREFIX}em" if base.eval_every else M.REWARD)
     varied = varied_fields(trials)
-    points = [{key: values[i] for key, values in varied.items()} for i in range(len(trials))]
-    print(f"{len(points)} trials: " + "; ".join(", ".join(f"{k}={v}" for k, v in p.items()) for p in points))
+    shown = [{key: values[i] for key, values in varied.items()} for i in range(len(trials))]
+    print(f"{len(shown)} trials: " + "; ".join(", ".join(f"{k}={v}" for k, v in p.items()) for p in shown))
 
     start_ray(base)
     check_resources(base, ray.cluster_resources())
@@ -201,10 +239,9 @@ def main(argv: list[str] | None = None) -> Path:
     tracker = functools.partial(RunTracker, mlflow_uri=mlflow_uri, experiment=base.experiment,
                                 tags={"model": base.model, "sweep": output.name}, final_iteration=base.iterations)
     # Explicit trials (points_to_evaluate) instead of grid_search: the budget mode's shapes are a list, not a
-    # cross product. Every point sets every searched key; the keys need a domain in the space to be filled.
-    space = build_config(base).callbacks(tracker).to_dict()
-    for key, values in varied.items():
-        space[key] = tune.choice(list(dict.fromkeys(values)))
+    # cross product.
+    space, trial_points = search_space([build_config(trial).to_dict() for trial in trials], tune.choice)
+    space["callbacks"] = tracker  # after the comparison: each config's copy of it would differ from the others
     stop = {"training_iteration": base.iterations}
     if options.time_budget_s:
         stop["time_total_s"] = options.time_budget_s
@@ -212,7 +249,7 @@ def main(argv: list[str] | None = None) -> Path:
         TreeGRPO,
         param_space=space,
         tune_config=tune.TuneConfig(
-            search_alg=BasicVariantGenerator(points_to_evaluate=points), num_samples=len(points),
+            search_alg=BasicVariantGenerator(points_to_evaluate=trial_points), num_samples=len(trials),
             max_concurrent_trials=options.max_concurrent or None),
         run_config=tune.RunConfig(
             name="sweep", storage_path=str(output), stop=stop, verbose=1,

@@ -10,7 +10,16 @@ from mlflow.tracking import MlflowClient
 
 from algos.rollout import TreeShape
 from experiments.cli import SettingsError
-from experiments.tune import budget_points, main, parse_grid, plan, shapes_for_budget, sweep_points, trial_table
+from experiments.tune import (
+    budget_points,
+    main,
+    parse_grid,
+    plan,
+    search_space,
+    shapes_for_budget,
+    sweep_points,
+    trial_table,
+)
 
 
 def test_shape_cost_is_the_papers_formula():
@@ -61,6 +70,18 @@ def test_parse_grid_and_sweep_points():
         parse_grid(["M"])
 
 
+def test_search_space_varies_what_differs_and_keeps_one_valued_keys_as_constants():
+    configs = [{"M": 1, "lr": 1e-5, "seed": 0, "model": {"seed": 0, "name": "x"}},
+               {"M": 1, "lr": 1e-5, "seed": 1, "model": {"seed": 1, "name": "x"}},
+               {"M": 1, "lr": 1e-5, "seed": 1, "model": {"seed": 1, "name": "x"}}]
+    space, points = search_space(configs, choice=lambda values: ("choice", values))
+    assert space == {"M": 1, "lr": 1e-5, "seed": ("choice", [0, 1]), "model": {"seed": ("choice", [0, 1]),
+                                                                             "name": "x"}}
+    assert points == [{"seed": 0, "model": {"seed": 0}}, {"seed": 1, "model": {"seed": 1}},
+                      {"seed": 1, "model": {"seed": 1}}]
+    assert search_space(configs[:1], choice=list) == (configs[0], [{}])
+
+
 def test_trial_table_sorts_by_the_metric_trials_without_it_last():
     rows = [{"trial": "a", "dev_em": 0.1}, {"trial": "b", "dev_em": None}, {"trial": "c", "dev_em": 0.3}]
     lines = trial_table(rows, "dev_em").splitlines()
@@ -84,3 +105,13 @@ def test_two_trial_grid_is_tracked_in_mlflow(data_dir, tmp_path):
     for trial in (tmp_path / "sweep").iterdir():  # the same files as run.py, one tracking path
         if trial.is_dir():
             assert (trial / "metrics.jsonl").is_file(), trial
+
+
+def test_a_one_valued_grid_key_is_what_the_trial_trains(data_dir, tmp_path):
+    main(["--model", "tiny-random", "--max-step-tokens", "8", "--prompts-per-iter", "2", "--micro-batch-size", "6",
+          "--grid", "M=1", "--grid", "lr=1e-5", "--iterations", "1", "--no-mlflow", "--output", str(tmp_path)])
+    ray.shutdown()
+    (params,) = [json.loads(path.read_text()) for path in (tmp_path / "sweep").glob("*/params.json")]
+    assert (params["M"], params["lr"]) == (1, 1e-5)  # not the defaults (2, 1e-6)
+    (trial,) = json.loads((tmp_path / "tune_results.json").read_text())["trials"]
+    assert trial["M"] == 1 and trial["error"] is None
