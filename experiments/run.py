@@ -41,7 +41,7 @@ from experiments.checkpoints import CheckpointError, CheckpointManager, resolve_
 from experiments.cli import SettingsError, build_parser, dump_yaml, given_options, read_yaml, validate
 from experiments.evaluate import write_results
 from experiments.plot import load_metrics, plot_runs
-from experiments.settings import CLI_ALIASES, RunSettings, build_config, resume_conflicts
+from experiments.settings import CLI_ALIASES, RunSettings, build_config, help_sections, resume_conflicts
 from experiments.signals import GracefulStop, StopRequested
 from experiments.tracking import METRICS_FILE, RunTracker, default_tracking_uri, tracker_of, truncate_rows
 
@@ -59,7 +59,7 @@ class RunPlan:
 
 
 def run_parser() -> argparse.ArgumentParser:
-    parser = build_parser(RunSettings, description=__doc__, aliases=CLI_ALIASES)
+    parser = build_parser(RunSettings, description=__doc__, aliases=CLI_ALIASES, sections=help_sections())
     parser.add_argument("--resume", metavar="RUN_OR_CHECKPOINT", default=None,
                         help="continue a run: its directory (from its newest checkpoint) or a checkpoint of it")
     parser.add_argument("--allow-changes", action="store_true", default=False,

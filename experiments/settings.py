@@ -104,6 +104,24 @@ class RunSettings(TreeGRPOSettings):
         return self.training_split == envs.eval_split(self.env)
 
 
+# --help's sections, in this order. A section runs from the field named here (in declaration order: the algorithm's
+# fields, then RunSettings' own) to the next field named; a new field joins the section of the field above it.
+HELP_SECTIONS = ("environment", "model", "shape", "update", "resources", "run", "tracking")
+SECTION_STARTS = {"algo": "shape", "generator": "resources", "lr": "update", "log_rollout_steps": "tracking",
+                  "env": "environment", "model": "model", "seed": "run", "num_env_runners": "resources",
+                  "iterations": "run", "mlflow": "tracking"}
+
+
+def help_sections() -> dict[str, str]:
+    """Every field's ``--help`` section (``SECTION_STARTS``), the fields ordered by section (``HELP_SECTIONS``)
+    and within one by declaration."""
+    section, found = None, {}
+    for name in RunSettings.model_fields:
+        section = SECTION_STARTS.get(name, section)
+        found[name] = section
+    return dict(sorted(found.items(), key=lambda item: HELP_SECTIONS.index(item[1])))
+
+
 # Options that may differ when a run is resumed: they change how long it runs, what it logs and how often it
 # evaluates, never what it learns. Every other option is part of the experiment (see ``resume_conflicts``).
 MAY_CHANGE_ON_RESUME = frozenset({

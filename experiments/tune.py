@@ -33,7 +33,7 @@ from algos.tree_grpo import metrics as M
 from algos.tree_grpo.settings import ALGORITHM_FIELDS
 from experiments.cli import SettingsError, build_parser, given_options, validate, yaml_scalar
 from experiments.run import check_resources, start_ray
-from experiments.settings import CLI_ALIASES, RunSettings, build_config
+from experiments.settings import CLI_ALIASES, RunSettings, build_config, help_sections
 from experiments.tracking import METRICS_FILE, RunTracker, default_tracking_uri, ensure_experiment, read_rows
 
 # The paper's budget table (notes/tree-grpo.md): budget in full chains -> tree (M, N, L); chain GRPO uses G = budget.
@@ -156,7 +156,7 @@ def varied_fields(trials: list[RunSettings]) -> dict[str, list[Any]]:
 
 
 def tune_parser():
-    parser = build_parser(RunSettings, description=__doc__, aliases=CLI_ALIASES)
+    parser = build_parser(RunSettings, description=__doc__, aliases=CLI_ALIASES, sections=help_sections())
     sweep = parser.add_argument_group("sweep")
     sweep.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2", help="sweep a setting")
     sweep.add_argument("--budget", type=float, nargs="+", default=None,

@@ -14,7 +14,7 @@ from algos.tree_grpo import TreeGRPOConfig
 from experiments.checkpoints import write_manifest
 from experiments.cli import SettingsError, dump_yaml, read_yaml
 from experiments.run import plan, run_parser
-from experiments.settings import MAY_CHANGE_ON_RESUME, RunSettings, build_config
+from experiments.settings import HELP_SECTIONS, MAY_CHANGE_ON_RESUME, RunSettings, build_config, help_sections
 
 PAPER_TABLE = {2: (1, 2, 1), 4: (2, 2, 1), 8: (2, 6, 1), 16: (4, 5, 1)}  # notes/tree-grpo.md
 CONFIGS = sorted((Path(__file__).parent.parent / "experiments" / "configs").rglob("*.yaml"))
@@ -174,6 +174,22 @@ def test_help_lists_every_setting_once():
     text = run_parser().format_help()
     for name in RunSettings.model_fields:
         assert "--" + name.replace("_", "-") in text
+
+
+def test_help_groups_the_options_by_section_with_one_default_each():
+    text = run_parser().format_help()
+    starts = [text.index(f"\n{section}:\n") for section in HELP_SECTIONS]
+    assert starts == sorted(starts)  # in the declared order
+    block = dict(zip(HELP_SECTIONS, (text[a:b] for a, b in zip(starts, [*starts[1:], len(text)], strict=True)),
+                     strict=True))
+    for section, flags in {"environment": ["--env ", "--data-dir "], "model": ["--model ", "--lora-rank "],
+                           "shape": ["--M ", "--temperature "], "update": ["--lr ", "--micro-batch-size "],
+                           "resources": ["--num-env-runners ", "--generator "], "run": ["--iterations ", "--seed "],
+                           "tracking": ["--mlflow-uri ", "--quiet "]}.items():
+        assert all(flag in block[section] for flag in flags), section
+    assert set(help_sections()) == set(RunSettings.model_fields)
+    assert text.count("(default") == len(RunSettings.model_fields)  # one each, and none twice
+    assert "--split SPLIT         training split (default: the env" in text  # its own words, not "None" too
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
