@@ -41,7 +41,14 @@ from experiments.checkpoints import CheckpointError, CheckpointManager, resolve_
 from experiments.cli import SettingsError, build_parser, dump_yaml, given_options, read_yaml, validate
 from experiments.evaluate import write_results
 from experiments.plot import load_metrics, plot_runs
-from experiments.settings import CLI_ALIASES, RunSettings, build_config, help_sections, resume_conflicts
+from experiments.settings import (
+    CLI_ALIASES,
+    RunSettings,
+    build_config,
+    help_sections,
+    resume_conflicts,
+    tracked_params,
+)
 from experiments.signals import GracefulStop, StopRequested
 from experiments.tracking import METRICS_FILE, RunTracker, default_tracking_uri, tracker_of, truncate_rows
 
@@ -163,7 +170,7 @@ def build_algorithm(run: RunPlan):
     tracker = functools.partial(
         RunTracker, output=output, mlflow_uri=mlflow_uri, experiment=settings.experiment,
         run_name=settings.run_name, tags={"model": settings.model}, resume=run.checkpoint is not None,
-        params={**settings.model_dump(), "trained_on_eval_split": settings.contaminated})
+        params=tracked_params(settings))
     algo = build_config(settings).callbacks(tracker).build_algo()
     if run.checkpoint is not None:
         with restore_errors(run.checkpoint):

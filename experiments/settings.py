@@ -137,6 +137,12 @@ def resume_conflicts(saved: dict[str, Any], requested: dict[str, Any]) -> dict[s
             if name not in MAY_CHANGE_ON_RESUME and saved.get(name) != value}
 
 
+def tracked_params(settings: RunSettings) -> dict[str, Any]:
+    """A run's MLflow params (run.py and every Tune trial): every setting under its own name, and whether the run
+    trains on its evaluation split."""
+    return {**settings.model_dump(), "trained_on_eval_split": settings.contaminated}
+
+
 def env_config(settings: RunSettings) -> dict[str, Any]:
     return {"data_dir": str(resolve_data_dir(settings.data_dir).resolve()), "split": settings.training_split,
             "max_turns": settings.max_turns, "topk": settings.topk}

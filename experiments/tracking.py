@@ -18,7 +18,7 @@ import os
 import time
 import urllib.request
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -214,15 +214,17 @@ class RunTracker(RLlibCallback):
     """The RLlib callback that records every iteration (see the module docstring).
 
     ``output``: the run's directory (default: the algorithm's log directory, a Tune trial's own directory).
-    ``mlflow_uri``: None for no MLflow. ``params``: what to log as MLflow params (default: the algorithm's
-    settings, env and model configs). ``resume``: continue the MLflow run recorded in ``output``.
+    ``mlflow_uri``: None for no MLflow. ``params``: what to log as MLflow params, or a function of the algorithm's
+    config that returns them (a Tune trial's settings are known only in the trial). ``resume``: continue the
+    MLflow run recorded in ``output``.
     ``final_iteration``: end the MLflow run (FINISHED, with metrics.jsonl) after that iteration, for callers that
     do not end it themselves (Tune trials); run.py ends it with the run's status.
     """
 
     def __init__(self, *, output: str | Path | None = None, mlflow_uri: str | None = None,
                  experiment: str = "tree-grpo", run_name: str | None = None, tags: Mapping[str, str] | None = None,
-                 params: Mapping[str, Any] | None = None, resume: bool = False, final_iteration: int | None = None):
+                 params: Mapping[str, Any] | Callable[[Any], Mapping[str, Any]] | None = None, resume: bool = False,
+                 final_iteration: int | None = None):
         super().__init__()
         self._options = dict(output=output, mlflow_uri=mlflow_uri, experiment=experiment, run_name=run_name,
                              tags=dict(tags or {}), params=params, resume=resume, final_iteration=final_iteration)
@@ -242,10 +244,8 @@ class RunTracker(RLlibCallback):
                                       **options["tags"]})
         if self.mlflow.enabled:
             run_id_file.write_text(self.mlflow.run_id)
-        config = algorithm.config
-        self.mlflow.log_params(options["params"] or {
-            **config.settings_dict(), "env": config.env, "env_config": dict(config.env_config),
-            "model_config": dict(config.model_config or {}), "seed": config.seed}, step=algorithm.iteration)
+        params = options["params"] or {}
+        self.mlflow.log_params(params(algorithm.config) if callable(params) else params, step=algorithm.iteration)
 
     def on_train_result(self, *, algorithm, metrics_logger=None, result: dict, **kwargs) -> None:
         row = metrics_row(result)

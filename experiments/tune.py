@@ -12,8 +12,10 @@ starts. ``--budget B`` is the matched-budget mode: for each budget in full-chain
 cost matches it (``--shapes paper``: the paper's shape; ``all``: every shape within ``--tolerance``) and chain GRPO
 with G = B (``algo: grpo``, the same code path). Trials run as many at a time as Ray's resources allow. Every trial
 is tracked as run.py's runs are (the ``RunTracker`` callback: its directory's metrics.jsonl and trees, one MLflow
-run per trial, default store ``sqlite:///OUTPUT/mlflow.db``). Writes OUTPUT/tune_results.md and .json (trials
-sorted by ``--metric``, a metrics.jsonl column).
+run per trial under run.py's param names, default store ``sqlite:///OUTPUT/mlflow.db``). Writes
+OUTPUT/tune_results.md and .json (trials sorted by ``--metric``, a metrics.jsonl column). The defaults differ from
+run.py's where a sweep needs it (``--output outputs/tune``, ``--iterations 5``, no periodic checkpoints or trees;
+``--help`` shows them). An --output that already holds a sweep is refused: one directory, one sweep, one table.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from algos.tree_grpo import metrics as M
 from algos.tree_grpo.settings import ALGORITHM_FIELDS
 from experiments.cli import SettingsError, build_parser, given_options, validate, yaml_scalar
 from experiments.run import check_resources, start_ray
-from experiments.settings import CLI_ALIASES, RunSettings, build_config, help_sections
+from experiments.settings import CLI_ALIASES, RunSettings, build_config, help_sections, tracked_params
 from experiments.tracking import METRICS_FILE, RunTracker, default_tracking_uri, ensure_experiment, read_rows
 
 # The paper's budget table (notes/tree-grpo.md): budget in full chains -> tree (M, N, L); chain GRPO uses G = budget.
@@ -41,6 +43,7 @@ PAPER_SHAPES: dict[int, TreeShape] = {2: TreeShape(1, 2, 1), 4: TreeShape(2, 2, 
                                       16: TreeShape(4, 5, 1)}
 GRID_FIELDS = (*ALGORITHM_FIELDS, "seed")  # what a trial may vary: the algorithm's settings and the seed
 SUMMARY_FIELDS = ("algo", "M", "N", "L", "advantage_mode")
+SWEEP_FILES = ("sweep", "tune_results.md", "tune_results.json")  # any of them: --output holds a sweep
 SWEEP_DEFAULTS = {"output": "outputs/tune", "iterations": 5, "checkpoint_every": 0, "trees_every": 0,
                   "log_rollout_steps": False}
 
@@ -149,6 +152,12 @@ def _assign(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
     tree[path[-1]] = value
 
 
+def trial_params(base: RunSettings, config: Any) -> dict[str, Any]:
+    """A trial's MLflow params, named as run.py's (``tracked_params``): the sweep's base settings with the values
+    a trial may vary read from its RLlib config."""
+    return tracked_params(validate(RunSettings, {**base.model_dump(), **{k: getattr(config, k) for k in GRID_FIELDS}}))
+
+
 def varied_fields(trials: list[RunSettings]) -> dict[str, list[Any]]:
     """Per trial, the values of the fields that differ between trials (the searched keys)."""
     keys = [k for k in GRID_FIELDS if len({json.dumps(getattr(t, k)) for t in trials}) > 1] or ["seed"]
@@ -156,20 +165,27 @@ def varied_fields(trials: list[RunSettings]) -> dict[str, list[Any]]:
 
 
 def tune_parser():
-    parser = build_parser(RunSettings, description=__doc__, aliases=CLI_ALIASES, sections=help_sections())
+    parser = build_parser(RunSettings, description=__doc__, aliases=CLI_ALIASES, sections=help_sections(),
+                          defaults=SWEEP_DEFAULTS)
     sweep = parser.add_argument_group("sweep")
-    sweep.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2", help="sweep a setting")
+    sweep.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
+                       help="sweep a setting; repeat for more (default: none)")
     sweep.add_argument("--budget", type=float, nargs="+", default=None,
-                       help="matched-budget mode: budgets in full-chain equivalents")
-    sweep.add_argument("--shapes", choices=["paper", "all"], default="paper", help="tree shapes of a budget")
+                       help="matched-budget mode: budgets in full-chain equivalents (default: off)")
+    sweep.add_argument("--shapes", choices=["paper", "all"], default="paper",
+                       help="tree shapes of a budget (default: %(default)s)")
     sweep.add_argument("--expansion-cost", type=float, default=0.5,
-                       help="one expansion in full chains (paper 0.5; a measured value, e.g. 0.7, works too)")
-    sweep.add_argument("--tolerance", type=float, default=0.15, help="relative budget mismatch allowed (--shapes all)")
-    sweep.add_argument("--seeds", type=int, nargs="+", default=None, help="default: --seed")
-    sweep.add_argument("--time-budget-s", type=float, default=None, help="stop each trial after this many seconds")
+                       help="one expansion in full chains (paper 0.5; a measured value, e.g. 0.7, works too) "
+                            "(default: %(default)s)")
+    sweep.add_argument("--tolerance", type=float, default=0.15,
+                       help="relative budget mismatch allowed with --shapes all (default: %(default)s)")
+    sweep.add_argument("--seeds", type=int, nargs="+", default=None, help="(default: --seed)")
+    sweep.add_argument("--time-budget-s", type=float, default=None,
+                       help="stop each trial after this many seconds (default: no limit)")
     sweep.add_argument("--metric", default=None, help="a metrics.jsonl column to sort by (default: dev_em with "
                                                       "--eval-every, else reward_mean)")
-    sweep.add_argument("--max-concurrent", type=int, default=0, help="trials at a time (0: as resources allow)")
+    sweep.add_argument("--max-concurrent", type=int, default=0,
+                       help="trials at a time, 0: as resources allow (default: %(default)s)")
     return parser
 
 
@@ -179,6 +195,10 @@ def plan(argv: list[str] | None = None):
     given, sources = given_options(RunSettings, namespace)
     base_values = {**SWEEP_DEFAULTS, **given}
     base = validate(RunSettings, base_values, sources)
+    existing = [name for name in SWEEP_FILES if (Path(base.output) / name).exists()]
+    if existing:
+        raise SettingsError(f"--output {base.output} already holds a sweep ({', '.join(existing)}): choose another "
+                            f"--output (two sweeps' trials would mix in one directory)")
     shapes = budget_points(namespace.budget, namespace.shapes, expansion_cost=namespace.expansion_cost,
                            tolerance=namespace.tolerance) if namespace.budget else []
     points = sweep_points(parse_grid(namespace.grid), shapes, namespace.seeds or [base.seed])
@@ -237,7 +257,8 @@ def main(argv: list[str] | None = None) -> Path:
 
         ensure_experiment(MlflowClient(mlflow_uri), base.experiment, mlflow_uri)
     tracker = functools.partial(RunTracker, mlflow_uri=mlflow_uri, experiment=base.experiment,
-                                tags={"model": base.model, "sweep": output.name}, final_iteration=base.iterations)
+                                tags={"model": base.model, "sweep": output.name}, final_iteration=base.iterations,
+                                params=functools.partial(trial_params, base))
     # Explicit trials (points_to_evaluate) instead of grid_search: the budget mode's shapes are a list, not a
     # cross product.
     space, trial_points = search_space([build_config(trial).to_dict() for trial in trials], tune.choice)

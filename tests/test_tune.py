@@ -10,6 +10,8 @@ from mlflow.tracking import MlflowClient
 
 from algos.rollout import TreeShape
 from experiments.cli import SettingsError
+from experiments.settings import RunSettings, tracked_params
+from experiments.tracking import flatten
 from experiments.tune import (
     budget_points,
     main,
@@ -19,6 +21,7 @@ from experiments.tune import (
     shapes_for_budget,
     sweep_points,
     trial_table,
+    tune_parser,
 )
 
 
@@ -57,6 +60,19 @@ def test_every_trial_is_checked_before_ray_starts(tmp_path):
         plan(["--grid", "M=1,0", "--output", str(tmp_path)])
     with pytest.raises(SettingsError, match=r"lr: Input should be a valid number"):
         plan(["--grid", "lr=fast", "--output", str(tmp_path)])
+
+
+def test_help_shows_the_sweeps_own_defaults():
+    text = tune_parser().format_help()
+    assert "(default: outputs/tune)" in text and "(default: 5)" in text
+    assert "(default: outputs/run)" not in text and "(default: 20)" not in text
+
+
+def test_an_output_holding_a_sweep_is_refused_before_ray_starts(tmp_path):
+    plan(["--output", str(tmp_path)])  # empty: fine
+    (tmp_path / "sweep").mkdir()
+    with pytest.raises(SettingsError, match=f"--output {tmp_path} already holds a sweep \\(sweep\\)"):
+        plan(["--output", str(tmp_path)])
 
 
 def test_parse_grid_and_sweep_points():
@@ -100,6 +116,9 @@ def test_two_trial_grid_is_tracked_in_mlflow(data_dir, tmp_path):
     assert len(runs) == 2 and {r.info.status for r in runs} == {"FINISHED"}
     assert all(r.info.artifact_uri.startswith((tmp_path / "mlartifacts").as_uri()) for r in runs)
     assert sorted(r.data.params["M"] for r in runs) == ["1", "2"]
+    run_py_params = set(flatten(tracked_params(RunSettings(output=str(tmp_path)))))
+    assert all(set(r.data.params) == run_py_params for r in runs)  # run.py's names, all of them
+    assert {r.data.params["model"] for r in runs} == {"tiny-random"}
     # leaves per prompt = M (1 + L N): 3 and 6, two prompts
     assert sorted(r.data.metrics["leaves"] for r in runs) == [6, 12]  # the same metric names as run.py
     for trial in (tmp_path / "sweep").iterdir():  # the same files as run.py, one tracking path
