@@ -22,6 +22,14 @@ from policies.models import LoraSettings
 EnvId = Literal[tuple(envs.ENV_IDS)]  # type: ignore[valid-type]
 
 
+def dashboard_dependency_error() -> ImportError | None:
+    """Why Ray's dashboard cannot start here (the import error of its packages, which ``ray[rllib]`` does not
+    bring), or None."""
+    from ray._private.utils import get_dashboard_dependency_error
+
+    return get_dashboard_dependency_error()
+
+
 def _default_of(function: Any, name: str) -> Any:
     """The default of parameter ``name`` of ``function`` (a class: its constructor): declared there, not here."""
     return inspect.signature(function).parameters[name].default
@@ -57,7 +65,7 @@ class RunSettings(TreeGRPOSettings):
     num_gpus_per_env_runner: float = Field(0.0, ge=0, description="GPUs per remote env runner (its generator, HF "
                                                                   "or a vLLM engine, runs there)")
     ray_dashboard: bool = Field(False, description="start Ray's dashboard (on 127.0.0.1:8265) with the local "
-                                "Ray instance")
+                                "Ray instance (needs pip install -e .[dashboard])")
     # the run
     iterations: int = Field(20, ge=1, description="training iterations (of this invocation, also when resuming)")
     output: str = Field("outputs/run", description="the run's directory (must not hold another run)")
@@ -92,6 +100,14 @@ class RunSettings(TreeGRPOSettings):
                 f"split: {self.env} would train on split {train!r}, which is also its evaluation split (the "
                 f"evaluation would score questions the policy trained on); choose another split (e.g. put a "
                 f"train file in the data directory and set split: train) or pass --allow-eval-split-training")
+        return self
+
+    @model_validator(mode="after")
+    def _dashboard_needs_its_packages(self) -> RunSettings:
+        missing = dashboard_dependency_error() if self.ray_dashboard else None
+        if missing is not None:
+            raise ValueError(f"ray_dashboard: Ray's dashboard needs ray[default], which is not installed here "
+                             f"({missing}): pip install -e .[dashboard], or run without --ray-dashboard")
         return self
 
     @property

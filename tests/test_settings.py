@@ -10,6 +10,7 @@ import pytest
 import ray
 import yaml
 
+import experiments.settings as settings_module
 from algos.tree_grpo import TreeGRPOConfig
 from experiments.checkpoints import write_manifest
 from experiments.cli import SettingsError, dump_yaml, read_yaml
@@ -164,6 +165,17 @@ def test_resume_into_another_output_is_refused(tmp_path):
     run = fake_run(tmp_path)
     assert "continues the run in its own directory" in error_of(["--resume", str(run), "--output",
                                                                  str(tmp_path / "elsewhere")])
+
+
+def test_ray_dashboard_without_its_packages_is_refused_before_ray_with_the_reason(tmp_path, monkeypatch):
+    monkeypatch.setattr(settings_module, "dashboard_dependency_error",
+                        lambda: ImportError("No module named 'aiohttp_cors'"))
+    message = error_of(["--ray-dashboard", "--output", str(tmp_path)])
+    assert "ray_dashboard: Ray's dashboard needs ray[default], which is not installed here" in message
+    assert "aiohttp_cors" in message and "pip install -e .[dashboard]" in message
+    assert not settings_of(["--output", str(tmp_path)]).ray_dashboard  # not asked for: not checked
+    monkeypatch.setattr(settings_module, "dashboard_dependency_error", lambda: None)
+    assert settings_of(["--ray-dashboard", "--output", str(tmp_path)]).ray_dashboard
 
 
 def test_allow_changes_needs_resume():
