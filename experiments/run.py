@@ -37,6 +37,7 @@ from typing import Any
 
 import envs
 from algos.tree_grpo import metrics as M
+from envs.datasets import DataError, MissingDataError
 from experiments.checkpoints import CheckpointError, CheckpointManager, resolve_checkpoint, restore_errors
 from experiments.cli import SettingsError, build_parser, dump_yaml, given_options, read_yaml, validate
 from experiments.evaluate import write_results
@@ -45,6 +46,7 @@ from experiments.settings import (
     CLI_ALIASES,
     RunSettings,
     build_config,
+    env_config,
     help_sections,
     resume_conflicts,
     tracked_params,
@@ -113,9 +115,43 @@ def plan(argv: list[str] | None = None) -> RunPlan:
     return RunPlan(settings, checkpoint, changes)
 
 
+def check_data(settings: RunSettings) -> None:
+    """The data directory and the question files the run reads (its training split; with evaluations, the
+    evaluation splits), or a ``SettingsError`` naming the path and the expected layout."""
+    evaluated = ({settings.env} if settings.eval_every else set()) | (
+        set(settings.eval_envs or [settings.env]) if settings.final_eval else set())
+    try:
+        config = env_config(settings)  # resolves the data directory
+        envs.question_count(settings.env, **config)
+        for env_id in sorted(evaluated):
+            envs.question_count(env_id, **{**config, "split": envs.eval_split(env_id)})
+    except (MissingDataError, DataError) as error:
+        raise SettingsError(str(error)) from None
+
+
+def check_before_ray(settings: RunSettings) -> None:
+    """What can be checked without Ray, before it starts and before anything is written: the data and the
+    algorithm config as RLlib's ``validate`` sees it (e.g. more env runners than prompts). (``start_ray`` checks
+    the actors' resources.)"""
+    check_data(settings)
+    try:
+        build_config(settings).validate()
+    except ValueError as error:
+        raise SettingsError(str(error)) from None
+
+
+def local_resources() -> dict[str, float]:
+    """The resources of the local Ray instance ``start_ray`` starts: every CPU of the machine and every GPU this
+    process sees."""
+    import torch
+
+    return {"CPU": float(os.cpu_count() or 1), "GPU": float(torch.cuda.device_count())}
+
+
 def start_ray(settings: RunSettings) -> None:
     """A local Ray instance listening on loopback only, with the dashboard only if asked for (unless Ray is
-    already initialised, or ``RAY_ADDRESS`` names a cluster to join)."""
+    already initialised, or ``RAY_ADDRESS`` names a cluster to join). The actors' resources are checked against
+    the local instance's before it starts."""
     import ray
     from ray._private import ray_constants
 
@@ -128,8 +164,10 @@ def start_ray(settings: RunSettings) -> None:
         # every server binds there. The constant is read at import, so set it too; spawned processes read the env.
         os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
         ray_constants.ENABLE_RAY_CLUSTER = False
-    ray.init(num_cpus=os.cpu_count(), object_store_memory=1_000_000_000, include_dashboard=settings.ray_dashboard,
-             log_to_driver=settings.log_rollout_steps)
+    resources = local_resources()
+    check_resources(settings, resources)
+    ray.init(num_cpus=int(resources["CPU"]), num_gpus=int(resources["GPU"]), object_store_memory=1_000_000_000,
+             include_dashboard=settings.ray_dashboard, log_to_driver=settings.log_rollout_steps)
 
 
 def check_resources(settings: RunSettings, available: dict[str, float]) -> None:
@@ -207,12 +245,13 @@ def train(run: RunPlan) -> tuple[Path | None, int]:
 
     settings = run.settings
     output = Path(settings.output).resolve()
-    output.mkdir(parents=True, exist_ok=True)
+    check_before_ray(settings)
     if settings.contaminated:
         print(f"warning: training on {settings.env}'s evaluation split ({settings.training_split}); its "
               f"evaluations score questions the policy trained on", file=sys.stderr)
     start_ray(settings)
-    check_resources(settings, ray.cluster_resources())
+    check_resources(settings, ray.cluster_resources())  # again: a cluster joined through RAY_ADDRESS has its own
+    output.mkdir(parents=True, exist_ok=True)
     algo = build_algorithm(run)
     dump_yaml(settings, output / CONFIG_FILE, "# experiments/run.py --config this file reproduces the run\n")
     tracker = tracker_of(algo)

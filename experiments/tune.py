@@ -34,7 +34,7 @@ from algos.tree_grpo import TreeGRPO
 from algos.tree_grpo import metrics as M
 from algos.tree_grpo.settings import ALGORITHM_FIELDS
 from experiments.cli import SettingsError, build_parser, given_options, validate, yaml_scalar
-from experiments.run import check_resources, start_ray
+from experiments.run import check_before_ray, check_resources, start_ray
 from experiments.settings import CLI_ALIASES, RunSettings, build_config, help_sections, tracked_params
 from experiments.tracking import METRICS_FILE, RunTracker, default_tracking_uri, ensure_experiment, read_rows
 
@@ -234,23 +234,26 @@ def trial_summary(trial_dir: Path, config: dict[str, Any], metric: str, error: A
 
 
 def main(argv: list[str] | None = None) -> Path:
+    import ray
+
     try:
         base, trials, options = plan(argv)
+        for trial in trials:  # as run.py checks a run
+            check_before_ray(trial)
+        start_ray(base)
+        check_resources(base, ray.cluster_resources())
     except SettingsError as error:
         tune_parser().exit(2, f"tune.py: error: {error}\n")
-    import ray
     from ray import tune
     from ray.tune.search.basic_variant import BasicVariantGenerator
 
     output = Path(base.output).resolve()
-    output.mkdir(parents=True, exist_ok=True)
     metric = options.metric or (f"{M.DEV_PREFIX}em" if base.eval_every else M.REWARD)
     varied = varied_fields(trials)
     shown = [{key: values[i] for key, values in varied.items()} for i in range(len(trials))]
     print(f"{len(shown)} trials: " + "; ".join(", ".join(f"{k}={v}" for k, v in p.items()) for p in shown))
 
-    start_ray(base)
-    check_resources(base, ray.cluster_resources())
+    output.mkdir(parents=True, exist_ok=True)
     mlflow_uri = (base.mlflow_uri or default_tracking_uri(output)) if base.mlflow else None
     if mlflow_uri:  # created here so that its artifacts go beside the store, not into ./mlruns
         from mlflow.tracking import MlflowClient

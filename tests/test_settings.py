@@ -108,6 +108,44 @@ def test_command_line_errors_exit_with_one_line(capsys):
     assert err == ["run.py: error: N: Input should be greater than or equal to 0 (got -1)"]
 
 
+@pytest.mark.parametrize(("argv", "environ", "message"), [
+    (["--data-dir", "{missing}"], None, "data directory {missing} (from the data_dir argument) does not exist"),
+    ([], "{missing}", "data directory {missing} (from $TREEGRPO_DATA_DIR) does not exist"),
+    (["--data-dir", "{empty}"], None, "no hotpotqa train file in {empty}: looked for hotpotqa/"),
+    (["--eval-every", "1", "--data-dir", "{train_only}"], None, "no hotpotqa dev file in {train_only}"),
+    (["--num-env-runners", "3", "--prompts-per-iter", "2"], None,
+     "num_env_runners (3) must not exceed prompts_per_iteration (2)"),
+], ids=["missing-dir", "bad-env-var", "empty-dir", "no-eval-split", "runners-over-prompts"])
+def test_data_and_runner_errors_are_one_line_before_ray_and_write_nothing(argv, environ, message, data_dir, tmp_path,
+                                                                         monkeypatch, capsys):
+    from experiments.run import main
+
+    paths = {"missing": tmp_path / "missing", "empty": tmp_path / "empty", "train_only": tmp_path / "train_only"}
+    paths["empty"].mkdir()
+    (paths["train_only"] / "hotpotqa").mkdir(parents=True)
+    train_file = next((data_dir / "hotpotqa").glob("hotpot_train*.json"))
+    (paths["train_only"] / "hotpotqa" / train_file.name).symlink_to(train_file)
+    if environ:
+        monkeypatch.setenv("TREEGRPO_DATA_DIR", environ.format(**paths))
+    output = tmp_path / "run"
+    with pytest.raises(SystemExit) as caught:
+        main([*(arg.format(**paths) for arg in argv), "--output", str(output)])
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert caught.value.code == 2 and line.startswith("run.py: error: ") and message.format(**paths) in line
+    assert not output.exists() and not ray.is_initialized()
+
+
+def test_actors_beyond_the_local_resources_are_refused_before_ray_starts(data_dir, tmp_path, monkeypatch):
+    from experiments import run
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(run, "local_resources", lambda: {"CPU": 2.0, "GPU": 0.0})
+    settings = settings_of(["--num-env-runners", "3", "--prompts-per-iter", "4", "--output", str(tmp_path / "run")])
+    with pytest.raises(SettingsError, match="need 3 CPUs and 0 GPUs but Ray has 2 CPUs"):
+        run.train(run.RunPlan(settings))
+    assert not ray.is_initialized() and not (tmp_path / "run").exists()
+
+
 def test_training_on_the_evaluation_split_is_refused_unless_allowed(tmp_path):
     message = error_of(["--env", "NQ-v0", "--output", str(tmp_path)])
     assert "NQ-v0 would train on split 'test', which is also its evaluation split" in message

@@ -26,6 +26,7 @@ from ray.rllib.utils.metrics import (
     SYNCH_WORKER_WEIGHTS_TIMER,
     TIMERS,
 )
+from ray.util import log_once
 
 import envs
 from algos.batch import pad_batch, prompt_advantages
@@ -294,6 +295,9 @@ class TreeGRPOConfig(AlgorithmConfig):
 
     @override(AlgorithmConfig)
     def validate(self) -> None:
+        # Tree-GRPO exists only on the new API stack: RLlib's once-per-process notice that it is on would be the
+        # first line of every error found before Ray starts.
+        log_once(f"{self.algo_class.__name__}_on_new_api_stack")
         super().validate()
         check_evaluation_settings(self)
         settings = self.settings.model_dump()
