@@ -9,7 +9,8 @@
 Every option is a field of ``experiments.settings.RunSettings`` (``--help`` lists them); a ``--config`` YAML
 file takes the same names. Everything is checked before Ray starts.
 
-The run's directory (``--output``) gets ``config.yaml`` (every setting; ``--config`` reads it back),
+The run's directory (``--output``) gets ``config.yaml`` (every setting the run started with; ``--config`` reads it
+back; a resume records its own beside it, ``resumes/iter_NNNNNN.yaml`` from the first iteration it ran),
 ``metrics.jsonl`` (one JSON object per iteration), ``checkpoints/iter_NNNNNN`` (every ``--checkpoint-every``
 iterations, at the end and on SIGINT / SIGTERM; the last ``--keep-checkpoints`` kept, ``checkpoints/latest``
 points at the newest), ``trees/`` (sampled trees every ``--trees-every`` iterations), ``learning_curve.png``,
@@ -30,6 +31,7 @@ import argparse
 import functools
 import math
 import os
+import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +40,14 @@ from typing import Any
 import envs
 from algos.tree_grpo import metrics as M
 from envs.datasets import DataError, MissingDataError
-from experiments.checkpoints import CheckpointError, CheckpointManager, resolve_checkpoint, restore_errors
+from experiments.checkpoints import (
+    CheckpointError,
+    CheckpointManager,
+    checkpoint_iteration,
+    checkpoint_name,
+    resolve_checkpoint,
+    restore_errors,
+)
 from experiments.cli import SettingsError, build_parser, dump_yaml, given_options, read_yaml, validate
 from experiments.evaluate import write_results
 from experiments.plot import load_metrics, plot_runs
@@ -55,6 +64,7 @@ from experiments.signals import GracefulStop, StopRequested
 from experiments.tracking import METRICS_FILE, RunTracker, default_tracking_uri, tracker_of, truncate_rows
 
 CONFIG_FILE = "config.yaml"
+RESUMES_DIR = "resumes"  # resumes/iter_NNNNNN.yaml: a resumed invocation's settings, from iteration NNNNNN on
 RUN_FILES = (METRICS_FILE, "checkpoints")  # any of them: the directory holds a run
 
 
@@ -65,6 +75,7 @@ class RunPlan:
     settings: RunSettings
     checkpoint: Path | None = None  # resume from it
     changes: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # options changed on resume
+    command: str = ""  # the invocation, as typed (recorded beside config.yaml on resume)
 
 
 def run_parser() -> argparse.ArgumentParser:
@@ -100,7 +111,7 @@ def plan(argv: list[str] | None = None) -> RunPlan:
         return RunPlan(settings)
     checkpoint = resolve_checkpoint(namespace.resume)
     run_dir = run_directory(checkpoint)
-    saved, saved_sources = read_yaml(run_dir / CONFIG_FILE, RunSettings)
+    saved, saved_sources = read_yaml(settings_file_at(run_dir, checkpoint_iteration(checkpoint)), RunSettings)
     if "output" in given and Path(given["output"]).resolve() != run_dir.resolve():
         raise SettingsError(f"--resume continues the run in its own directory {run_dir}; drop --output "
                             f"{given['output']} (or copy the run there first)")
@@ -112,7 +123,36 @@ def plan(argv: list[str] | None = None) -> RunPlan:
                             f"Drop them, or pass --allow-changes to continue with the new values")
     settings = validate(RunSettings, {**saved, **given}, {**saved_sources, **sources})
     changes = {name: (saved.get(name), value) for name, value in given.items() if saved.get(name) != value}
-    return RunPlan(settings, checkpoint, changes)
+    return RunPlan(settings, checkpoint, changes, shlex.join(["experiments/run.py", *(argv or sys.argv[1:])]))
+
+
+def settings_file_at(run_dir: Path, iteration: int | None) -> Path:
+    """The file holding a run's settings after ``iteration`` (None: its newest): the newest resume record that
+    applies by then (``resumes/iter_NNNNNN.yaml``, NNNNNN the first iteration it applies to), else config.yaml."""
+    def first(path: Path) -> int | None:
+        return checkpoint_iteration(path.with_suffix(""))
+
+    records = sorted((path for path in (run_dir / RESUMES_DIR).glob("*.yaml") if first(path) is not None), key=first)
+    applying = [path for path in records if iteration is None or first(path) <= iteration + 1]
+    return applying[-1] if applying else run_dir / CONFIG_FILE
+
+
+def record_settings(run: RunPlan, first_iteration: int) -> Path:
+    """The settings file of this invocation: a new run's config.yaml (``--config`` it to repeat the run), or,
+    when resuming, ``resumes/iter_NNNNNN.yaml`` beside it (config.yaml keeps the run's own settings), headed by
+    the command, the checkpoint and the changed options."""
+    output = Path(run.settings.output).resolve()
+    if run.checkpoint is None:
+        path, header = output / CONFIG_FILE, "# experiments/run.py --config this file reproduces the run\n"
+    else:
+        path = output / RESUMES_DIR / f"{checkpoint_name(first_iteration)}.yaml"
+        changed = "; ".join(f"{name}: {old!r} -> {new!r}" for name, (old, new) in run.changes.items()) or "nothing"
+        header = (f"# the run's settings from iteration {first_iteration} on, as resumed from {run.checkpoint} by\n"
+                  f"#   {run.command}\n# changed: {changed}\n# ({CONFIG_FILE} keeps the settings the run started "
+                  f"with)\n")
+        path.parent.mkdir(exist_ok=True)
+    dump_yaml(run.settings, path, header)
+    return path
 
 
 def check_data(settings: RunSettings) -> None:
@@ -217,6 +257,7 @@ def build_algorithm(run: RunPlan):
         if dropped:
             print(f"resume: dropped {dropped} metrics row(s) written after the checkpoint (iteration "
                   f"{algo.iteration})", file=sys.stderr)
+        tracker_of(algo).log_params(algo)  # now that the iteration a changed value applies from is known
     return algo
 
 
@@ -253,11 +294,11 @@ def train(run: RunPlan) -> tuple[Path | None, int]:
     check_resources(settings, ray.cluster_resources())  # again: a cluster joined through RAY_ADDRESS has its own
     output.mkdir(parents=True, exist_ok=True)
     algo = build_algorithm(run)
-    dump_yaml(settings, output / CONFIG_FILE, "# experiments/run.py --config this file reproduces the run\n")
+    settings_file = record_settings(run, algo.iteration + 1)
     tracker = tracker_of(algo)
     for name, (old, new) in run.changes.items():
         print(f"resume: {name} {old!r} -> {new!r}", file=sys.stderr)
-    tracker.mlflow.log_artifact(output / CONFIG_FILE)
+    tracker.mlflow.log_artifact(settings_file, RESUMES_DIR if run.checkpoint else None)
     checkpoints = CheckpointManager(output / "checkpoints", keep=settings.keep_checkpoints)
     latest, saved_at, status = None, None, "FINISHED"
     end = algo.iteration + settings.iterations

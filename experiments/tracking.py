@@ -161,9 +161,10 @@ class MLflowRun:
                           f"training goes on without it", RuntimeWarning, stacklevel=3)
             self._client = None
 
-    def log_params(self, params: Mapping[str, Any], *, step: int = 0) -> None:
+    def log_params(self, params: Mapping[str, Any], *, first_iteration: int = 1) -> None:
         """Nested params, flattened (``env_config/topk``). MLflow params cannot change: a value that differs from
-        the one already logged (a resumed run) becomes the tag ``changed_on_resume/<name>``."""
+        the one already logged (a resumed run) becomes the tag ``changed_on_resume/<name>``, naming
+        ``first_iteration``, the first iteration the value applies to."""
         from mlflow.entities import Param
 
         if not self.enabled:
@@ -174,7 +175,8 @@ class MLflowRun:
             self._guard(self._client.log_batch, self.run_id, [], new[start:start + BATCH_LIMIT])
         for key, value in flat.items():
             if key in self.params and self.params[key] != value:
-                self.set_tag(f"changed_on_resume/{key}", f"{self.params[key]} -> {value} (from iteration {step})")
+                self.set_tag(f"changed_on_resume/{key}",
+                             f"{self.params[key]} -> {value} (from iteration {first_iteration})")
         self.params.update(flat)
 
     def set_tag(self, key: str, value: str) -> None:
@@ -216,7 +218,8 @@ class RunTracker(RLlibCallback):
     ``output``: the run's directory (default: the algorithm's log directory, a Tune trial's own directory).
     ``mlflow_uri``: None for no MLflow. ``params``: what to log as MLflow params, or a function of the algorithm's
     config that returns them (a Tune trial's settings are known only in the trial). ``resume``: continue the
-    MLflow run recorded in ``output``.
+    MLflow run recorded in ``output``; its params are logged by ``log_params`` once the algorithm is restored
+    (the caller's call), so that a changed value names the iteration it applies from.
     ``final_iteration``: end the MLflow run (FINISHED, with metrics.jsonl) after that iteration, for callers that
     do not end it themselves (Tune trials); run.py ends it with the run's status.
     """
@@ -244,8 +247,14 @@ class RunTracker(RLlibCallback):
                                       **options["tags"]})
         if self.mlflow.enabled:
             run_id_file.write_text(self.mlflow.run_id)
-        params = options["params"] or {}
-        self.mlflow.log_params(params(algorithm.config) if callable(params) else params, step=algorithm.iteration)
+        if not options["resume"]:
+            self.log_params(algorithm)
+
+    def log_params(self, algorithm) -> None:
+        """The run's params, applying from the algorithm's next iteration."""
+        params = self._options["params"] or {}
+        self.mlflow.log_params(params(algorithm.config) if callable(params) else params,
+                               first_iteration=algorithm.iteration + 1)
 
     def on_train_result(self, *, algorithm, metrics_logger=None, result: dict, **kwargs) -> None:
         row = metrics_row(result)

@@ -199,6 +199,16 @@ def test_resume_applies_options_that_may_change_and_keeps_the_rest(tmp_path):
     assert {"iterations", "eval_every"} <= MAY_CHANGE_ON_RESUME
 
 
+def test_resume_continues_from_the_settings_in_effect_at_the_checkpoint(tmp_path):
+    run = fake_run(tmp_path, lr=1e-6)  # its checkpoint: iteration 1
+    (run / "resumes").mkdir()
+    dump_yaml(RunSettings(output=str(run), lr=2e-6), run / "resumes" / "iter_000002.yaml")  # resumed with a change
+    dump_yaml(RunSettings(output=str(run), lr=3e-6), run / "resumes" / "iter_000009.yaml")  # later than the checkpoint
+    resumed = plan(["--resume", str(run)])
+    assert resumed.settings.lr == 2e-6 and not resumed.changes  # not config.yaml's 1e-6: no silent revert
+    assert "lr: 2e-06 -> 1e-06" in error_of(["--resume", str(run), "--lr", "1e-6"])
+
+
 def test_resume_into_another_output_is_refused(tmp_path):
     run = fake_run(tmp_path)
     assert "continues the run in its own directory" in error_of(["--resume", str(run), "--output",
