@@ -38,7 +38,7 @@ from experiments.run import check_before_ray, check_resources, start_ray
 from experiments.settings import CLI_ALIASES, RunSettings, build_config, help_sections, tracked_params
 from experiments.tracking import METRICS_FILE, RunTracker, default_tracking_uri, ensure_experiment, read_rows
 
-# The paper's budget table (notes/tree-grpo.md): budget in full chains -> tree (M, N, L); chain GRPO uses G = budget.
+# The paper's budget table (arXiv 2509.21240): budget in full chains -> tree (M, N, L); chain GRPO uses G = budget.
 PAPER_SHAPES: dict[int, TreeShape] = {2: TreeShape(1, 2, 1), 4: TreeShape(2, 2, 1), 8: TreeShape(2, 6, 1),
                                       16: TreeShape(4, 5, 1)}
 GRID_FIELDS = (*ALGORITHM_FIELDS, "seed")  # what a trial may vary: the algorithm's settings and the seed

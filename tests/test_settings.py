@@ -17,7 +17,7 @@ from experiments.cli import SettingsError, dump_yaml, read_yaml
 from experiments.run import plan, run_parser
 from experiments.settings import HELP_SECTIONS, MAY_CHANGE_ON_RESUME, RunSettings, build_config, help_sections
 
-PAPER_TABLE = {2: (1, 2, 1), 4: (2, 2, 1), 8: (2, 6, 1), 16: (4, 5, 1)}  # notes/tree-grpo.md
+PAPER_TABLE = {2: (1, 2, 1), 4: (2, 2, 1), 8: (2, 6, 1), 16: (4, 5, 1)}  # the paper's budget table
 CONFIGS = sorted((Path(__file__).parent.parent / "experiments" / "configs").rglob("*.yaml"))
 NUMERIC_OPTIONS = ("--M", "--N", "--L", "--lr", "--micro-batch-size", "--prompts-per-iter", "--max-step-tokens",
                    "--seed", "--iterations", "--topk", "--max-turns", "--kl-coef", "--temperature", "--top-p")
