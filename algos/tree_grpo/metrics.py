@@ -17,6 +17,7 @@ BUDGET_MEASURED = "budget_chains_measured"  # generated tokens per prompt / toke
 
 # per iteration, from the algorithm
 ENV_RUNNER_RESTARTS = "env_runner_restarts"  # failed env runners brought back (restarted, weights synced)
+SAMPLED_BY = "sampled_by"  # the env runners that returned samples (worker indices; 0: the local runner)
 
 # per update, from the learner
 POLICY_LOSS = "policy_loss"
