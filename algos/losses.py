@@ -1,9 +1,17 @@
 """The Tree-GRPO / GRPO policy loss as small tensor functions (token level, masked, token-mean).
 
-Following the official runs (notes/tree-grpo.md, "Loss"): PPO ratio against the sampling policy with clip
-epsilon 0.2 on both sides and dual-clip c = 3 for negative advantages (Ye et al., 2020), log-ratio clamped to
-[-20, 20]; k3 KL estimator to the frozen reference policy, clamped to [-10, 10]; entropy bonus; everything
-averaged over the unmasked (generated) tokens of the whole batch.
+As in the official Tree-GRPO code (arXiv 2509.21240): the PPO ratio is taken against the old policy, whose
+log-probs the trainer recomputes with the weights of before the update (here the learner's ``old_logprobs``:
+``recompute``, or the sampler's own where its numerics match the learner's), with clip epsilon 0.2 on both sides
+and dual-clip c = 3 for negative advantages (Ye et al., 2020), log-ratio clamped to [-20, 20]; k3 KL estimator to
+the frozen reference policy, clamped to [-10, 10]; entropy bonus.
+
+Normalisation: every term is a mean over the generated (unmasked) tokens of the whole mini-batch, one optimizer
+step's data ("token-mean"). The learner accumulates micro-batches by weighting each micro-batch's token-mean
+(``masked_mean``) by its share of the mini-batch's generated tokens, so the loss and its gradient do not depend
+on the micro-batch size. verl instead averages within each micro-batch and divides by the number of
+accumulation steps: a micro-batch with few tokens then weighs as much as a full one, and the result changes
+with the micro-batch size unless every micro-batch holds the same number of tokens.
 
 Shapes: every tensor argument is [B, T] (per token); ``mask`` is 1 on generated tokens, 0 on prompt,
 observation and padding tokens.
@@ -18,7 +26,8 @@ import torch
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of ``values`` over the tokens where ``mask`` is 1 (token-mean over the whole batch)."""
+    """Mean of ``values`` over the tokens where ``mask`` is 1 (the token-mean of the tokens given; see the module
+    docstring for how the learner makes it the mini-batch's)."""
     mask = mask.to(values.dtype)
     return (values * mask).sum() / mask.sum().clamp(min=1.0)
 

@@ -43,6 +43,12 @@ def checkpoint_name(iteration: int) -> str:
     return f"{PREFIX}{iteration:06d}"
 
 
+def checkpoint_iteration(path: str | Path) -> int | None:
+    """The iteration of a checkpoint directory named ``iter_NNNNNN`` (None for another name)."""
+    number = Path(path).name.removeprefix(PREFIX)
+    return int(number) if Path(path).name.startswith(PREFIX) and number.isdigit() else None
+
+
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as stream:

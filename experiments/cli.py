@@ -17,12 +17,14 @@ import difflib
 import re
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
 
 from algos.tree_grpo.settings import validated
 
@@ -76,29 +78,46 @@ def _argument(annotation: Any) -> dict[str, Any]:
     return keywords
 
 
+def field_help(field: FieldInfo, default: Any) -> str:
+    """An option's help: the field's description and its default, once (a description that explains its default,
+    ``(default: ...)``, keeps its own words; a default computed by a factory is left to the description)."""
+    text = field.description or ""
+    if "(default" in text or default is PydanticUndefined:
+        return text
+    return f"{text} (default: {default})"
+
+
 def build_parser(model: type[BaseModel], *, description: str | None = None,
-                 aliases: dict[str, tuple[str, Any]] | None = None) -> argparse.ArgumentParser:
+                 aliases: dict[str, tuple[str, Any]] | None = None, sections: Mapping[str, str] | None = None,
+                 defaults: Mapping[str, Any] | None = None) -> argparse.ArgumentParser:
     """A parser with one option per field of ``model``; every option defaults to "not given" (absent from the
-    namespace), so that only what the user typed overrides the file and the defaults."""
+    namespace), so that only what the user typed overrides the file and the defaults.
+
+    ``sections`` (field -> section) groups the options in ``--help``, sections in the order they first appear,
+    fields in that mapping's order (fields it does not name go first); ``defaults`` are the defaults the caller
+    applies instead of the model's (shown in ``--help``)."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
                                      argument_default=argparse.SUPPRESS)
     parser.add_argument("--config", metavar="FILE", help="a YAML file of options (keys as the option names, "
                                                          "snake_case); the command line overrides it")
+    sections, defaults = dict(sections or {}), dict(defaults or {})
+    groups = {section: parser.add_argument_group(section) for section in dict.fromkeys(sections.values())}
     by_field: dict[str, list[tuple[str, Any]]] = {}
     for alias, (name, constant) in (aliases or {}).items():
         by_field.setdefault(name, []).append((alias, constant))
-    for name, field in model.model_fields.items():
-        default = "" if field.default_factory else f" (default: {field.default})"
-        help_text = (field.description or "") + default
+    order = [name for name in model.model_fields if name not in sections] + list(sections)
+    for name in order:
+        field, group = model.model_fields[name], groups.get(sections.get(name), parser)
+        help_text = field_help(field, defaults.get(name, field.default))
         flags = [flag(name)] + [alias for alias, constant in by_field.get(name, []) if constant is None]
         if field.annotation is bool:
-            parser.add_argument(*flags, dest=name, action=argparse.BooleanOptionalAction, help=help_text)
+            group.add_argument(*flags, dest=name, action=argparse.BooleanOptionalAction, help=help_text)
         else:
-            parser.add_argument(*flags, dest=name, help=help_text, **_argument(field.annotation))
+            group.add_argument(*flags, dest=name, help=help_text, **_argument(field.annotation))
         for alias, constant in by_field.get(name, []):
             if constant is not None:
-                parser.add_argument(alias, dest=name, action="store_const", const=constant,
-                                    help=f"same as {flag(name)} {constant}")
+                group.add_argument(alias, dest=name, action="store_const", const=constant,
+                                   help=f"same as {flag(name)} {constant}")
     return parser
 
 

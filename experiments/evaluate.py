@@ -143,21 +143,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="a run.py --model name, a model directory or a checkpoint")
     p.add_argument("--envs", nargs="+", default=list(envs.PAPER_ENV_IDS), choices=list(envs.ENV_IDS),
-                   metavar="ENV_ID", help="default: the paper's seven")
-    p.add_argument("--split", default=None, help="default: each env's evaluation split (dev or test)")
-    p.add_argument("--limit", type=int, default=None, help="the first N questions of each split")
-    p.add_argument("--batch-size", type=int, default=16, help="questions advancing together")
-    p.add_argument("--max-turns", type=int, default=3)
-    p.add_argument("--topk", type=int, default=3)
+                   metavar="ENV_ID", help=f"environments to evaluate, of {', '.join(envs.ENV_IDS)} (default: the "
+                                          f"paper's seven)")
+    p.add_argument("--split", default=None,
+                   help="the split to evaluate (default: each env's evaluation split, dev or test)")
+    p.add_argument("--limit", type=int, default=None, help="the first N questions of each split (default: all)")
+    p.add_argument("--batch-size", type=int, default=16, help="questions advancing together (default: %(default)s)")
+    p.add_argument("--max-turns", type=int, default=3,
+                   help="search-capable steps before the final answer-only step (default: %(default)s)")
+    p.add_argument("--topk", type=int, default=3, help="passages per search (default: %(default)s)")
     p.add_argument("--max-step-tokens", type=int, default=None,
                    help="token cap of one step (default: training's, 500 with a GPU and 128 on CPU)")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="model weights' dtype (default: %(default)s)")
     p.add_argument("--device", default=None, help="where the model runs (default: cuda when a GPU is visible)")
     p.add_argument("--generator", choices=GENERATORS, default="auto",
-                   help="hf (transformers), vllm, or auto (vllm when it is installed and a GPU is visible)")
-    p.add_argument("--data-dir", default=None, help="default: $TREEGRPO_DATA_DIR, else ./data")
-    p.add_argument("--output", default="outputs/eval")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+                   help="hf (transformers), vllm, or auto (vllm when it is installed and a GPU is visible) "
+                        "(default: %(default)s)")
+    p.add_argument("--data-dir", default=None, help="data directory (default: $TREEGRPO_DATA_DIR, else ./data)")
+    p.add_argument("--output", default="outputs/eval", help="where eval.md and eval.json go (default: %(default)s)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar (default: a progress bar per env)")
     args = p.parse_args(argv)
     if args.device is not None:
         import torch

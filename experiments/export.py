@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import stat
 from pathlib import Path
 
 from experiments.checkpoints import CheckpointError, resolve_checkpoint
@@ -56,6 +57,11 @@ def export_policy(checkpoint: str | Path, output: str | Path, *, overwrite: bool
     try:
         merged(model).save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
+        # transformers writes the weights through a private temporary file (mode 0600): give them the mode the
+        # umask gave every other file
+        mode = stat.S_IMODE((staging / "config.json").stat().st_mode)
+        for path in staging.iterdir():
+            path.chmod(mode)
         if output.exists():
             shutil.rmtree(output)
         os.replace(staging, output)

@@ -9,7 +9,8 @@
 Every option is a field of ``experiments.settings.RunSettings`` (``--help`` lists them); a ``--config`` YAML
 file takes the same names. Everything is checked before Ray starts.
 
-The run's directory (``--output``) gets ``config.yaml`` (every setting; ``--config`` reads it back),
+The run's directory (``--output``) gets ``config.yaml`` (every setting the run started with; ``--config`` reads it
+back; a resume records its own beside it, ``resumes/iter_NNNNNN.yaml`` from the first iteration it ran),
 ``metrics.jsonl`` (one JSON object per iteration), ``checkpoints/iter_NNNNNN`` (every ``--checkpoint-every``
 iterations, at the end and on SIGINT / SIGTERM; the last ``--keep-checkpoints`` kept, ``checkpoints/latest``
 points at the newest), ``trees/`` (sampled trees every ``--trees-every`` iterations), ``learning_curve.png``,
@@ -30,6 +31,7 @@ import argparse
 import functools
 import math
 import os
+import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,15 +39,32 @@ from typing import Any
 
 import envs
 from algos.tree_grpo import metrics as M
-from experiments.checkpoints import CheckpointError, CheckpointManager, resolve_checkpoint, restore_errors
+from envs.datasets import DataError, MissingDataError
+from experiments.checkpoints import (
+    CheckpointError,
+    CheckpointManager,
+    checkpoint_iteration,
+    checkpoint_name,
+    resolve_checkpoint,
+    restore_errors,
+)
 from experiments.cli import SettingsError, build_parser, dump_yaml, given_options, read_yaml, validate
 from experiments.evaluate import write_results
 from experiments.plot import load_metrics, plot_runs
-from experiments.settings import CLI_ALIASES, RunSettings, build_config, resume_conflicts
+from experiments.settings import (
+    CLI_ALIASES,
+    RunSettings,
+    build_config,
+    env_config,
+    help_sections,
+    resume_conflicts,
+    tracked_params,
+)
 from experiments.signals import GracefulStop, StopRequested
 from experiments.tracking import METRICS_FILE, RunTracker, default_tracking_uri, tracker_of, truncate_rows
 
 CONFIG_FILE = "config.yaml"
+RESUMES_DIR = "resumes"  # resumes/iter_NNNNNN.yaml: a resumed invocation's settings, from iteration NNNNNN on
 RUN_FILES = (METRICS_FILE, "checkpoints")  # any of them: the directory holds a run
 
 
@@ -56,10 +75,11 @@ class RunPlan:
     settings: RunSettings
     checkpoint: Path | None = None  # resume from it
     changes: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # options changed on resume
+    command: str = ""  # the invocation, as typed (recorded beside config.yaml on resume)
 
 
 def run_parser() -> argparse.ArgumentParser:
-    parser = build_parser(RunSettings, description=__doc__, aliases=CLI_ALIASES)
+    parser = build_parser(RunSettings, description=__doc__, aliases=CLI_ALIASES, sections=help_sections())
     parser.add_argument("--resume", metavar="RUN_OR_CHECKPOINT", default=None,
                         help="continue a run: its directory (from its newest checkpoint) or a checkpoint of it")
     parser.add_argument("--allow-changes", action="store_true", default=False,
@@ -91,7 +111,7 @@ def plan(argv: list[str] | None = None) -> RunPlan:
         return RunPlan(settings)
     checkpoint = resolve_checkpoint(namespace.resume)
     run_dir = run_directory(checkpoint)
-    saved, saved_sources = read_yaml(run_dir / CONFIG_FILE, RunSettings)
+    saved, saved_sources = read_yaml(settings_file_at(run_dir, checkpoint_iteration(checkpoint)), RunSettings)
     if "output" in given and Path(given["output"]).resolve() != run_dir.resolve():
         raise SettingsError(f"--resume continues the run in its own directory {run_dir}; drop --output "
                             f"{given['output']} (or copy the run there first)")
@@ -103,12 +123,75 @@ def plan(argv: list[str] | None = None) -> RunPlan:
                             f"Drop them, or pass --allow-changes to continue with the new values")
     settings = validate(RunSettings, {**saved, **given}, {**saved_sources, **sources})
     changes = {name: (saved.get(name), value) for name, value in given.items() if saved.get(name) != value}
-    return RunPlan(settings, checkpoint, changes)
+    return RunPlan(settings, checkpoint, changes, shlex.join(["experiments/run.py", *(argv or sys.argv[1:])]))
+
+
+def settings_file_at(run_dir: Path, iteration: int | None) -> Path:
+    """The file holding a run's settings after ``iteration`` (None: its newest): the newest resume record that
+    applies by then (``resumes/iter_NNNNNN.yaml``, NNNNNN the first iteration it applies to), else config.yaml."""
+    def first(path: Path) -> int | None:
+        return checkpoint_iteration(path.with_suffix(""))
+
+    records = sorted((path for path in (run_dir / RESUMES_DIR).glob("*.yaml") if first(path) is not None), key=first)
+    applying = [path for path in records if iteration is None or first(path) <= iteration + 1]
+    return applying[-1] if applying else run_dir / CONFIG_FILE
+
+
+def record_settings(run: RunPlan, first_iteration: int) -> Path:
+    """The settings file of this invocation: a new run's config.yaml (``--config`` it to repeat the run), or,
+    when resuming, ``resumes/iter_NNNNNN.yaml`` beside it (config.yaml keeps the run's own settings), headed by
+    the command, the checkpoint and the changed options."""
+    output = Path(run.settings.output).resolve()
+    if run.checkpoint is None:
+        path, header = output / CONFIG_FILE, "# experiments/run.py --config this file reproduces the run\n"
+    else:
+        path = output / RESUMES_DIR / f"{checkpoint_name(first_iteration)}.yaml"
+        changed = "; ".join(f"{name}: {old!r} -> {new!r}" for name, (old, new) in run.changes.items()) or "nothing"
+        header = (f"# the run's settings from iteration {first_iteration} on, as resumed from {run.checkpoint} by\n"
+                  f"#   {run.command}\n# changed: {changed}\n# ({CONFIG_FILE} keeps the settings the run started "
+                  f"with)\n")
+        path.parent.mkdir(exist_ok=True)
+    dump_yaml(run.settings, path, header)
+    return path
+
+
+def check_data(settings: RunSettings) -> None:
+    """The data directory and the question files the run reads (its training split; with evaluations, the
+    evaluation splits), or a ``SettingsError`` naming the path and the expected layout."""
+    evaluated = ({settings.env} if settings.eval_every else set()) | (
+        set(settings.eval_envs or [settings.env]) if settings.final_eval else set())
+    try:
+        config = env_config(settings)  # resolves the data directory
+        envs.question_count(settings.env, **config)
+        for env_id in sorted(evaluated):
+            envs.question_count(env_id, **{**config, "split": envs.eval_split(env_id)})
+    except (MissingDataError, DataError) as error:
+        raise SettingsError(str(error)) from None
+
+
+def check_before_ray(settings: RunSettings) -> None:
+    """What can be checked without Ray, before it starts and before anything is written: the data and the
+    algorithm config as RLlib's ``validate`` sees it (e.g. more env runners than prompts). (``start_ray`` checks
+    the actors' resources.)"""
+    check_data(settings)
+    try:
+        build_config(settings).validate()
+    except ValueError as error:
+        raise SettingsError(str(error)) from None
+
+
+def local_resources() -> dict[str, float]:
+    """The resources of the local Ray instance ``start_ray`` starts: every CPU of the machine and every GPU this
+    process sees."""
+    import torch
+
+    return {"CPU": float(os.cpu_count() or 1), "GPU": float(torch.cuda.device_count())}
 
 
 def start_ray(settings: RunSettings) -> None:
     """A local Ray instance listening on loopback only, with the dashboard only if asked for (unless Ray is
-    already initialised, or ``RAY_ADDRESS`` names a cluster to join)."""
+    already initialised, or ``RAY_ADDRESS`` names a cluster to join). The actors' resources are checked against
+    the local instance's before it starts."""
     import ray
     from ray._private import ray_constants
 
@@ -121,8 +204,10 @@ def start_ray(settings: RunSettings) -> None:
         # every server binds there. The constant is read at import, so set it too; spawned processes read the env.
         os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
         ray_constants.ENABLE_RAY_CLUSTER = False
-    ray.init(num_cpus=os.cpu_count(), object_store_memory=1_000_000_000, include_dashboard=settings.ray_dashboard,
-             log_to_driver=settings.log_rollout_steps)
+    resources = local_resources()
+    check_resources(settings, resources)
+    ray.init(num_cpus=int(resources["CPU"]), num_gpus=int(resources["GPU"]), object_store_memory=1_000_000_000,
+             include_dashboard=settings.ray_dashboard, log_to_driver=settings.log_rollout_steps)
 
 
 def check_resources(settings: RunSettings, available: dict[str, float]) -> None:
@@ -163,7 +248,7 @@ def build_algorithm(run: RunPlan):
     tracker = functools.partial(
         RunTracker, output=output, mlflow_uri=mlflow_uri, experiment=settings.experiment,
         run_name=settings.run_name, tags={"model": settings.model}, resume=run.checkpoint is not None,
-        params={**settings.model_dump(), "trained_on_eval_split": settings.contaminated})
+        params=tracked_params(settings))
     algo = build_config(settings).callbacks(tracker).build_algo()
     if run.checkpoint is not None:
         with restore_errors(run.checkpoint):
@@ -172,6 +257,7 @@ def build_algorithm(run: RunPlan):
         if dropped:
             print(f"resume: dropped {dropped} metrics row(s) written after the checkpoint (iteration "
                   f"{algo.iteration})", file=sys.stderr)
+        tracker_of(algo).log_params(algo)  # now that the iteration a changed value applies from is known
     return algo
 
 
@@ -200,18 +286,19 @@ def train(run: RunPlan) -> tuple[Path | None, int]:
 
     settings = run.settings
     output = Path(settings.output).resolve()
-    output.mkdir(parents=True, exist_ok=True)
+    check_before_ray(settings)
     if settings.contaminated:
         print(f"warning: training on {settings.env}'s evaluation split ({settings.training_split}); its "
               f"evaluations score questions the policy trained on", file=sys.stderr)
     start_ray(settings)
-    check_resources(settings, ray.cluster_resources())
+    check_resources(settings, ray.cluster_resources())  # again: a cluster joined through RAY_ADDRESS has its own
+    output.mkdir(parents=True, exist_ok=True)
     algo = build_algorithm(run)
-    dump_yaml(settings, output / CONFIG_FILE, "# experiments/run.py --config this file reproduces the run\n")
+    settings_file = record_settings(run, algo.iteration + 1)
     tracker = tracker_of(algo)
     for name, (old, new) in run.changes.items():
         print(f"resume: {name} {old!r} -> {new!r}", file=sys.stderr)
-    tracker.mlflow.log_artifact(output / CONFIG_FILE)
+    tracker.mlflow.log_artifact(settings_file, RESUMES_DIR if run.checkpoint else None)
     checkpoints = CheckpointManager(output / "checkpoints", keep=settings.keep_checkpoints)
     latest, saved_at, status = None, None, "FINISHED"
     end = algo.iteration + settings.iterations

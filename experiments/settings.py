@@ -22,6 +22,14 @@ from policies.models import LoraSettings
 EnvId = Literal[tuple(envs.ENV_IDS)]  # type: ignore[valid-type]
 
 
+def dashboard_dependency_error() -> ImportError | None:
+    """Why Ray's dashboard cannot start here (the import error of its packages, which ``ray[rllib]`` does not
+    bring), or None."""
+    from ray._private.utils import get_dashboard_dependency_error
+
+    return get_dashboard_dependency_error()
+
+
 def _default_of(function: Any, name: str) -> Any:
     """The default of parameter ``name`` of ``function`` (a class: its constructor): declared there, not here."""
     return inspect.signature(function).parameters[name].default
@@ -57,7 +65,7 @@ class RunSettings(TreeGRPOSettings):
     num_gpus_per_env_runner: float = Field(0.0, ge=0, description="GPUs per remote env runner (its generator, HF "
                                                                   "or a vLLM engine, runs there)")
     ray_dashboard: bool = Field(False, description="start Ray's dashboard (on 127.0.0.1:8265) with the local "
-                                "Ray instance")
+                                "Ray instance (needs pip install -e .[dashboard])")
     # the run
     iterations: int = Field(20, ge=1, description="training iterations (of this invocation, also when resuming)")
     output: str = Field("outputs/run", description="the run's directory (must not hold another run)")
@@ -94,6 +102,14 @@ class RunSettings(TreeGRPOSettings):
                 f"train file in the data directory and set split: train) or pass --allow-eval-split-training")
         return self
 
+    @model_validator(mode="after")
+    def _dashboard_needs_its_packages(self) -> RunSettings:
+        missing = dashboard_dependency_error() if self.ray_dashboard else None
+        if missing is not None:
+            raise ValueError(f"ray_dashboard: Ray's dashboard needs ray[default], which is not installed here "
+                             f"({missing}): pip install -e .[dashboard], or run without --ray-dashboard")
+        return self
+
     @property
     def training_split(self) -> str:
         return self.split or envs.ENV_IDS[self.env][1]
@@ -102,6 +118,24 @@ class RunSettings(TreeGRPOSettings):
     def contaminated(self) -> bool:
         """Whether the run trains on its evaluation split (only with ``allow_eval_split_training``)."""
         return self.training_split == envs.eval_split(self.env)
+
+
+# --help's sections, in this order. A section runs from the field named here (in declaration order: the algorithm's
+# fields, then RunSettings' own) to the next field named; a new field joins the section of the field above it.
+HELP_SECTIONS = ("environment", "model", "shape", "update", "resources", "run", "tracking")
+SECTION_STARTS = {"algo": "shape", "generator": "resources", "lr": "update", "log_rollout_steps": "tracking",
+                  "env": "environment", "model": "model", "seed": "run", "num_env_runners": "resources",
+                  "iterations": "run", "mlflow": "tracking"}
+
+
+def help_sections() -> dict[str, str]:
+    """Every field's ``--help`` section (``SECTION_STARTS``), the fields ordered by section (``HELP_SECTIONS``)
+    and within one by declaration."""
+    section, found = None, {}
+    for name in RunSettings.model_fields:
+        section = SECTION_STARTS.get(name, section)
+        found[name] = section
+    return dict(sorted(found.items(), key=lambda item: HELP_SECTIONS.index(item[1])))
 
 
 # Options that may differ when a run is resumed: they change how long it runs, what it logs and how often it
@@ -117,6 +151,12 @@ def resume_conflicts(saved: dict[str, Any], requested: dict[str, Any]) -> dict[s
     """The requested options that would change the resumed experiment: ``{name: (saved, requested)}``."""
     return {name: (saved.get(name), value) for name, value in requested.items()
             if name not in MAY_CHANGE_ON_RESUME and saved.get(name) != value}
+
+
+def tracked_params(settings: RunSettings) -> dict[str, Any]:
+    """A run's MLflow params (run.py and every Tune trial): every setting under its own name, and whether the run
+    trains on its evaluation split."""
+    return {**settings.model_dump(), "trained_on_eval_split": settings.contaminated}
 
 
 def env_config(settings: RunSettings) -> dict[str, Any]:

@@ -18,7 +18,7 @@ import os
 import time
 import urllib.request
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +38,12 @@ ENV_RUNNER_KEYS = (M.REWARD, M.EM, M.TREES, M.LEAVES, M.TOKENS_GENERATED, M.TOKE
                    M.TOOL_CALLS, M.SAMPLE_TIME_S, M.GENERATION_TIME_S, M.ENV_TIME_S, M.BUDGET_ESTIMATE,
                    M.BUDGET_MEASURED)
 LEARNER_KEYS = (M.POLICY_LOSS, M.KL, M.ENTROPY, M.CLIP_FRACTION, M.DUAL_CLIP_FRACTION, M.RATIO_MEAN, M.RATIO_MAX,
-                M.RATIO_MIN, M.GRAD_NORM, M.LEARNING_RATE, M.SAMPLER_LOGPROB_GAP, M.TRAINED_TOKENS, M.OPTIMIZER_STEPS,
-                M.OLD_LOGPROBS_RECOMPUTED, M.SAMPLER_RATIO_MEAN, M.SAMPLER_RATIO_P99, M.SAMPLER_RATIO_OUTSIDE,
-                M.TIS_WEIGHT_MEAN, M.UNIQUE_TOKEN_SHARE, M.FORWARDED_TOKEN_SHARE)
-TOP_LEVEL_KEYS = (M.PROMPTS, M.ITERATION_TIME_S, M.UPDATE_TIME_S, M.SYNC_TIME_S, M.ENV_RUNNER_RESTARTS)
+                M.RATIO_MIN, M.GRAD_NORM, M.NONFINITE_GRAD_SHARE, M.LEARNING_RATE, M.SAMPLER_LOGPROB_GAP,
+                M.TRAINED_TOKENS, M.OPTIMIZER_STEPS, M.OLD_LOGPROBS_RECOMPUTED, M.SAMPLER_RATIO_MEAN,
+                M.SAMPLER_RATIO_P99, M.SAMPLER_RATIO_OUTSIDE, M.TIS_WEIGHT_MEAN, M.UNIQUE_TOKEN_SHARE,
+                M.FORWARDED_TOKEN_SHARE)
+TOP_LEVEL_KEYS = (M.PROMPTS, M.ITERATION_TIME_S, M.UPDATE_TIME_S, M.SYNC_TIME_S, M.ENV_RUNNER_RESTARTS,
+                  M.SAMPLED_BY)
 # Counts summed over runners come back as floats from RLlib's metrics: written as ints.
 COUNT_KEYS = frozenset({M.TREES, M.LEAVES, M.TOKENS_GENERATED, M.TOKENS_PREFILLED, M.LLM_CALLS, M.TOOL_CALLS,
                         M.PROMPTS, M.ENV_RUNNER_RESTARTS, M.OPTIMIZER_STEPS})
@@ -161,9 +163,10 @@ class MLflowRun:
                           f"training goes on without it", RuntimeWarning, stacklevel=3)
             self._client = None
 
-    def log_params(self, params: Mapping[str, Any], *, step: int = 0) -> None:
+    def log_params(self, params: Mapping[str, Any], *, first_iteration: int = 1) -> None:
         """Nested params, flattened (``env_config/topk``). MLflow params cannot change: a value that differs from
-        the one already logged (a resumed run) becomes the tag ``changed_on_resume/<name>``."""
+        the one already logged (a resumed run) becomes the tag ``changed_on_resume/<name>``, naming
+        ``first_iteration``, the first iteration the value applies to."""
         from mlflow.entities import Param
 
         if not self.enabled:
@@ -174,7 +177,8 @@ class MLflowRun:
             self._guard(self._client.log_batch, self.run_id, [], new[start:start + BATCH_LIMIT])
         for key, value in flat.items():
             if key in self.params and self.params[key] != value:
-                self.set_tag(f"changed_on_resume/{key}", f"{self.params[key]} -> {value} (from iteration {step})")
+                self.set_tag(f"changed_on_resume/{key}",
+                             f"{self.params[key]} -> {value} (from iteration {first_iteration})")
         self.params.update(flat)
 
     def set_tag(self, key: str, value: str) -> None:
@@ -214,15 +218,18 @@ class RunTracker(RLlibCallback):
     """The RLlib callback that records every iteration (see the module docstring).
 
     ``output``: the run's directory (default: the algorithm's log directory, a Tune trial's own directory).
-    ``mlflow_uri``: None for no MLflow. ``params``: what to log as MLflow params (default: the algorithm's
-    settings, env and model configs). ``resume``: continue the MLflow run recorded in ``output``.
+    ``mlflow_uri``: None for no MLflow. ``params``: what to log as MLflow params, or a function of the algorithm's
+    config that returns them (a Tune trial's settings are known only in the trial). ``resume``: continue the
+    MLflow run recorded in ``output``; its params are logged by ``log_params`` once the algorithm is restored
+    (the caller's call), so that a changed value names the iteration it applies from.
     ``final_iteration``: end the MLflow run (FINISHED, with metrics.jsonl) after that iteration, for callers that
     do not end it themselves (Tune trials); run.py ends it with the run's status.
     """
 
     def __init__(self, *, output: str | Path | None = None, mlflow_uri: str | None = None,
                  experiment: str = "tree-grpo", run_name: str | None = None, tags: Mapping[str, str] | None = None,
-                 params: Mapping[str, Any] | None = None, resume: bool = False, final_iteration: int | None = None):
+                 params: Mapping[str, Any] | Callable[[Any], Mapping[str, Any]] | None = None, resume: bool = False,
+                 final_iteration: int | None = None):
         super().__init__()
         self._options = dict(output=output, mlflow_uri=mlflow_uri, experiment=experiment, run_name=run_name,
                              tags=dict(tags or {}), params=params, resume=resume, final_iteration=final_iteration)
@@ -242,10 +249,14 @@ class RunTracker(RLlibCallback):
                                       **options["tags"]})
         if self.mlflow.enabled:
             run_id_file.write_text(self.mlflow.run_id)
-        config = algorithm.config
-        self.mlflow.log_params(options["params"] or {
-            **config.settings_dict(), "env": config.env, "env_config": dict(config.env_config),
-            "model_config": dict(config.model_config or {}), "seed": config.seed}, step=algorithm.iteration)
+        if not options["resume"]:
+            self.log_params(algorithm)
+
+    def log_params(self, algorithm) -> None:
+        """The run's params, applying from the algorithm's next iteration."""
+        params = self._options["params"] or {}
+        self.mlflow.log_params(params(algorithm.config) if callable(params) else params,
+                               first_iteration=algorithm.iteration + 1)
 
     def on_train_result(self, *, algorithm, metrics_logger=None, result: dict, **kwargs) -> None:
         row = metrics_row(result)

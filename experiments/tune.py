@@ -5,23 +5,27 @@
     python experiments/tune.py --budget 2 4 8 16 --iterations 20 --eval-every 5       # the paper's budget table
     python experiments/tune.py --config experiments/configs/hotpotqa_tree.yaml --grid lr=1e-6,3e-6
 
-Every run.py option sets the base settings (``--config FILE`` too). ``--grid KEY=V1,V2`` sweeps a setting of
-the algorithm (M, N, L, lr, kl_coef, temperature, ...; the cross product of all grids); values are read as
-YAML scalars and every trial's settings are checked, like run.py's, before Ray starts. ``--budget B``
-is the matched-budget mode: for each budget in full-chain equivalents, the tree shapes whose cost matches it
-(``--shapes paper``: the paper's shape; ``all``: every shape within ``--tolerance``) and chain GRPO with
-G = B (``algo: grpo``, the same code path). Trials run as many at a time as Ray's resources allow. Every trial is
-tracked as run.py's runs are (the ``RunTracker`` callback: its directory's metrics.jsonl and trees, one MLflow
-run per trial, default store ``sqlite:///OUTPUT/mlflow.db``). Writes OUTPUT/tune_results.md and .json (trials
-sorted by ``--metric``, a metrics.jsonl column).
+Every run.py option sets the base settings (``--config FILE`` too). ``--grid KEY=V1,V2`` sweeps a setting of the
+algorithm (M, N, L, lr, kl_coef, temperature, ...; the cross product of all grids; a key with one value sets it for
+every trial); values are read as YAML scalars and every trial's settings are checked, like run.py's, before Ray
+starts. ``--budget B`` is the matched-budget mode: for each budget in full-chain equivalents, the tree shapes whose
+cost matches it (``--shapes paper``: the paper's shape; ``all``: every shape within ``--tolerance``) and chain GRPO
+with G = B (``algo: grpo``, the same code path). Trials run as many at a time as Ray's resources allow. Every trial
+is tracked as run.py's runs are (the ``RunTracker`` callback: its directory's metrics.jsonl and trees, one MLflow
+run per trial under run.py's param names, default store ``sqlite:///OUTPUT/mlflow.db``). Writes
+OUTPUT/tune_results.md and .json (trials sorted by ``--metric``, a metrics.jsonl column). The defaults differ from
+run.py's where a sweep needs it (``--output outputs/tune``, ``--iterations 5``, no periodic checkpoints or trees;
+``--help`` shows them). An --output that already holds a sweep is refused: one directory, one sweep, one table.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import itertools
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,15 +34,16 @@ from algos.tree_grpo import TreeGRPO
 from algos.tree_grpo import metrics as M
 from algos.tree_grpo.settings import ALGORITHM_FIELDS
 from experiments.cli import SettingsError, build_parser, given_options, validate, yaml_scalar
-from experiments.run import check_resources, start_ray
-from experiments.settings import CLI_ALIASES, RunSettings, build_config
+from experiments.run import check_before_ray, check_resources, start_ray
+from experiments.settings import CLI_ALIASES, RunSettings, build_config, help_sections, tracked_params
 from experiments.tracking import METRICS_FILE, RunTracker, default_tracking_uri, ensure_experiment, read_rows
 
-# The paper's budget table (notes/tree-grpo.md): budget in full chains -> tree (M, N, L); chain GRPO uses G = budget.
+# The paper's budget table (arXiv 2509.21240): budget in full chains -> tree (M, N, L); chain GRPO uses G = budget.
 PAPER_SHAPES: dict[int, TreeShape] = {2: TreeShape(1, 2, 1), 4: TreeShape(2, 2, 1), 8: TreeShape(2, 6, 1),
                                       16: TreeShape(4, 5, 1)}
 GRID_FIELDS = (*ALGORITHM_FIELDS, "seed")  # what a trial may vary: the algorithm's settings and the seed
 SUMMARY_FIELDS = ("algo", "M", "N", "L", "advantage_mode")
+SWEEP_FILES = ("sweep", "tune_results.md", "tune_results.json")  # any of them: --output holds a sweep
 SWEEP_DEFAULTS = {"output": "outputs/tune", "iterations": 5, "checkpoint_every": 0, "trees_every": 0,
                   "log_rollout_steps": False}
 
@@ -111,6 +116,48 @@ def trial_settings(base: dict[str, Any], points: list[dict[str, Any]]) -> list[R
     return trials
 
 
+def differing_leaves(configs: list[dict[str, Any]]) -> list[tuple[str, ...]]:
+    """The paths (keys from the top) of the leaves whose values differ between ``configs``, nested dicts of one
+    layout (RLlib configs as dicts)."""
+
+    def leaves(tree: dict[str, Any], path: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
+        found = {}
+        for key, value in tree.items():
+            found.update(leaves(value, (*path, key)) if isinstance(value, dict) and value else {(*path, key): value})
+        return found
+
+    first, *others = [leaves(config) for config in configs]
+    return [path for path, value in first.items() if any(other[path] != value for other in others)]
+
+
+def search_space(configs: list[dict[str, Any]], choice: Callable[[list[Any]], Any],
+                 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Tune's space and its points from every trial's RLlib config (as a dict): the space is the first trial's
+    config with ``choice(values)`` at each leaf that differs between trials, a point per trial sets those leaves.
+    Everything else is the value the trials share, so a grid key with one value is a constant of every trial
+    (not the base's default), and a setting that reaches the config twice (the seed: ``seed`` and the model's
+    ``seed``) varies in both places."""
+    space, points = copy.deepcopy(configs[0]), [{} for _ in configs]
+    for path in differing_leaves(configs):
+        values = [functools.reduce(dict.__getitem__, path, config) for config in configs]
+        for point, value in zip(points, values, strict=True):
+            _assign(point, path, value)
+        _assign(space, path, choice([v for i, v in enumerate(values) if v not in values[:i]]))
+    return space, points
+
+
+def _assign(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    for key in path[:-1]:
+        tree = tree.setdefault(key, {})
+    tree[path[-1]] = value
+
+
+def trial_params(base: RunSettings, config: Any) -> dict[str, Any]:
+    """A trial's MLflow params, named as run.py's (``tracked_params``): the sweep's base settings with the values
+    a trial may vary read from its RLlib config."""
+    return tracked_params(validate(RunSettings, {**base.model_dump(), **{k: getattr(config, k) for k in GRID_FIELDS}}))
+
+
 def varied_fields(trials: list[RunSettings]) -> dict[str, list[Any]]:
     """Per trial, the values of the fields that differ between trials (the searched keys)."""
     keys = [k for k in GRID_FIELDS if len({json.dumps(getattr(t, k)) for t in trials}) > 1] or ["seed"]
@@ -118,20 +165,27 @@ def varied_fields(trials: list[RunSettings]) -> dict[str, list[Any]]:
 
 
 def tune_parser():
-    parser = build_parser(RunSettings, description=__doc__, aliases=CLI_ALIASES)
+    parser = build_parser(RunSettings, description=__doc__, aliases=CLI_ALIASES, sections=help_sections(),
+                          defaults=SWEEP_DEFAULTS)
     sweep = parser.add_argument_group("sweep")
-    sweep.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2", help="sweep a setting")
+    sweep.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
+                       help="sweep a setting; repeat for more (default: none)")
     sweep.add_argument("--budget", type=float, nargs="+", default=None,
-                       help="matched-budget mode: budgets in full-chain equivalents")
-    sweep.add_argument("--shapes", choices=["paper", "all"], default="paper", help="tree shapes of a budget")
+                       help="matched-budget mode: budgets in full-chain equivalents (default: off)")
+    sweep.add_argument("--shapes", choices=["paper", "all"], default="paper",
+                       help="tree shapes of a budget (default: %(default)s)")
     sweep.add_argument("--expansion-cost", type=float, default=0.5,
-                       help="one expansion in full chains (paper 0.5; a measured value, e.g. 0.7, works too)")
-    sweep.add_argument("--tolerance", type=float, default=0.15, help="relative budget mismatch allowed (--shapes all)")
-    sweep.add_argument("--seeds", type=int, nargs="+", default=None, help="default: --seed")
-    sweep.add_argument("--time-budget-s", type=float, default=None, help="stop each trial after this many seconds")
+                       help="one expansion in full chains (paper 0.5; a measured value, e.g. 0.7, works too) "
+                            "(default: %(default)s)")
+    sweep.add_argument("--tolerance", type=float, default=0.15,
+                       help="relative budget mismatch allowed with --shapes all (default: %(default)s)")
+    sweep.add_argument("--seeds", type=int, nargs="+", default=None, help="(default: --seed)")
+    sweep.add_argument("--time-budget-s", type=float, default=None,
+                       help="stop each trial after this many seconds (default: no limit)")
     sweep.add_argument("--metric", default=None, help="a metrics.jsonl column to sort by (default: dev_em with "
                                                       "--eval-every, else reward_mean)")
-    sweep.add_argument("--max-concurrent", type=int, default=0, help="trials at a time (0: as resources allow)")
+    sweep.add_argument("--max-concurrent", type=int, default=0,
+                       help="trials at a time, 0: as resources allow (default: %(default)s)")
     return parser
 
 
@@ -141,6 +195,10 @@ def plan(argv: list[str] | None = None):
     given, sources = given_options(RunSettings, namespace)
     base_values = {**SWEEP_DEFAULTS, **given}
     base = validate(RunSettings, base_values, sources)
+    existing = [name for name in SWEEP_FILES if (Path(base.output) / name).exists()]
+    if existing:
+        raise SettingsError(f"--output {base.output} already holds a sweep ({', '.join(existing)}): choose another "
+                            f"--output (two sweeps' trials would mix in one directory)")
     shapes = budget_points(namespace.budget, namespace.shapes, expansion_cost=namespace.expansion_cost,
                            tolerance=namespace.tolerance) if namespace.budget else []
     points = sweep_points(parse_grid(namespace.grid), shapes, namespace.seeds or [base.seed])
@@ -176,35 +234,38 @@ def trial_summary(trial_dir: Path, config: dict[str, Any], metric: str, error: A
 
 
 def main(argv: list[str] | None = None) -> Path:
+    import ray
+
     try:
         base, trials, options = plan(argv)
+        for trial in trials:  # as run.py checks a run
+            check_before_ray(trial)
+        start_ray(base)
+        check_resources(base, ray.cluster_resources())
     except SettingsError as error:
         tune_parser().exit(2, f"tune.py: error: {error}\n")
-    import ray
     from ray import tune
     from ray.tune.search.basic_variant import BasicVariantGenerator
 
     output = Path(base.output).resolve()
-    output.mkdir(parents=True, exist_ok=True)
     metric = options.metric or (f"{M.DEV_PREFIX}em" if base.eval_every else M.REWARD)
     varied = varied_fields(trials)
-    points = [{key: values[i] for key, values in varied.items()} for i in range(len(trials))]
-    print(f"{len(points)} trials: " + "; ".join(", ".join(f"{k}={v}" for k, v in p.items()) for p in points))
+    shown = [{key: values[i] for key, values in varied.items()} for i in range(len(trials))]
+    print(f"{len(shown)} trials: " + "; ".join(", ".join(f"{k}={v}" for k, v in p.items()) for p in shown))
 
-    start_ray(base)
-    check_resources(base, ray.cluster_resources())
+    output.mkdir(parents=True, exist_ok=True)
     mlflow_uri = (base.mlflow_uri or default_tracking_uri(output)) if base.mlflow else None
     if mlflow_uri:  # created here so that its artifacts go beside the store, not into ./mlruns
         from mlflow.tracking import MlflowClient
 
         ensure_experiment(MlflowClient(mlflow_uri), base.experiment, mlflow_uri)
     tracker = functools.partial(RunTracker, mlflow_uri=mlflow_uri, experiment=base.experiment,
-                                tags={"model": base.model, "sweep": output.name}, final_iteration=base.iterations)
+                                tags={"model": base.model, "sweep": output.name}, final_iteration=base.iterations,
+                                params=functools.partial(trial_params, base))
     # Explicit trials (points_to_evaluate) instead of grid_search: the budget mode's shapes are a list, not a
-    # cross product. Every point sets every searched key; the keys need a domain in the space to be filled.
-    space = build_config(base).callbacks(tracker).to_dict()
-    for key, values in varied.items():
-        space[key] = tune.choice(list(dict.fromkeys(values)))
+    # cross product.
+    space, trial_points = search_space([build_config(trial).to_dict() for trial in trials], tune.choice)
+    space["callbacks"] = tracker  # after the comparison: each config's copy of it would differ from the others
     stop = {"training_iteration": base.iterations}
     if options.time_budget_s:
         stop["time_total_s"] = options.time_budget_s
@@ -212,7 +273,7 @@ def main(argv: list[str] | None = None) -> Path:
         TreeGRPO,
         param_space=space,
         tune_config=tune.TuneConfig(
-            search_alg=BasicVariantGenerator(points_to_evaluate=points), num_samples=len(points),
+            search_alg=BasicVariantGenerator(points_to_evaluate=trial_points), num_samples=len(trials),
             max_concurrent_trials=options.max_concurrent or None),
         run_config=tune.RunConfig(
             name="sweep", storage_path=str(output), stop=stop, verbose=1,

@@ -189,7 +189,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-turns", type=int, default=3)
     p.add_argument("--topk", type=int, default=3)
     p.add_argument("--max-step-tokens", type=int, default=64, help="step cap of the dev evaluation")
-    p.add_argument("--dev-questions", type=int, default=100)
+    p.add_argument("--dev-questions", type=int, default=100,
+                   help="greedy dev questions evaluated before and after (0: no dev evaluation)")
     p.add_argument("--data-dir", default=None, help="default: $TREEGRPO_DATA_DIR, else ./data")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output", default="outputs/warmstart")
@@ -227,13 +228,16 @@ def main(argv: list[str] | None = None) -> Path:
     tokens = sum(len(ids) for ids, _ in data)
     print(f"{len(data)} oracle trajectories, {tokens} tokens ({sum(sum(m) for _, m in data)} trained); "
           f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters")
-    before = dev_em(model, tokenizer, args, env_kwargs)
-    print(f"dev before: EM {before['em']:.3f}, reward {before['reward']:.3f}, answer rate {before['answered']:.2f}")
+    before = dev_em(model, tokenizer, args, env_kwargs) if args.dev_questions else None  # 0: no dev evaluation
+    if before is not None:
+        print(f"dev before: EM {before['em']:.3f}, reward {before['reward']:.3f}, answer rate "
+              f"{before['answered']:.2f}")
     curve = train(model, data, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, seed=args.seed,
                   pad_id=tokenizer.pad_token_id, max_minutes=args.max_minutes)
-    after = dev_em(model, tokenizer, args, env_kwargs)
-    print(f"dev after: EM {after['em']:.3f}, reward {after['reward']:.3f}, answer rate {after['answered']:.2f}, "
-          f"tool calls {after['tool_calls']:.2f}")
+    after = dev_em(model, tokenizer, args, env_kwargs) if args.dev_questions else None
+    if after is not None:
+        print(f"dev after: EM {after['em']:.3f}, reward {after['reward']:.3f}, answer rate {after['answered']:.2f}, "
+              f"tool calls {after['tool_calls']:.2f}")
     model.save_pretrained(output / "model")
     tokenizer.save_pretrained(output / "model")
     summary = {"settings": vars(args), "trajectories": len(data), "tokens": tokens, "loss_per_epoch": curve,

@@ -5,6 +5,7 @@ runner that dies mid-sample."""
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -282,3 +283,31 @@ def test_a_runner_that_dies_mid_sample_is_restarted_with_current_weights(ray_ses
     # a lone runner's iteration waits for its restart; with a survivor, it takes over and the restarted runner is
     # restored before the next iteration (unless Ray had it back before the retry)
     assert restarts == [1, 0] if runners == 1 else sum(restarts) == 1
+
+
+@pytest.mark.slow
+def test_a_runner_killed_between_iterations_is_counted_and_samples_again_with_current_weights(ray_session, data_dir,
+                                                                                              tmp_path, monkeypatch):
+    """Ray restarts a runner killed while idle before the next call reaches it, so no call fails: RLlib alone
+    never counts it, and the new process would sample with its initial weights."""
+    prompts, batches = 2, []
+    real_pad_batch = tree_grpo_module.pad_batch
+    monkeypatch.setattr(tree_grpo_module, "pad_batch", lambda records, *a, **k: (
+        batches.append(records), real_pad_batch(records, *a, **k))[1])
+    config = two_remote_runners(tiny_config(data_dir, prompts, lr=1e-3)).env_runners(
+        env_runner_cls=runner_dying_once(tmp_path / "unused", die_in_iteration=-1))  # never dies: stamps weights
+    algo = config.build_algo()
+    learner_model = algo.learner_group._learner.module["default_policy"].model
+    try:
+        first = algo.train()
+        pids = dict(algo.env_runner_group.foreach_env_runner(lambda runner: (runner.worker_index, os.getpid()),
+                                                             local_env_runner=False))
+        os.kill(pids[1], signal.SIGKILL)
+        wait_until_alive(algo, 1)  # Ray has the new process up before the next call
+        current = weights_checksum(learner_model)
+        second = algo.train()
+    finally:
+        algo.stop()
+    assert first[M.SAMPLED_BY] == [1, 2] and first[M.ENV_RUNNER_RESTARTS] == 0
+    assert second[M.ENV_RUNNER_RESTARTS] == 1 and second[M.SAMPLED_BY] == [1, 2]  # both runners, counted
+    assert [r.info["weights_checksum"] for r in batches[1]] == pytest.approx([current] * len(batches[1]), rel=1e-12)

@@ -56,6 +56,13 @@ def test_evaluate_five_questions_of_two_envs(data_dir, tmp_path):
     assert set(data["averages"]) == {"single-hop", "multi-hop"}
 
 
+def test_help_shows_every_options_default(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    options = capsys.readouterr().out.split("\noptions:\n")[1]
+    assert options.count("(default") == options.count("\n  --") - 1 == 13  # every option but --model (required)
+
+
 def test_invalid_limit_names_the_option(capsys):
     with pytest.raises(SystemExit):
         main(["--model", "tiny-random", "--limit", "0"])

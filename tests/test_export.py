@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,8 @@ def test_export_loads_with_from_pretrained_and_gives_the_policys_logits(run, tmp
     out = main([str(run), str(tmp_path / "model")])
     assert str(out) in capsys.readouterr().out
     assert (out / "model.safetensors").is_file() and not list(out.glob("*.pkl")) and not list(out.glob("adapter*"))
+    modes = {path.name: oct(stat.S_IMODE(path.stat().st_mode)) for path in out.iterdir()}
+    assert len(set(modes.values())) == 1, modes  # the weights readable like the other files (not 0600)
     model, tokenizer = AutoModelForCausalLM.from_pretrained(out), AutoTokenizer.from_pretrained(out)
     assert type(model).__name__ == "LlamaForCausalLM"  # a plain model: LoRA merged, no peft needed
 

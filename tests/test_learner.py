@@ -223,6 +223,48 @@ def test_clip_by_value_clips_each_element(clipped):
     assert global_norm(grads) > 2 * CLIP
 
 
+# --- a non-finite gradient norm: the step is skipped (verl), or RLlib zeroes the bad entries and steps ------------
+
+def with_nan_advantage(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    advantages = arrays[ADVANTAGES_KEY].copy()
+    advantages[0] = np.nan
+    return {**arrays, ADVANTAGES_KEY: advantages}
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_a_non_finite_gradient_norm_skips_the_step_unless_switched_off(arrays, skip):
+    learner = build_learner(skip_nonfinite_grad=skip)
+    before = weights(learner)
+    metrics = update(learner, with_nan_advantage(arrays))
+    assert np.isnan(metrics[M.GRAD_NORM]) and metrics[M.NONFINITE_GRAD_SHARE] == 1.0  # not hidden as 0
+    after = weights(learner)
+    moved = any(not torch.equal(before[k], after[k]) for k in before)
+    assert moved is not skip  # skipped: the weights and AdamW's moments stay; off: a (decayed) step is taken
+    assert (adam_state(learner) == {}) is skip
+    assert all(torch.isfinite(w).all() for w in after.values())
+    assert update(learner, arrays)[M.NONFINITE_GRAD_SHARE] == 0.0  # the next finite batch trains as usual
+
+
+# --- dual clip, acting in the learner's update ------------------------------------------------------------------
+
+@pytest.mark.parametrize("dual_clip", [3.0, None])
+def test_dual_clip_caps_negative_advantage_tokens_in_the_update(arrays, dual_clip):
+    """Every advantage negative and every ratio exp(4) > 3: with dual clip the policy loss is the constant
+    -A * 3 on every token, so no gradient flows (KL and entropy off); without it, -A * ratio has one."""
+    learner = build_learner(dual_clip=dual_clip, old_logprobs="sampler", kl_coef=0.0, entropy_coef=0.0)
+    current = initial_logprobs(arrays).numpy()
+    old = np.where(arrays[GENERATED_MASK] > 0, current - 4.0, arrays[SAMPLING_LOGPROBS]).astype(np.float32)
+    negative = {**arrays, SAMPLING_LOGPROBS: old, ADVANTAGES_KEY: -np.abs(arrays[ADVANTAGES_KEY])}
+    metrics = update(learner, negative)
+    assert metrics[M.RATIO_MIN] == pytest.approx(np.exp(4.0), rel=1e-4)
+    if dual_clip is None:
+        assert metrics[M.DUAL_CLIP_FRACTION] == 0.0 and metrics[M.GRAD_NORM] > 1e-3
+    else:
+        assert metrics[M.DUAL_CLIP_FRACTION] == 1.0 and metrics[M.GRAD_NORM] == 0.0
+        weighted = (-negative[ADVANTAGES_KEY] * arrays[GENERATED_MASK].sum(1)).sum() / arrays[GENERATED_MASK].sum()
+        assert metrics[M.POLICY_LOSS] == pytest.approx(dual_clip * weighted, rel=1e-5)
+
+
 # --- metrics of one update --------------------------------------------------------------------------------------
 
 def test_metrics_of_a_first_update(arrays):
@@ -342,20 +384,31 @@ def tree_records(seed: int = 1) -> list[LeafRecord]:
     return records
 
 
-def test_prefix_sharing_gives_the_per_row_update():
+# (dtype, sampling temperature, relative tolerance, absolute tolerance of the metrics). float32 sums in another
+# order differ by ~1e-6 (relative). bfloat16 keeps 8 bits of mantissa: the shared forward sums in another order and
+# pads otherwise, which moves the metrics by up to ~3e-2 (relative; the KL, a small difference of log-probs) and the
+# gradients by ~1.5e-2 of their largest entry (measured on this batch): stated as 5e-2.
+PREFIX_SHARING_CASES = [("float32", 1.0, 1e-5, 1e-7), ("float32", 0.7, 1e-5, 1e-7), ("bfloat16", 0.7, 5e-2, 1e-6)]
+
+
+@pytest.mark.parametrize(("dtype", "temperature", "tolerance", "metric_atol"), PREFIX_SHARING_CASES,
+                         ids=[f"{dtype}-T{temperature}" for dtype, temperature, *_ in PREFIX_SHARING_CASES])
+def test_prefix_sharing_gives_the_per_row_update(dtype, temperature, tolerance, metric_atol):
     records = tree_records()
     batch = pad_batch(records, np.random.default_rng(2).normal(size=len(records)), pad_id=0)  # distinct advantages
-    training = {"ppo_mini_batches": 2, "micro_batch_size": 2, "old_logprobs": "recompute", "tis_cap": 2.0}
+    training = {"ppo_mini_batches": 2, "micro_batch_size": 2, "old_logprobs": "recompute", "tis_cap": 2.0,
+                "temperature": temperature}
     runs = {}
     for sharing in (False, True):
-        learner = build_learner(prefix_sharing=sharing, **training)
+        learner = build_learner(dtype, prefix_sharing=sharing, **training)
         runs[sharing] = update(learner, batch), gradients(learner)
     (plain, plain_grads), (shared, shared_grads) = runs[False], runs[True]
     assert shared[M.UNIQUE_TOKEN_SHARE] < 0.8 and M.UNIQUE_TOKEN_SHARE not in plain
     for key in plain:
         if key not in ("default_optimizer_learning_rate", M.OPTIMIZER_STEPS):
-            assert shared[key] == pytest.approx(plain[key], rel=1e-5, abs=1e-7), key
-    scale = max(g.abs().max().item() for g in plain_grads.values())
+            assert shared[key] == pytest.approx(plain[key], rel=tolerance, abs=metric_atol), key
+    scale = max(g.float().abs().max().item() for g in plain_grads.values())
     assert shared_grads.keys() == plain_grads.keys()
-    for name in plain_grads:  # the last step's gradients; fp32 sums in another order: relative to the largest
-        torch.testing.assert_close(shared_grads[name], plain_grads[name], rtol=1e-5, atol=1e-5 * scale)
+    for name in plain_grads:  # the last step's gradients; sums in another order: relative to the largest
+        torch.testing.assert_close(shared_grads[name].float(), plain_grads[name].float(), rtol=tolerance,
+                                   atol=tolerance * scale)

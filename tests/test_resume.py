@@ -16,8 +16,10 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from experiments.checkpoints import verify_checkpoint
+from experiments.cli import read_yaml
 from experiments.evaluate import load_policy
-from experiments.run import main
+from experiments.run import main, plan
+from experiments.settings import RunSettings
 from experiments.tracking import read_rows
 
 FAST = ["--model", "tiny-random", "--max-step-tokens", "8", "--prompts-per-iter", "2", "--micro-batch-size", "6",
@@ -49,7 +51,15 @@ def test_three_iterations_equal_one_plus_resume_two(ray_session, data_dir, tmp_p
     (run,) = client.search_runs([client.get_experiment_by_name("tree-grpo").experiment_id])
     assert run.info.status == "FINISHED"
     assert [m.step for m in client.get_metric_history(run.info.run_id, "reward_mean")] == [1, 2, 3]
-    assert run.data.tags["changed_on_resume/iterations"].startswith("1 -> 2")
+    assert run.data.tags["changed_on_resume/iterations"] == "1 -> 2 (from iteration 2)"
+    # config.yaml keeps the run's settings (--config repeats the run); the resumed invocation is recorded beside it
+    first = plan([*FAST, "--iterations", "1", "--output", str(tmp_path / "new")]).settings.model_copy(
+        update={"output": str(resumed)})
+    assert RunSettings.model_validate(read_yaml(resumed / "config.yaml", RunSettings)[0]) == first
+    record = resumed / "resumes" / "iter_000002.yaml"
+    assert read_yaml(record, RunSettings)[0]["iterations"] == 2
+    header = record.read_text()
+    assert f"--resume {resumed} --iterations 2" in header and "# changed: iterations: 1 -> 2" in header
     trees = {item.path for item in client.list_artifacts(run.info.run_id, "trees")}
     assert "trees/iter_00003.html" in trees  # tracking did not go quiet after the resume
     checkpoints = sorted(p.name for p in (resumed / "checkpoints").iterdir())

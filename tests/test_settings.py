@@ -10,13 +10,14 @@ import pytest
 import ray
 import yaml
 
+import experiments.settings as settings_module
 from algos.tree_grpo import TreeGRPOConfig
 from experiments.checkpoints import write_manifest
 from experiments.cli import SettingsError, dump_yaml, read_yaml
 from experiments.run import plan, run_parser
-from experiments.settings import MAY_CHANGE_ON_RESUME, RunSettings, build_config
+from experiments.settings import HELP_SECTIONS, MAY_CHANGE_ON_RESUME, RunSettings, build_config, help_sections
 
-PAPER_TABLE = {2: (1, 2, 1), 4: (2, 2, 1), 8: (2, 6, 1), 16: (4, 5, 1)}  # notes/tree-grpo.md
+PAPER_TABLE = {2: (1, 2, 1), 4: (2, 2, 1), 8: (2, 6, 1), 16: (4, 5, 1)}  # the paper's budget table
 CONFIGS = sorted((Path(__file__).parent.parent / "experiments" / "configs").rglob("*.yaml"))
 NUMERIC_OPTIONS = ("--M", "--N", "--L", "--lr", "--micro-batch-size", "--prompts-per-iter", "--max-step-tokens",
                    "--seed", "--iterations", "--topk", "--max-turns", "--kl-coef", "--temperature", "--top-p")
@@ -107,6 +108,44 @@ def test_command_line_errors_exit_with_one_line(capsys):
     assert err == ["run.py: error: N: Input should be greater than or equal to 0 (got -1)"]
 
 
+@pytest.mark.parametrize(("argv", "environ", "message"), [
+    (["--data-dir", "{missing}"], None, "data directory {missing} (from the data_dir argument) does not exist"),
+    ([], "{missing}", "data directory {missing} (from $TREEGRPO_DATA_DIR) does not exist"),
+    (["--data-dir", "{empty}"], None, "no hotpotqa train file in {empty}: looked for hotpotqa/"),
+    (["--eval-every", "1", "--data-dir", "{train_only}"], None, "no hotpotqa dev file in {train_only}"),
+    (["--num-env-runners", "3", "--prompts-per-iter", "2"], None,
+     "num_env_runners (3) must not exceed prompts_per_iteration (2)"),
+], ids=["missing-dir", "bad-env-var", "empty-dir", "no-eval-split", "runners-over-prompts"])
+def test_data_and_runner_errors_are_one_line_before_ray_and_write_nothing(argv, environ, message, data_dir, tmp_path,
+                                                                         monkeypatch, capsys):
+    from experiments.run import main
+
+    paths = {"missing": tmp_path / "missing", "empty": tmp_path / "empty", "train_only": tmp_path / "train_only"}
+    paths["empty"].mkdir()
+    (paths["train_only"] / "hotpotqa").mkdir(parents=True)
+    train_file = next((data_dir / "hotpotqa").glob("hotpot_train*.json"))
+    (paths["train_only"] / "hotpotqa" / train_file.name).symlink_to(train_file)
+    if environ:
+        monkeypatch.setenv("TREEGRPO_DATA_DIR", environ.format(**paths))
+    output = tmp_path / "run"
+    with pytest.raises(SystemExit) as caught:
+        main([*(arg.format(**paths) for arg in argv), "--output", str(output)])
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert caught.value.code == 2 and line.startswith("run.py: error: ") and message.format(**paths) in line
+    assert not output.exists() and not ray.is_initialized()
+
+
+def test_actors_beyond_the_local_resources_are_refused_before_ray_starts(data_dir, tmp_path, monkeypatch):
+    from experiments import run
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(run, "local_resources", lambda: {"CPU": 2.0, "GPU": 0.0})
+    settings = settings_of(["--num-env-runners", "3", "--prompts-per-iter", "4", "--output", str(tmp_path / "run")])
+    with pytest.raises(SettingsError, match="need 3 CPUs and 0 GPUs but Ray has 2 CPUs"):
+        run.train(run.RunPlan(settings))
+    assert not ray.is_initialized() and not (tmp_path / "run").exists()
+
+
 def test_training_on_the_evaluation_split_is_refused_unless_allowed(tmp_path):
     message = error_of(["--env", "NQ-v0", "--output", str(tmp_path)])
     assert "NQ-v0 would train on split 'test', which is also its evaluation split" in message
@@ -160,10 +199,31 @@ def test_resume_applies_options_that_may_change_and_keeps_the_rest(tmp_path):
     assert {"iterations", "eval_every"} <= MAY_CHANGE_ON_RESUME
 
 
+def test_resume_continues_from_the_settings_in_effect_at_the_checkpoint(tmp_path):
+    run = fake_run(tmp_path, lr=1e-6)  # its checkpoint: iteration 1
+    (run / "resumes").mkdir()
+    dump_yaml(RunSettings(output=str(run), lr=2e-6), run / "resumes" / "iter_000002.yaml")  # resumed with a change
+    dump_yaml(RunSettings(output=str(run), lr=3e-6), run / "resumes" / "iter_000009.yaml")  # later than the checkpoint
+    resumed = plan(["--resume", str(run)])
+    assert resumed.settings.lr == 2e-6 and not resumed.changes  # not config.yaml's 1e-6: no silent revert
+    assert "lr: 2e-06 -> 1e-06" in error_of(["--resume", str(run), "--lr", "1e-6"])
+
+
 def test_resume_into_another_output_is_refused(tmp_path):
     run = fake_run(tmp_path)
     assert "continues the run in its own directory" in error_of(["--resume", str(run), "--output",
                                                                  str(tmp_path / "elsewhere")])
+
+
+def test_ray_dashboard_without_its_packages_is_refused_before_ray_with_the_reason(tmp_path, monkeypatch):
+    monkeypatch.setattr(settings_module, "dashboard_dependency_error",
+                        lambda: ImportError("No module named 'aiohttp_cors'"))
+    message = error_of(["--ray-dashboard", "--output", str(tmp_path)])
+    assert "ray_dashboard: Ray's dashboard needs ray[default], which is not installed here" in message
+    assert "aiohttp_cors" in message and "pip install -e .[dashboard]" in message
+    assert not settings_of(["--output", str(tmp_path)]).ray_dashboard  # not asked for: not checked
+    monkeypatch.setattr(settings_module, "dashboard_dependency_error", lambda: None)
+    assert settings_of(["--ray-dashboard", "--output", str(tmp_path)]).ray_dashboard
 
 
 def test_allow_changes_needs_resume():
@@ -174,6 +234,22 @@ def test_help_lists_every_setting_once():
     text = run_parser().format_help()
     for name in RunSettings.model_fields:
         assert "--" + name.replace("_", "-") in text
+
+
+def test_help_groups_the_options_by_section_with_one_default_each():
+    text = run_parser().format_help()
+    starts = [text.index(f"\n{section}:\n") for section in HELP_SECTIONS]
+    assert starts == sorted(starts)  # in the declared order
+    block = dict(zip(HELP_SECTIONS, (text[a:b] for a, b in zip(starts, [*starts[1:], len(text)], strict=True)),
+                     strict=True))
+    for section, flags in {"environment": ["--env ", "--data-dir "], "model": ["--model ", "--lora-rank "],
+                           "shape": ["--M ", "--temperature "], "update": ["--lr ", "--micro-batch-size "],
+                           "resources": ["--num-env-runners ", "--generator "], "run": ["--iterations ", "--seed "],
+                           "tracking": ["--mlflow-uri ", "--quiet "]}.items():
+        assert all(flag in block[section] for flag in flags), section
+    assert set(help_sections()) == set(RunSettings.model_fields)
+    assert text.count("(default") == len(RunSettings.model_fields)  # one each, and none twice
+    assert "--split SPLIT         training split (default: the env" in text  # its own words, not "None" too
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])

@@ -184,7 +184,7 @@ def test_resumed_run_continues_its_mlflow_run_and_records_changed_params(tmp_pat
     resumed = MLflowRun(uri, experiment="tree-grpo", run_id=first.run_id)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # "Changing param values is not allowed" used to end tracking here
-        resumed.log_params({"iterations": 5, "M": 2, "eval_every": 1}, step=1)
+        resumed.log_params({"iterations": 5, "M": 2, "eval_every": 1}, first_iteration=3)
         resumed.log_metrics({"reward_mean": 0.5}, step=2)
     resumed.end()
     run = MlflowClient(uri).get_run(first.run_id)
@@ -192,7 +192,7 @@ def test_resumed_run_continues_its_mlflow_run_and_records_changed_params(tmp_pat
     assert [(m.step, m.value) for m in history] == [(1, 0.25), (2, 0.5)]
     assert run.info.status == "FINISHED" and run.data.params["iterations"] == "2"
     assert run.data.params["eval_every"] == "1"
-    assert run.data.tags["changed_on_resume/iterations"] == "2 -> 5 (from iteration 1)"
+    assert run.data.tags["changed_on_resume/iterations"] == "2 -> 5 (from iteration 3)"
 
 
 def test_metrics_row_counts_are_ints_whatever_the_runners():

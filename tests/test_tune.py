@@ -10,7 +10,19 @@ from mlflow.tracking import MlflowClient
 
 from algos.rollout import TreeShape
 from experiments.cli import SettingsError
-from experiments.tune import budget_points, main, parse_grid, plan, shapes_for_budget, sweep_points, trial_table
+from experiments.settings import RunSettings, tracked_params
+from experiments.tracking import flatten
+from experiments.tune import (
+    budget_points,
+    main,
+    parse_grid,
+    plan,
+    search_space,
+    shapes_for_budget,
+    sweep_points,
+    trial_table,
+    tune_parser,
+)
 
 
 def test_shape_cost_is_the_papers_formula():
@@ -50,6 +62,19 @@ def test_every_trial_is_checked_before_ray_starts(tmp_path):
         plan(["--grid", "lr=fast", "--output", str(tmp_path)])
 
 
+def test_help_shows_the_sweeps_own_defaults():
+    text = tune_parser().format_help()
+    assert "(default: outputs/tune)" in text and "(default: 5)" in text
+    assert "(default: outputs/run)" not in text and "(default: 20)" not in text
+
+
+def test_an_output_holding_a_sweep_is_refused_before_ray_starts(tmp_path):
+    plan(["--output", str(tmp_path)])  # empty: fine
+    (tmp_path / "sweep").mkdir()
+    with pytest.raises(SettingsError, match=f"--output {tmp_path} already holds a sweep \\(sweep\\)"):
+        plan(["--output", str(tmp_path)])
+
+
 def test_parse_grid_and_sweep_points():
     grid = parse_grid(["M=1,2", "lr=1e-6,3.0e-6", "advantage_mode=tree,inter", "dual_clip=none,3"])
     assert grid == {"M": [1, 2], "lr": [1e-6, 3e-6], "advantage_mode": ["tree", "inter"], "dual_clip": [None, 3]}
@@ -59,6 +84,18 @@ def test_parse_grid_and_sweep_points():
         parse_grid(["lrr=1"])
     with pytest.raises(SettingsError, match="KEY=V1,V2"):
         parse_grid(["M"])
+
+
+def test_search_space_varies_what_differs_and_keeps_one_valued_keys_as_constants():
+    configs = [{"M": 1, "lr": 1e-5, "seed": 0, "model": {"seed": 0, "name": "x"}},
+               {"M": 1, "lr": 1e-5, "seed": 1, "model": {"seed": 1, "name": "x"}},
+               {"M": 1, "lr": 1e-5, "seed": 1, "model": {"seed": 1, "name": "x"}}]
+    space, points = search_space(configs, choice=lambda values: ("choice", values))
+    assert space == {"M": 1, "lr": 1e-5, "seed": ("choice", [0, 1]), "model": {"seed": ("choice", [0, 1]),
+                                                                             "name": "x"}}
+    assert points == [{"seed": 0, "model": {"seed": 0}}, {"seed": 1, "model": {"seed": 1}},
+                      {"seed": 1, "model": {"seed": 1}}]
+    assert search_space(configs[:1], choice=list) == (configs[0], [{}])
 
 
 def test_trial_table_sorts_by_the_metric_trials_without_it_last():
@@ -79,8 +116,21 @@ def test_two_trial_grid_is_tracked_in_mlflow(data_dir, tmp_path):
     assert len(runs) == 2 and {r.info.status for r in runs} == {"FINISHED"}
     assert all(r.info.artifact_uri.startswith((tmp_path / "mlartifacts").as_uri()) for r in runs)
     assert sorted(r.data.params["M"] for r in runs) == ["1", "2"]
+    run_py_params = set(flatten(tracked_params(RunSettings(output=str(tmp_path)))))
+    assert all(set(r.data.params) == run_py_params for r in runs)  # run.py's names, all of them
+    assert {r.data.params["model"] for r in runs} == {"tiny-random"}
     # leaves per prompt = M (1 + L N): 3 and 6, two prompts
     assert sorted(r.data.metrics["leaves"] for r in runs) == [6, 12]  # the same metric names as run.py
     for trial in (tmp_path / "sweep").iterdir():  # the same files as run.py, one tracking path
         if trial.is_dir():
             assert (trial / "metrics.jsonl").is_file(), trial
+
+
+def test_a_one_valued_grid_key_is_what_the_trial_trains(data_dir, tmp_path):
+    main(["--model", "tiny-random", "--max-step-tokens", "8", "--prompts-per-iter", "2", "--micro-batch-size", "6",
+          "--grid", "M=1", "--grid", "lr=1e-5", "--iterations", "1", "--no-mlflow", "--output", str(tmp_path)])
+    ray.shutdown()
+    (params,) = [json.loads(path.read_text()) for path in (tmp_path / "sweep").glob("*/params.json")]
+    assert (params["M"], params["lr"]) == (1, 1e-5)  # not the defaults (2, 1e-6)
+    (trial,) = json.loads((tmp_path / "tune_results.json").read_text())["trials"]
+    assert trial["M"] == 1 and trial["error"] is None

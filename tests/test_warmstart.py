@@ -123,3 +123,12 @@ def test_warmstart_main_trains_on_extra_worlds_and_saves_a_loadable_model(setup,
     assert set(summary["dev_after"]) >= {"em", "answered"}
     model, _ = load_model(str(model_dir))
     assert model.config.hidden_size == 32
+
+
+def test_warmstart_without_dev_questions_prints_no_dev_line(setup, tmp_path, capsys):
+    warmstart_main(["--data-dir", str(setup[2]), "--questions", "2", "--hidden-size", "32", "--layers", "1",
+                    "--heads", "2", "--epochs", "1", "--dev-questions", "0", "--output", str(tmp_path / "warm")])
+    out = capsys.readouterr().out
+    assert "nan" not in out and "dev before" not in out and "dev after" not in out  # the demo's warm start
+    summary = json.loads((tmp_path / "warm" / "warmstart.json").read_text())
+    assert summary["dev_before"] is None and summary["dev_after"] is None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +54,9 @@ class TreeSearchEnvRunner(EnvRunner, Checkpointable):
     def __init__(self, *, config, **kwargs):
         super().__init__(config=config, **kwargs)
         self.worker_index = self.worker_index or 0
+        # new with every process: the algorithm tells a runner that Ray restarted, also one restarted between two
+        # calls (RLlib never sees that one fail, and it would sample with its initial weights)
+        self.incarnation = uuid.uuid4().hex
         self._weights_seq_no = 0
         self._eval_envs: dict[tuple[str, str], gym.Env] = {}
         self._last_trees: list[Tree] = []

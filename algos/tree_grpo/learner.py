@@ -10,7 +10,8 @@ Per update (one iteration's batch, or this learner's shard of it):
    each: for each micro-batch the clipped policy loss + k3 KL - entropy bonus, token-mean over the generated
    tokens of the mini-batch (micro-batch losses weighted by their token share), backward (DDP syncs gradients on
    the mini-batch's last micro-batch only); then RLlib's gradient postprocessing (``grad_clip`` /
-   ``grad_clip_by``), the scheduled learning rate (``algos.lr_schedule``) and the AdamW step. From the second
+   ``grad_clip_by``), the scheduled learning rate (``algos.lr_schedule``) and the AdamW step, which is skipped
+   when the gradient norm is NaN or infinite (``skip_nonfinite_grad``, as verl). From the second
    step on, the policy has moved away from the old log-probs: the ratio and its clipping act.
 Observation and prompt tokens never enter the loss (``generated_mask``).
 
@@ -22,12 +23,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 
 import torch
 from ray.rllib.core import COMPONENT_OPTIMIZER, DEFAULT_MODULE_ID
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.utils.annotations import override
-from ray.rllib.utils.torch_utils import compute_global_norm
 from ray.rllib.utils.typing import StateDict
 
 from algos.batch import ADVANTAGES, INPUT_IDS, PROMPT_INDEX, SAMPLING_LOGPROBS, minibatch_slices, prompt_group_chunks
@@ -62,6 +63,14 @@ def old_logprobs_source(choice: str, model: torch.nn.Module, generator: str = "h
         return choice
     float32 = next(model.parameters()).dtype == torch.float32
     return "sampler" if generator == "hf" and float32 else "recompute"
+
+
+def gradient_norm(gradients: list[torch.Tensor]) -> float:
+    """The global L2 norm of ``gradients``, NaN or inf when one of them is (RLlib's ``compute_global_norm``
+    replaces those by 0 and 1e9, which would hide them)."""
+    if not gradients:
+        return 0.0
+    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.detach()) for g in gradients])))
 
 
 def _cpu_copy(optimizer_state: dict) -> dict:
@@ -228,16 +237,21 @@ class TreeGRPOTorchLearner(TorchLearner):
                 else:
                     totals[key] = totals.get(key, 0.0) + value * float(share)
         grads = {self.get_param_ref(p): p.grad for p in params if p.grad is not None}
-        grad_norm = compute_global_norm(list(grads.values()))  # before clipping, whatever grad_clip_by says
-        self._optimizer_steps += 1
+        grad_norm = gradient_norm(list(grads.values()))  # before clipping, whatever grad_clip_by says
+        self._optimizer_steps += 1  # the schedule position advances on a skipped step too (verl's does)
         lr = scheduled_lr(cfg.lr, self._optimizer_steps, warmup_steps=self._warmup_steps,
                           total_steps=self._total_steps, schedule=cfg.lr_schedule)
-        # RLlib's public lr path is its scheduler, stepped per update in env steps; ours counts optimizer steps, so
-        # the rate is set through the learner's own setter on each optimizer (``get_optimizers_for_module``).
-        for _, optimizer in self.get_optimizers_for_module(DEFAULT_MODULE_ID):
-            self._set_optimizer_lr(optimizer, lr)
-        self.apply_gradients(self.postprocess_gradients(grads))  # clips by grad_clip_by (value, norm, global_norm)
-        totals.update({M.GRAD_NORM: float(grad_norm), M.LEARNING_RATE: lr})
+        nonfinite = not math.isfinite(grad_norm)  # the same on every DDP learner: the gradients are all-reduced
+        if nonfinite and cfg.skip_nonfinite_grad:  # verl: no step (the weights and AdamW's moments stay)
+            for p in params:
+                p.grad = None
+        else:
+            # RLlib's public lr path is its scheduler, stepped per update in env steps; ours counts optimizer steps,
+            # so the rate is set through the learner's own setter on each optimizer (``get_optimizers_for_module``).
+            for _, optimizer in self.get_optimizers_for_module(DEFAULT_MODULE_ID):
+                self._set_optimizer_lr(optimizer, lr)
+            self.apply_gradients(self.postprocess_gradients(grads))  # clips by grad_clip_by
+        totals.update({M.GRAD_NORM: grad_norm, M.NONFINITE_GRAD_SHARE: float(nonfinite), M.LEARNING_RATE: lr})
         if measure_mismatch:  # the weights before this first step are the sampler's: their log-probs are the old
             totals[MISMATCH] = {**mismatch_metrics(sampler_mismatch(
                 torch.cat(current), data[SAMPLING_LOGPROBS], data[GENERATED_MASK])), M.TIS_WEIGHT_MEAN: 1.0}

@@ -17,6 +17,7 @@ BUDGET_MEASURED = "budget_chains_measured"  # generated tokens per prompt / toke
 
 # per iteration, from the algorithm
 ENV_RUNNER_RESTARTS = "env_runner_restarts"  # failed env runners brought back (restarted, weights synced)
+SAMPLED_BY = "sampled_by"  # the env runners that returned samples (worker indices; 0: the local runner)
 
 # per update, from the learner
 POLICY_LOSS = "policy_loss"
@@ -26,6 +27,7 @@ CLIP_FRACTION = "clip_fraction"
 DUAL_CLIP_FRACTION = "dual_clip_fraction"
 RATIO_MEAN, RATIO_MAX, RATIO_MIN = "ratio_mean", "ratio_max", "ratio_min"
 GRAD_NORM = "grad_norm"
+NONFINITE_GRAD_SHARE = "nonfinite_grad_share"  # optimizer steps whose gradient norm was NaN / inf (skipped by default)
 LEARNING_RATE = "learning_rate"
 SAMPLER_LOGPROB_GAP = "sampler_logprob_gap"  # |sampling log-prob - recomputed log-prob|: token exactness
 TRAINED_TOKENS = "trained_tokens"

@@ -120,6 +120,9 @@ class TreeGRPOSettings(BaseModel):
                                                                         "or per trajectory")
     weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay")
     grad_clip: float | None = Field(1.0, gt=0, description="global gradient-norm clip (None: off)")
+    skip_nonfinite_grad: bool = Field(
+        True, description="skip an optimizer step whose gradient norm is NaN or infinite, as verl does (off: RLlib "
+                          "zeroes the non-finite gradient entries and takes the step)")
     clip_eps: float = Field(0.2, gt=0, lt=1, description="PPO ratio clip, both sides")
     dual_clip: float | None = Field(3.0, gt=1, description="dual-clip bound for negative advantages (None: off)")
     kl_coef: float = Field(0.001, ge=0, description="k3 KL to the frozen initial policy (0: no reference model)")

@@ -26,6 +26,7 @@ from ray.rllib.utils.metrics import (
     SYNCH_WORKER_WEIGHTS_TIMER,
     TIMERS,
 )
+from ray.util import log_once
 
 import envs
 from algos.batch import pad_batch, prompt_advantages
@@ -66,7 +67,10 @@ class TreeGRPO(Algorithm):
     def setup(self, config: TreeGRPOConfig) -> None:
         self.mid_update = False
         self.exported_trees: list[dict[str, Any]] = []
+        self._incarnations: dict[int, str] = {}  # remote runner -> the incarnation last seen (``_new_incarnations``)
+        self._sampled_by: list[int] = []  # the runners that returned samples this iteration
         super().setup(config)
+        self._new_incarnations()
         questions = envs.question_count(self.config.env, **dict(self.config.env_config))
         self._num_questions = min(questions, self.config.train_questions or questions)
 
@@ -74,6 +78,7 @@ class TreeGRPO(Algorithm):
     def train(self) -> dict:
         result = super().train()
         self.mid_update = False  # only now is the update counted (iteration advanced)
+        result[M.SAMPLED_BY] = self._sampled_by
         return result
 
     def _prompts_of(self, iteration: int) -> list[int]:
@@ -100,6 +105,7 @@ class TreeGRPO(Algorithm):
         with self.metrics.log_time((TIMERS, ENV_RUNNER_SAMPLING_TIMER)):
             results = self.on_env_runners(prompts, sample, f"sampling of iteration {iteration + 1}")
         records = [record for result in results for record in result.records]
+        self._sampled_by = sorted({result.worker_index for result in results})
         self.metrics.aggregate([result.metrics for result in results], key=ENV_RUNNER_RESULTS)
         self.metrics.log_value(NUM_ENV_STEPS_SAMPLED_LIFETIME, len(records), reduce="sum")
 
@@ -164,12 +170,31 @@ class TreeGRPO(Algorithm):
 
     @override(Algorithm)
     def restore_env_runners(self, env_runner_group: EnvRunnerGroup) -> list[int]:
-        """RLlib's restore (a restarted runner gets the learner's current weights), counted as
-        ``env_runner_restarts``; RLlib calls it before every training step, this class also after a runner
+        """RLlib's restore of the runners it saw fail (each gets the learner's current weights), plus the runners
+        Ray restarted unseen (killed between two calls: the next call reaches the new process, RLlib never hears
+        of it): those are told by their new incarnation and get the current weights too. All are counted as
+        ``env_runner_restarts``. RLlib calls this before every training step, this class also after a runner
         failed mid-call."""
         restored = super().restore_env_runners(env_runner_group)
-        self.metrics.log_value(M.ENV_RUNNER_RESTARTS, len(restored), reduce="sum")
-        return restored
+        unseen = ([index for index in self._new_incarnations() if index not in restored]
+                  if env_runner_group is self.env_runner_group else [])
+        if unseen:
+            env_runner_group.sync_weights(from_worker_or_learner_group=self.learner_group, to_worker_indices=unseen,
+                                          inference_only=True)
+        self.metrics.log_value(M.ENV_RUNNER_RESTARTS, len(restored) + len(unseen), reduce="sum")
+        return restored + unseen
+
+    def _new_incarnations(self) -> list[int]:
+        """The healthy remote runners whose process changed since the last look (restarted by Ray)."""
+        group = self.env_runner_group
+        if group is None or group.num_remote_env_runners() == 0:
+            return []
+        seen = dict(group.foreach_env_runner(lambda runner: (runner.worker_index, runner.incarnation),
+                                             local_env_runner=False))
+        changed = sorted(index for index, incarnation in seen.items()
+                         if self._incarnations.get(index, incarnation) != incarnation)
+        self._incarnations.update(seen)
+        return changed
 
     @override(Algorithm)
     def evaluate(self, parallel_train_future=None) -> dict[str, float]:
@@ -294,6 +319,9 @@ class TreeGRPOConfig(AlgorithmConfig):
 
     @override(AlgorithmConfig)
     def validate(self) -> None:
+        # Tree-GRPO exists only on the new API stack: RLlib's once-per-process notice that it is on would be the
+        # first line of every error found before Ray starts.
+        log_once(f"{self.algo_class.__name__}_on_new_api_stack")
         super().validate()
         check_evaluation_settings(self)
         settings = self.settings.model_dump()
