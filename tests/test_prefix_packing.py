@@ -27,7 +27,9 @@ from policies.prefix_packing import (
     layout_segments,
     scored_predictions,
     segment_cost,
+    segment_subtree_ends,
     tree_attention_mask,
+    tree_block_mask,
     unique_token_ratio,
 )
 from policies.rl_module import LLMRLModule
@@ -62,7 +64,7 @@ def test_hand_computed_trie():
         [1, 1, 1, 1, 1, 0],
         [1, 1, 0, 0, 0, 1],
     ], dtype=torch.bool)
-    assert torch.equal(tree_attention_mask(torch.arange(6), torch.from_numpy(trie.subtree_ends)), expected_mask)
+    assert torch.equal(tree_attention_mask(torch.from_numpy(trie.subtree_ends)), expected_mask)  # one segment
 
 
 def test_left_padding_gives_the_same_trie():
@@ -109,7 +111,7 @@ def test_trie_matches_a_brute_force_trie(rows, left):
     assert trie.num_nodes == len(prefixes) == len(set(prefixes.values()))  # distinct prefixes, distinct nodes
     assert (trie.node_index[mask == 0] == -1).all()
     assert all(trie.parents[u] < u for u in range(trie.num_nodes))  # preorder: parents first
-    mask_from_ends = tree_attention_mask(torch.arange(trie.num_nodes), torch.from_numpy(trie.subtree_ends))
+    mask_from_ends = tree_attention_mask(torch.from_numpy(trie.subtree_ends))
     np.testing.assert_array_equal(mask_from_ends.numpy(), ancestors_or_self(trie.parents))
 
 
@@ -151,8 +153,9 @@ def test_hand_computed_segments():
         [0, 0, 0, 1, 0],  # padding slots attend to themselves alone
         [0, 0, 0, 0, 1],
     ], dtype=torch.bool)
-    mask = tree_attention_mask(torch.from_numpy(layout.node_ids), torch.from_numpy(trie.subtree_ends))
-    assert torch.equal(mask[1], expected_mask)
+    slot_ends = segment_subtree_ends(trie, layout)
+    np.testing.assert_array_equal(slot_ends, [[5, 5, 5, 5, 5], [3, 3, 3, 4, 5]])
+    assert torch.equal(tree_attention_mask(torch.from_numpy(slot_ends))[1], expected_mask)
     # Scored: node 3 by rows 0 and 2, node 4 by row 2, node 9's node 5 by row 1.
     predictions = scored_predictions(trie, layout, np.array([0, 2, 2, 1]), np.array([3, 3, 4, 2]))
     np.testing.assert_array_equal(predictions.slots, [2, 3, 5 + 1])  # parents 2, 3 (segment 0), 1 (segment 1)
@@ -186,6 +189,53 @@ def test_segments_hold_their_rows_and_cost_no_more_than_the_extremes(rows, pair_
     leaves = np.nonzero(np.bincount(trie.parents[trie.parents != NO_NODE], minlength=trie.num_nodes) == 0)[0]
     one_per_leaf = segment_cost(trie.positions[leaves] + 1, pair_cost).sum()
     assert chosen <= min(segment_cost(trie.num_nodes, pair_cost), one_per_leaf) + 1e-9
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 2), min_size=0, max_size=7), min_size=1, max_size=8),
+       st.sampled_from([0.0, 0.1, 100.0]))
+def test_the_slot_mask_of_each_segment_is_its_ancestry(rows, pair_cost):
+    trie = build_prefix_trie(*padded([*rows, [0]], pad=9))
+    layout = layout_segments(trie, choose_cuts(trie, pair_cost))
+    masks = tree_attention_mask(torch.from_numpy(segment_subtree_ends(trie, layout))).numpy()
+    ancestry = ancestors_or_self(trie.parents)
+    for nodes, mask in zip(layout.node_ids, masks, strict=True):
+        real = nodes != NO_NODE
+        expected = ancestry[np.ix_(nodes.clip(min=0), nodes.clip(min=0))] & real[:, None] & real[None, :]
+        expected |= np.eye(len(nodes), dtype=bool) & ~real[:, None]  # padding slots: themselves alone
+        np.testing.assert_array_equal(mask, expected)
+
+
+def test_the_block_mask_skips_exactly_the_blocks_without_a_visible_pair():
+    """Segments of several 128-slot blocks: the block mask's blocks are those holding a visible pair, its full
+    blocks those where every pair is visible, and its mask function is the tree mask."""
+    rng = np.random.default_rng(1)
+    ids = np.tile(rng.integers(0, 1000, 700), (12, 1))
+    for b, cut in enumerate(rng.integers(50, 700, 12)):  # rows branch off a shared prefix at random points
+        ids[b, cut:] = rng.integers(0, 1000, 700 - cut)
+    trie = build_prefix_trie(ids, np.arange(700)[None, :] < rng.integers(400, 701, (12, 1)))
+    layout = layout_segments(trie, choose_cuts(trie, pair_cost=1e-3))
+    slot_ends = torch.from_numpy(segment_subtree_ends(trie, layout))
+    dense = tree_attention_mask(slot_ends)
+    n_segments, width = slot_ends.shape
+    assert n_segments > 1 and width > 2 * 128
+    block_mask = tree_block_mask(slot_ends)
+    blocks = -(-width // 128)
+    padded_dense = torch.zeros((n_segments, blocks * 128, blocks * 128), dtype=torch.bool)
+    padded_dense[:, :width, :width] = dense
+    per_block = padded_dense.view(n_segments, blocks, 128, blocks, 128)
+    any_visible, all_visible = per_block.any(dim=(2, 4)), per_block.all(dim=(2, 4))
+    assert 0 < int(any_visible.sum()) < any_visible.numel()  # some blocks are skipped
+    assert torch.equal(block_mask.to_dense()[:, 0].bool(), any_visible)
+    full = torch.zeros_like(any_visible)
+    for segment in range(n_segments):
+        for row in range(blocks):
+            count = int(block_mask.full_kv_num_blocks[segment, 0, row])
+            full[segment, row, block_mask.full_kv_indices[segment, 0, row, :count]] = True
+    assert full.any() and torch.equal(full[:, :-1, :-1], all_visible[:, :-1, :-1])  # the last: cut by the width
+    queries, keys = torch.meshgrid(torch.arange(width), torch.arange(width), indexing="ij")
+    for segment in range(n_segments):
+        assert torch.equal(block_mask.mask_mod(segment, 0, queries, keys), dense[segment])
 
 
 # -- the packed forward equals the per-row forward -----------------------------------------------------------
