@@ -389,3 +389,11 @@ def test_prefix_sharing_gives_the_per_row_update():
     assert shared_grads.keys() == plain_grads.keys()
     for name in plain_grads:  # the last step's gradients; fp32 sums in another order: relative to the largest
         torch.testing.assert_close(shared_grads[name], plain_grads[name], rtol=1e-5, atol=1e-5 * scale)
+
+
+def test_flex_attention_is_the_learners_own_and_stops_with_a_clear_error_on_the_cpu(arrays):
+    learner = build_learner(learner_attention="flex_attention", old_logprobs="sampler", kl_coef=0.0)
+    assert learner.module[DEFAULT_MODULE_ID].model.config._attn_implementation == "flex_attention"
+    assert build_learner().module[DEFAULT_MODULE_ID].model.config._attn_implementation == "sdpa"
+    with pytest.raises(ValueError, match=r"learner_attention setting.*cannot backpropagate on the CPU"):
+        update(learner, arrays)

@@ -248,9 +248,9 @@ class TreeGRPOTorchLearner(TorchLearner):
 
     def _optimizer_step(self, data: dict[str, torch.Tensor], parts: list[dict], measure_mismatch: bool) -> dict:
         """One optimizer step on a mini-batch (``parts``: its micro-batches): accumulated micro-batch gradients,
-        RLlib's gradient postprocessing (clipping), the scheduled learning rate, AdamW. Its metrics, token-weighted over micro-batches (the
-        ratio bounds as extremes); with ``measure_mismatch`` also the sampler mismatch of the weights before
-        the step (under ``MISMATCH``)."""
+        RLlib's gradient postprocessing (clipping), the scheduled learning rate, AdamW. Its metrics, token-weighted
+        over micro-batches (the ratio bounds as extremes); with ``measure_mismatch`` also the sampler mismatch of
+        the weights before the step (under ``MISMATCH``)."""
         cfg, module = self.config, self.module[DEFAULT_MODULE_ID]
         total_tokens = data[GENERATED_MASK].sum().clamp(min=1.0)
         params = [p for p in module.parameters() if p.requires_grad]
