@@ -17,6 +17,7 @@ import numpy as np
 from algos.advantages import tree_grpo_advantages
 from algos.tree import Tree
 from policies.logprobs import GENERATED_MASK
+from policies.prefix_packing import build_prefix_trie
 from policies.trajectory import TokenTrajectory
 
 INPUT_IDS, ATTENTION_MASK = "input_ids", "attention_mask"
@@ -76,6 +77,11 @@ def pad_batch(records: Sequence[LeafRecord], advantages: np.ndarray, pad_id: int
     return batch
 
 
+def prompt_group_starts(prompt_index: np.ndarray) -> np.ndarray:
+    """The first row of each prompt group of a batch whose prompt groups are contiguous."""
+    return np.flatnonzero(np.r_[True, prompt_index[1:] != prompt_index[:-1]])
+
+
 def minibatch_slices(prompt_index: np.ndarray, count: int) -> list[slice]:
     """``count`` contiguous, non-empty row ranges covering a batch whose prompt groups are contiguous.
 
@@ -86,21 +92,48 @@ def minibatch_slices(prompt_index: np.ndarray, count: int) -> list[slice]:
     rows = len(prompt_index)
     if not 1 <= count <= rows:
         raise ValueError(f"cannot split {rows} rows into {count} non-empty mini-batches")
-    group_starts = np.flatnonzero(np.r_[True, prompt_index[1:] != prompt_index[:-1]])
+    group_starts = prompt_group_starts(prompt_index)
     units = group_starts if len(group_starts) >= count else np.arange(rows)
     starts = [int(units[part[0]]) for part in np.array_split(np.arange(len(units)), count)]
     return [slice(a, b) for a, b in zip(starts, [*starts[1:], rows], strict=True)]
+
+
+def budget_chunks(unit_starts: Sequence[int], unit_costs: Sequence[float], rows: int, budget: float) -> list[slice]:
+    """Contiguous row ranges of whole units (unit i: rows ``unit_starts[i]`` up to the next unit's start, the
+    last up to ``rows``; the first starts at row 0), each taking units in turn while their summed cost stays
+    within ``budget``; a unit that alone costs more forms a range alone."""
+    chunks, start, total = [], 0, 0.0
+    for unit_start, cost in zip(unit_starts, unit_costs, strict=True):
+        if total + cost > budget and unit_start > start:  # this unit would overflow: close the chunk
+            chunks.append(slice(start, int(unit_start)))
+            start, total = int(unit_start), 0.0
+        total += cost
+    chunks.append(slice(start, rows))
+    return chunks
 
 
 def prompt_group_chunks(prompt_index: np.ndarray, max_rows: int) -> list[slice]:
     """Contiguous row ranges of whole prompt groups, each at most ``max_rows`` rows unless a single group is
     larger (it then forms a range alone): the micro-batches of shared-prefix training, in which the rows of a
     prompt must meet to share their prompt and steps."""
-    group_starts = np.flatnonzero(np.r_[True, prompt_index[1:] != prompt_index[:-1]]).tolist()
-    chunks, start = [], 0
-    for group_start, group_end in zip(group_starts, [*group_starts[1:], len(prompt_index)], strict=True):
-        if group_end - start > max_rows and group_start > start:  # this group would overflow: close the chunk
-            chunks.append(slice(start, group_start))
-            start = group_start
-    chunks.append(slice(start, len(prompt_index)))
-    return chunks
+    starts = prompt_group_starts(prompt_index)
+    return budget_chunks(starts, np.diff([*starts, len(prompt_index)]), len(prompt_index), max_rows)
+
+
+def micro_batch_slices(batch: dict[str, np.ndarray], *, share_prefixes: bool, max_rows: int,
+                       max_tokens: int | None = None) -> list[slice]:
+    """The micro-batches of ``batch`` (``INPUT_IDS``, ``ATTENTION_MASK``, ``PROMPT_INDEX`` as numpy arrays):
+    contiguous row ranges of whole prompt groups with ``share_prefixes`` (the rows of a prompt must meet to share
+    it), of any rows otherwise; ``max_rows`` rows each, or with ``max_tokens`` as many as fit that many decoder
+    tokens: a prompt group counts the unique tokens of its trie (what the shared-prefix forward computes of it), a
+    row its real tokens. A group or row that alone exceeds the budget forms a micro-batch alone."""
+    rows, mask = len(batch[INPUT_IDS]), batch[ATTENTION_MASK]
+    starts = prompt_group_starts(batch[PROMPT_INDEX]) if share_prefixes else np.arange(rows)
+    if max_tokens is None:
+        return budget_chunks(starts, np.diff([*starts, rows]), rows, max_rows)
+    if share_prefixes:
+        spans = zip(starts, [*starts[1:], rows], strict=True)
+        costs = [build_prefix_trie(batch[INPUT_IDS][a:b], mask[a:b]).num_nodes for a, b in spans]
+    else:
+        costs = mask.sum(axis=1)
+    return budget_chunks(starts, costs, rows, max_tokens)

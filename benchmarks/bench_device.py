@@ -1,24 +1,38 @@
-"""One Tree-GRPO rollout and one learner step on an accelerator, without Ray: the GPU check of the rollout
-(HFStepGenerator in TreeRollout) and of the learner's loss and backward, where Ray is not installed.
+"""One Tree-GRPO rollout and the learner's passes on an accelerator, without Ray: the GPU check of the rollout
+(HFStepGenerator in TreeRollout) and of the learner (log-probs, clipped loss and backward), per row and with
+shared prefixes under each attention kernel.
 
-    python benchmarks/bench_device.py --model smollm2-135m-random --prompts 32          # on a GPU: bf16
-    python benchmarks/bench_device.py --model tiny-random --prompts 2 --max-step-tokens 8 --device cpu  # smoke
+    python benchmarks/bench_device.py                     # on a GPU: SmolLM2-135M's and Llama-3.2-1B's shapes, bf16
+    python benchmarks/bench_device.py --quick             # CPU smoke run in seconds (tiny-random, 1 prompt)
+    python benchmarks/bench_device.py --model tiny-random --prompts 4 --attention sdpa flex_attention  # CPU
 
-SynthHop-v0 questions (a small world generated in-process), trees (2,2,1). Reports generation tokens/s (tokens
-sampled over the rollout's wall time), the rollout's tokens prefilled and LLM calls, the sampler/learner
-log-prob gap (the learner's recomputed log-probs of the sampled tokens against the sampler's: mean |gap|, the
-ratio's mean, p99 and share outside [0.9, 1.1]), one learner step (clipped loss on tree advantages, backward,
-per row and with shared prefixes) with its time, and the peak accelerator memory of each phase.
+SynthHop-v0 questions (a small world generated in-process), trees (2,2,1), 32 prompts, 128-token steps by default.
+Per model (one column each) it reports:
+- the rollout: tokens generated and prefilled, LLM calls, seconds, generation tokens/s, the GPU's busy share of the
+  rollout (the union of its kernels' intervals over the rollout's wall time, from torch.profiler; not measured on
+  the CPU) and the peak memory;
+- the sampler/learner log-prob gap (the learner's recomputed log-probs of the sampled tokens against the
+  sampler's: mean |gap|, the ratio's mean, p99 and share outside [0.9, 1.1]);
+- the learner, per row (sdpa) and with shared prefixes under each ``--attention`` kernel: the packing's seconds
+  (trie, segments, flex_attention's block mask; once per batch, as the learner does), one log-prob pass without
+  gradients (the old or reference log-probs), one step (clipped loss, backward) and its peak memory. Each is
+  timed after one untimed warm-up pass (flex_attention compiles per shape). torch's flex_attention has no CPU
+  backward: on the CPU its step is not measured.
+Peak memory: CUDA, ``max_memory_allocated`` (tensors); CPU, the process's peak resident set (``policies.memory``).
 
-``--model``: a ``run.py --model`` name or directory, or ``smollm2-135m-random`` (SmolLM2-135M's architecture
-with random weights and SmolLM2's tokenizer: the speed of the real model without its weights, which a bare GPU
-machine cannot download). Random weights never close a tag, so every step runs to ``--max-step-tokens``.
+``--model``: ``run.py --model`` names or directories, or ``SHAPE-random`` for a shape of
+``benchmarks.bench_prefix_sharing.MODELS`` (``smollm2-135m-random``, ``llama-3.2-1b-random``): that architecture
+with random weights and SmolLM2's tokenizer and vocabulary (the bench decodes what it samples; a bare GPU machine
+cannot download the real tokenizers). Random weights never close a tag, so every step runs to
+``--max-step-tokens``.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
@@ -27,12 +41,11 @@ import torch
 import envs  # noqa: F401  (registers the env ids)
 from algos.batch import (
     ADVANTAGES,
-    PROMPT_INDEX,
     SAMPLING_LOGPROBS,
     leaf_records,
+    micro_batch_slices,
     pad_batch,
     prompt_advantages,
-    prompt_group_chunks,
 )
 from algos.losses import clipped_policy_loss, sampler_mismatch
 from algos.rollout import TreeRollout, TreeShape
@@ -40,25 +53,29 @@ from benchmarks.report import add_accelerator_options, machine_description, reso
 from envs.synthetic import WorldSpec, world_data_dir
 from policies.generation import SamplingSettings
 from policies.hf_generation import HFStepGenerator
-from policies.logprobs import GENERATED_MASK, LOGPROBS, sequence_logprobs
+from policies.logprobs import FLEX_ATTENTION, GENERATED_MASK, LOGPROBS, PACKING, pack_rows, sequence_logprobs
+from policies.memory import peak_memory_gib, reset_peak_memory
 
-SMOLLM2_RANDOM = "smollm2-135m-random"
+RANDOM_SUFFIX = "-random"
+DEFAULT_MODELS = ("smollm2-135m-random", "llama-3.2-1b-random")
+QUICK = {"model": ["tiny-random"], "prompts": 1, "max_step_tokens": 4, "device": "cpu"}  # --quick
 # the demo's world (experiments.demo.WORLD, not imported: that module needs Ray, which the GPU machine lacks)
 WORLD = WorldSpec(seed=0, people=60, companies=30, cities=12, countries=5, train_questions=240, dev_questions=60)
 
 
 def build_policy(name: str, dtype: torch.dtype, device: str):
+    from benchmarks.bench_prefix_sharing import MODELS
     from policies.models import load_model, model_cache_dir, smollm2_tokenizer
 
-    if name == SMOLLM2_RANDOM:
+    shape = name.removesuffix(RANDOM_SUFFIX)
+    if name.endswith(RANDOM_SUFFIX) and shape in MODELS:
         from transformers import LlamaConfig, LlamaForCausalLM
-
-        from benchmarks.bench_prefix_sharing import MODELS
 
         tokenizer = smollm2_tokenizer(model_cache_dir())
         torch.manual_seed(0)
-        model = LlamaForCausalLM(LlamaConfig(**MODELS["smollm2-135m"], attn_implementation="sdpa",
-                                             bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id))
+        config = LlamaConfig(**{**MODELS[shape], "vocab_size": len(tokenizer)}, attn_implementation="sdpa",
+                             bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+        model = LlamaForCausalLM(config)
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
     else:
@@ -66,46 +83,118 @@ def build_policy(name: str, dtype: torch.dtype, device: str):
     return model.to(device=device, dtype=dtype).eval(), tokenizer
 
 
-def peak_gib(device: str) -> float:
-    return torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
+def covered_seconds(intervals: Iterable[tuple[float, float]]) -> float:
+    """Length of the union of (start, end) intervals: the time at least one kernel ran."""
+    covered, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            covered += end - max(start, reach)
+            reach = end
+    return covered
 
 
-def start_measuring(device: str) -> None:
-    """Wait for queued GPU work and reset the peak-memory counter, so what follows is measured alone."""
-    if device == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
+def profiled(device: str):
+    """torch.profiler over the GPU's kernels (None on the CPU: nothing to measure)."""
+    if device != "cuda":
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    return profile(activities=[ProfilerActivity.CUDA])
 
 
-def learner_step(model, batch: dict[str, torch.Tensor], slices: list[slice], share: bool, device: str) -> float:
-    """Seconds of one optimizer-free learner step: clipped loss on the sampler's old log-probs, backward."""
-    start_measuring(device)
+def busy_share(profiler, wall_s: float) -> str:
+    from torch.autograd import DeviceType
+
+    kernels = [(e.time_range.start, e.time_range.end) for e in profiler.events() if e.device_type == DeviceType.CUDA]
+    return f"{covered_seconds(kernels) / 1e6 / wall_s:.2f}"
+
+
+@dataclass(frozen=True)
+class LearnerRun:
+    """The learner's passes over one batch: per row, or with shared prefixes under an attention kernel."""
+
+    share: bool
+    attention: str
+
+    @property
+    def label(self) -> str:
+        return f"shared {self.attention}" if self.share else "per row"
+
+
+@dataclass
+class LearnerTimes:
+    packing_s: float = float("nan")
+    logprob_s: float = float("nan")
+    step_s: float = float("nan")
+    step_peak_gib: float = float("nan")
+
+
+def timed(device: str, work) -> float:
+    """Seconds of ``work()``, GPU work included."""
     start = time.perf_counter()
-    model.zero_grad(set_to_none=True)
-    tokens = batch[GENERATED_MASK].sum()
-    for piece in slices:
-        part = {k: v[piece] for k, v in batch.items()}
-        logprobs = sequence_logprobs(model, part, share_prefixes=share)[LOGPROBS]
-        loss, _ = clipped_policy_loss(logprobs, part[SAMPLING_LOGPROBS], part[ADVANTAGES][:, None],
-                                      part[GENERATED_MASK])
-        (loss * part[GENERATED_MASK].sum() / tokens).backward()
+    work()
     if device == "cuda":
         torch.cuda.synchronize()
     return time.perf_counter() - start
 
 
-def run(args: argparse.Namespace) -> str:
+def learner_passes(model, batch: dict[str, torch.Tensor], pieces: list[slice], run: LearnerRun,
+                   device: str) -> LearnerTimes:
+    """Times of the packing, one log-prob pass without gradients and one step (clipped loss on the sampler's old
+    log-probs, backward), each after an untimed warm-up."""
+    model.set_attn_implementation(run.attention)
+    parts = [{k: v[piece] for k, v in batch.items()} for piece in pieces]
+    times = LearnerTimes()
+
+    def pack() -> None:
+        for part in parts:
+            part[PACKING] = pack_rows(model, part)
+
+    if run.share:
+        times.packing_s = timed(device, pack)
+    tokens = batch[GENERATED_MASK].sum()
+
+    def logprob_pass() -> None:
+        with torch.no_grad():
+            for part in parts:
+                sequence_logprobs(model, part, share_prefixes=run.share)
+
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        for part in parts:
+            logprobs = sequence_logprobs(model, part, share_prefixes=run.share)[LOGPROBS]
+            loss, _ = clipped_policy_loss(logprobs, part[SAMPLING_LOGPROBS], part[ADVANTAGES][:, None],
+                                          part[GENERATED_MASK])
+            (loss * part[GENERATED_MASK].sum() / tokens).backward()
+
+    can_backward = not (run.attention == FLEX_ATTENTION and device == "cpu")  # torch: no CPU flex backward
+    (step if can_backward else logprob_pass)()  # warm-up (compilation, allocator)
+    times.logprob_s = timed(device, logprob_pass)
+    if can_backward:
+        reset_peak_memory(device)
+        times.step_s = timed(device, step)
+        times.step_peak_gib = peak_memory_gib(device)
+    model.zero_grad(set_to_none=True)
+    return times
+
+
+def measure(name: str, args: argparse.Namespace) -> dict[str, str]:
+    """The rows of one model's column."""
     dtype = getattr(torch, args.dtype)
-    model, tokenizer = build_policy(args.model, dtype, args.device)
+    model, tokenizer = build_policy(name, dtype, args.device)
     env = gym.make("SynthHop-v0", split="train", data_dir=str(world_data_dir(WORLD)))
     generator = HFStepGenerator(model, tokenizer, SamplingSettings(max_step_tokens=args.max_step_tokens))
     rollout = TreeRollout(env, generator, tokenizer, seed=args.seed)
-    start_measuring(args.device)
+    profiler = profiled(args.device)
+    reset_peak_memory(args.device)
     start = time.perf_counter()
-    records = leaf_records(rollout.grow(list(range(args.prompts)), TreeShape(2, 2, 1)))
-    if args.device == "cuda":
-        torch.cuda.synchronize()
-    rollout_s, rollout_peak = time.perf_counter() - start, peak_gib(args.device)
+    if profiler is None:
+        records = leaf_records(rollout.grow(list(range(args.prompts)), TreeShape(2, 2, 1)))
+    else:
+        with profiler:
+            records = leaf_records(rollout.grow(list(range(args.prompts)), TreeShape(2, 2, 1)))
+            torch.cuda.synchronize()
+    rollout_s, rollout_peak = time.perf_counter() - start, peak_memory_gib(args.device)
     counters = generator.counters.as_dict()
     arrays = pad_batch(records, prompt_advantages(records), tokenizer.pad_token_id)
     batch = {k: torch.as_tensor(v, device=args.device) for k, v in arrays.items()}
@@ -114,46 +203,81 @@ def run(args: argparse.Namespace) -> str:
     mask = batch[GENERATED_MASK]
     gap = ((learner - batch[SAMPLING_LOGPROBS]).abs() * mask).sum() / mask.sum()
     mismatch = sampler_mismatch(learner, batch[SAMPLING_LOGPROBS], mask)
-    per_row = [slice(s, s + args.micro_batch_size) for s in range(0, len(records), args.micro_batch_size)]
-    grouped = prompt_group_chunks(np.asarray(arrays[PROMPT_INDEX]), args.micro_batch_size)
-    plain_s = learner_step(model, batch, per_row, False, args.device)
-    plain_peak = peak_gib(args.device)
-    shared_s = learner_step(model, batch, grouped, True, args.device)
-    shared_peak = peak_gib(args.device)
-    rows = [("leaves / prompts", f"{len(records)} / {args.prompts}"),
-            ("tokens generated", f"{counters['tokens_generated']:,}"),
-            ("tokens prefilled", f"{counters['tokens_prefilled']:,}"),
-            ("LLM calls (batched steps)", f"{counters['llm_calls']:,}"),
-            ("tool calls", f"{rollout.counters.tool_calls:,}"),
-            ("rollout seconds", f"{rollout_s:.1f}"),
-            ("generation tokens/s", f"{counters['tokens_generated'] / rollout_s:,.0f}"),
-            ("rollout peak GiB", f"{rollout_peak:.2f}"),
-            ("sampler/learner mean abs log-prob gap", f"{gap.item():.4f}"),
-            ("ratio mean / p99 / share outside [0.9, 1.1]",
-             f"{mismatch.ratio_mean:.4f} / {mismatch.ratio_p99:.4f} / {mismatch.outside:.4f}"),
-            ("learner step seconds, per row / shared prefixes", f"{plain_s:.2f} / {shared_s:.2f}"),
-            ("learner step peak GiB, per row / shared prefixes", f"{plain_peak:.2f} / {shared_peak:.2f}")]
-    return "\n".join(["| measure | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)])
+    runs = [LearnerRun(share=False, attention="sdpa")] + [LearnerRun(True, kernel) for kernel in args.attention]
+    times = {}
+    for run in runs:
+        pieces = micro_batch_slices(arrays, share_prefixes=run.share, max_rows=args.micro_batch_size,
+                                    max_tokens=args.micro_batch_tokens)
+        times[run] = learner_passes(model, batch, pieces, run, args.device)
+
+    def per_run(field: str, digits: int, runs=runs) -> str:
+        values = [getattr(times[run], field) for run in runs]
+        return " / ".join("n/a" if np.isnan(v) else f"{v:.{digits}f}" for v in values)
+
+    labels = " / ".join(run.label for run in runs)
+    shared_labels = " / ".join(run.label for run in runs if run.share)
+    return {
+        "leaves / prompts": f"{len(records)} / {args.prompts}",
+        "tokens generated": f"{counters['tokens_generated']:,}",
+        "tokens prefilled": f"{counters['tokens_prefilled']:,}",
+        "LLM calls (batched steps)": f"{counters['llm_calls']:,}",
+        "tool calls": f"{rollout.counters.tool_calls:,}",
+        "rollout seconds": f"{rollout_s:.1f}",
+        "generation tokens/s": f"{counters['tokens_generated'] / rollout_s:,.0f}",
+        "GPU busy share of the rollout (profiler)": "not measured (no GPU)" if profiler is None
+        else busy_share(profiler, rollout_s),
+        "rollout peak GiB": f"{rollout_peak:.2f}",
+        "sampler/learner mean abs log-prob gap": f"{gap.item():.4f}",
+        "ratio mean / p99 / share outside [0.9, 1.1]":
+            f"{mismatch.ratio_mean:.4f} / {mismatch.ratio_p99:.4f} / {mismatch.outside:.4f}",
+        f"learner packing seconds, once per batch ({shared_labels})": per_run("packing_s", 3, [r for r in runs
+                                                                                              if r.share]),
+        f"learner log-prob pass seconds, no gradients ({labels})": per_run("logprob_s", 2),
+        f"learner step seconds ({labels})": per_run("step_s", 2),
+        f"learner step peak GiB ({labels})": per_run("step_peak_gib", 2),
+    }
+
+
+def run(args: argparse.Namespace) -> str:
+    columns = {name: measure(name, args) for name in args.model}
+    keys = list(next(iter(columns.values())))
+    header = "| measure | " + " | ".join(f"{name}, {args.dtype}" for name in columns) + " |"
+    lines = [header, "|---" * (len(columns) + 1) + "|"]
+    lines += [f"| {key} | " + " | ".join(column[key] for column in columns.values()) + " |" for key in keys]
+    return "\n".join(lines)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=SMOLLM2_RANDOM)
+    p.add_argument("--model", nargs="+", default=list(DEFAULT_MODELS), help="one column per model")
     add_accelerator_options(p)
     p.add_argument("--prompts", type=int, default=32)
     p.add_argument("--max-step-tokens", type=int, default=128)
-    p.add_argument("--micro-batch-size", type=int, default=16, help="rows per micro-batch of the learner step")
+    p.add_argument("--micro-batch-size", type=int, default=16, help="rows per micro-batch of the learner")
+    p.add_argument("--micro-batch-tokens", type=int, default=None,
+                   help="decoder tokens per micro-batch instead (the learner's micro_batch_tokens)")
+    p.add_argument("--attention", nargs="+", choices=("sdpa", "eager", FLEX_ATTENTION), default=None,
+                   help="kernels of the shared-prefix learner passes (default: sdpa and flex_attention on cuda, "
+                        "sdpa on the CPU, where flex_attention compiles per shape and has no backward)")
+    p.add_argument("--quick", action="store_true",
+                   help="a smoke run in seconds on the CPU: " + ", ".join(f"--{k.replace('_', '-')} {v}"
+                                                                           for k, v in QUICK.items()))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output", default=None, help="also write the table (markdown) to this file")
-    return resolve_dtype(p.parse_args(argv))
+    args = p.parse_args(argv)
+    if args.quick:
+        vars(args).update(QUICK)
+    args = resolve_dtype(args)
+    args.attention = args.attention or (["sdpa", FLEX_ATTENTION] if args.device == "cuda" else ["sdpa"])
+    return args
 
 
 def main(argv: list[str] | None = None) -> str:
     args = parse_args(argv)
     table = run(args)
-    text = (f"`python benchmarks/bench_device.py --model {args.model} --device {args.device} --dtype {args.dtype} "
-            f"--prompts {args.prompts} --max-step-tokens {args.max_step_tokens}` on {machine_description()}\n\n"
-            + table + "\n")
+    text = (f"`python benchmarks/bench_device.py --model {' '.join(args.model)} --device {args.device} "
+            f"--dtype {args.dtype} --prompts {args.prompts} --max-step-tokens {args.max_step_tokens} "
+            f"--attention {' '.join(args.attention)}` on {machine_description()}\n\n" + table + "\n")
     print(text)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as handle:

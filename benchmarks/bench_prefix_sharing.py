@@ -42,6 +42,10 @@ MODELS = {
                                 num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
                                 max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6,
                                 tie_word_embeddings=True),
+    # Llama-3.2-1B's config.json (1.24B parameters), without its llama3 rope scaling (which changes values, not cost)
+    "llama-3.2-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                         num_key_value_heads=8, head_dim=64, vocab_size=128256, max_position_embeddings=131072,
+                         rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=True),
 }
 
 

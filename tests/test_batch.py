@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pytest
 
@@ -10,9 +12,12 @@ from algos.batch import (
     ADVANTAGES,
     ATTENTION_MASK,
     INPUT_IDS,
+    PROMPT_INDEX,
     SAMPLING_LOGPROBS,
     LeafRecord,
+    budget_chunks,
     leaf_records,
+    micro_batch_slices,
     minibatch_slices,
     pad_batch,
     prompt_advantages,
@@ -76,6 +81,28 @@ def test_minibatch_slices_split_rows_when_groups_are_too_few():
     assert minibatch_slices(np.array([1, 1, 1, 1, 2]), 3) == [slice(0, 2), slice(2, 4), slice(4, 5)]
     with pytest.raises(ValueError, match="cannot split 2 rows into 3"):
         minibatch_slices(np.array([1, 2]), 3)
+
+
+def test_budget_chunks_close_before_the_unit_that_overflows():
+    # units at rows 0, 2, 3, 6 of 8 rows, costing 5, 4, 9, 1
+    assert budget_chunks([0, 2, 3, 6], [5, 4, 9, 1], 8, 10) == [slice(0, 3), slice(3, 8)]
+    assert budget_chunks([0, 2, 3, 6], [5, 4, 9, 1], 8, 8) == [slice(0, 2), slice(2, 3), slice(3, 6), slice(6, 8)]
+    assert budget_chunks([0, 2, 3, 6], [5, 4, 9, 1], 8, 3) == [slice(0, 2), slice(2, 3), slice(3, 6), slice(6, 8)]
+    assert budget_chunks([0, 2, 3, 6], [5, 4, 9, 1], 8, 19) == [slice(0, 8)]
+
+
+def test_micro_batches_by_tokens_count_a_groups_unique_tokens_or_a_rows_real_tokens():
+    # prompt 1: rows [1 2 3 4] and [1 2 5] share 2 tokens (5 unique of 7); prompt 2: [6 7] and [8] (3 of 3)
+    ids = np.array([[1, 2, 3, 4], [1, 2, 5, 0], [6, 7, 0, 0], [8, 0, 0, 0]])
+    batch = {INPUT_IDS: ids, ATTENTION_MASK: (ids > 0).astype(np.int64), PROMPT_INDEX: np.array([1, 1, 2, 2])}
+    by_tokens = partial(micro_batch_slices, batch, max_rows=1)
+    assert by_tokens(share_prefixes=True, max_tokens=8) == [slice(0, 4)]  # 5 + 3
+    assert by_tokens(share_prefixes=True, max_tokens=7) == [slice(0, 2), slice(2, 4)]
+    assert by_tokens(share_prefixes=True, max_tokens=2) == [slice(0, 2), slice(2, 4)]  # each group whole
+    assert by_tokens(share_prefixes=False, max_tokens=5) == [slice(0, 1), slice(1, 3), slice(3, 4)]  # 4 | 3 + 2 | 1
+    assert by_tokens(share_prefixes=False, max_tokens=10) == [slice(0, 4)]
+    assert by_tokens(share_prefixes=False, max_tokens=None) == [slice(b, b + 1) for b in range(4)]  # max_rows
+    assert micro_batch_slices(batch, share_prefixes=True, max_rows=1) == [slice(0, 2), slice(2, 4)]
 
 
 def test_prompt_group_chunks_keep_groups_whole_within_the_row_budget():

@@ -188,18 +188,28 @@ def test_no_script_folder_module_shadows_the_standard_library():
 
 
 def test_the_device_check_runs_on_the_cpu_and_finds_no_fp32_gap(tmp_path, monkeypatch):
-    # the Ray-free rollout + learner step that runs on a lent GPU: on the CPU in fp32 the learner's log-probs of
+    # the Ray-free rollout + learner passes that run on a lent GPU: on the CPU in fp32 the learner's log-probs of
     # the sampled tokens are the sampler's
     from benchmarks.bench_device import main as device_check
 
     monkeypatch.setenv("TREEGRPO_CACHE_DIR", str(tmp_path / "cache"))
-    text = device_check(["--model", "tiny-random", "--device", "cpu", "--prompts", "1", "--max-step-tokens", "4",
-                         "--output", str(tmp_path / "device.md")])
-    rows = dict((cell.strip() for cell in line.strip("|").split("|")) for line in text.splitlines()
+    text = device_check(["--quick", "--output", str(tmp_path / "device.md")])
+    rows = dict((cell.strip() for cell in line.strip("|").split("|", 1)) for line in text.splitlines()
                 if line.startswith("| "))
     assert rows["leaves / prompts"] == "6 / 1"
     assert float(rows["sampler/learner mean abs log-prob gap"]) < 1e-4
+    assert rows["GPU busy share of the rollout (profiler)"] == "not measured (no GPU)"
+    for measure in ("log-prob pass seconds, no gradients", "step seconds", "step peak GiB"):
+        per_row, shared = map(float, rows[f"learner {measure} (per row / shared sdpa)"].split(" / "))
+        assert per_row > 0 and shared > 0
     assert (tmp_path / "device.md").read_text() == text
+
+
+def test_kernel_busy_time_is_the_union_of_kernel_intervals():
+    from benchmarks.bench_device import covered_seconds
+
+    assert covered_seconds([(0, 2), (1, 3), (5, 6), (5.5, 5.75), (10, 10)]) == 4.0  # [0, 3] and [5, 6]
+    assert covered_seconds([]) == 0.0
 
 
 def test_the_docs_copy_of_a_plot_keeps_its_pixels_size_and_lines(tmp_path):

@@ -11,14 +11,16 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
 
+import policies.logprobs as logprobs
 from algos.batch import ADVANTAGES as ADVANTAGES_KEY
-from algos.batch import INPUT_IDS, PROMPT_INDEX, SAMPLING_LOGPROBS, LeafRecord, pad_batch
+from algos.batch import INPUT_IDS, PROMPT_INDEX, SAMPLING_LOGPROBS, LeafRecord, micro_batch_slices, pad_batch
 from algos.losses import masked_mean
 from algos.tree_grpo import TreeGRPOConfig
 from algos.tree_grpo import metrics as M
 from algos.tree_grpo.learner import OPTIMIZER_STEPS, TreeGRPOTorchLearner
 from envs.search_qa import UnicodeText
 from policies.logprobs import GENERATED_MASK, LOGPROBS
+from policies.prefix_packing import build_prefix_trie
 from policies.trajectory import TokenTrajectory
 
 LR = 1e-3
@@ -156,30 +158,57 @@ def test_warm_up_is_linear_then_constant(arrays, warmup_steps, expected):
 
 # --- micro-batches: the loss is a token-mean over the whole update ------------------------------------------
 
-def test_micro_batches_give_the_loss_gradients_and_step_of_the_whole_batch(arrays):
-    rows = len(arrays[INPUT_IDS])
-    runs = {}
-    for size in (1, 2, rows):  # 2 leaves a last micro-batch of one row: shares must weigh by tokens, not rows
-        learner = build_learner(micro_batch_size=size)
-        runs[size] = update(learner, arrays), gradients(learner), weights(learner)
-    metrics, grads, final = runs[rows]
+TWO_PROMPTS = np.array([3, 3, 8, 8, 8])  # rows of 9 and 16 tokens; 11, 20 and 13 (no two rows share a token)
+
+
+@pytest.fixture(scope="module")
+def whole_batch_update(arrays):
+    """The metrics, applied gradients and weights of one update on the whole batch at once."""
+    learner = build_learner(micro_batch_size=len(arrays[INPUT_IDS]), prefix_sharing=False)
+    return update(learner, {**arrays, PROMPT_INDEX: TWO_PROMPTS}), gradients(learner), weights(learner)
+
+
+@pytest.mark.parametrize("training, micro_batches", [
+    ({"micro_batch_size": 1, "prefix_sharing": False}, 5),
+    # a last micro-batch of one row: shares must weigh by tokens, not rows
+    ({"micro_batch_size": 2, "prefix_sharing": False}, 3),
+    ({"micro_batch_tokens": 25, "prefix_sharing": False}, 4),  # 9 + 16 | 11 | 20 | 13
+    ({"micro_batch_tokens": 1, "prefix_sharing": False}, 5),
+    ({"micro_batch_tokens": 25, "prefix_sharing": True}, 2),  # whole prompt groups: 25 | 44
+])
+def test_micro_batches_give_the_loss_gradients_and_step_of_the_whole_batch(arrays, whole_batch_update, training,
+                                                                            micro_batches):
+    batch = {**arrays, PROMPT_INDEX: TWO_PROMPTS}
+    settings = {"micro_batch_size": 4, "micro_batch_tokens": None, **training}
+    assert len(micro_batch_slices(batch, share_prefixes=settings.pop("prefix_sharing"), max_rows=settings[
+        "micro_batch_size"], max_tokens=settings["micro_batch_tokens"])) == micro_batches
+    metrics, grads, final = whole_batch_update
     scale = max(g.abs().max().item() for g in grads.values())
     assert metrics[M.GRAD_NORM] > 0
     initial = weights(build_learner())
     assert max((final[k] - initial[k]).abs().max().item() for k in final) > LR / 2  # the step moved the weights
-    for size in (1, 2):
-        other_metrics, other_grads, other_final = runs[size]
-        for key in ("total_loss", M.POLICY_LOSS, M.KL, M.ENTROPY, M.GRAD_NORM, M.TRAINED_TOKENS):
-            assert other_metrics[key] == pytest.approx(metrics[key], rel=1e-5, abs=1e-7), (size, key)
-        assert other_grads.keys() == grads.keys()
-        for name in grads:  # fp32 summation noise is relative to the largest gradients, not to each element
-            torch.testing.assert_close(other_grads[name], grads[name], rtol=1e-4, atol=1e-5 * scale)
-        # Adam's first step is lr * g / (|g| + eps): where |g| is near eps (1e-8) the fp32 noise of g moves it by a
-        # good part of lr, so the weights are compared where |g| is well above eps (about half of them here); a
-        # wrongly weighted gradient flips signs there, which moves a weight by 2 lr
-        for name, grad in grads.items():
-            steady = grad.abs() > 100 * ADAM_EPS
-            torch.testing.assert_close(other_final[name][steady], final[name][steady], rtol=0, atol=LR / 100)
+    learner = build_learner(**training)
+    other_metrics, other_grads, other_final = update(learner, batch), gradients(learner), weights(learner)
+    for key in ("total_loss", M.POLICY_LOSS, M.KL, M.ENTROPY, M.GRAD_NORM, M.TRAINED_TOKENS):
+        assert other_metrics[key] == pytest.approx(metrics[key], rel=1e-5, abs=1e-7), key
+    assert other_grads.keys() == grads.keys()
+    for name in grads:  # fp32 summation noise is relative to the largest gradients, not to each element
+        torch.testing.assert_close(other_grads[name], grads[name], rtol=1e-4, atol=1e-5 * scale)
+    # Adam's first step is lr * g / (|g| + eps): where |g| is near eps (1e-8) the fp32 noise of g moves it by a
+    # good part of lr, so the weights are compared where |g| is well above eps (about half of them here); a
+    # wrongly weighted gradient flips signs there, which moves a weight by 2 lr
+    for name, grad in grads.items():
+        steady = grad.abs() > 100 * ADAM_EPS
+        torch.testing.assert_close(other_final[name][steady], final[name][steady], rtol=0, atol=LR / 100)
+
+
+def test_each_micro_batch_is_packed_once_per_update(arrays, monkeypatch):
+    """Old and reference log-probs, and two epochs of two mini-batches: one trie per micro-batch."""
+    built = []
+    monkeypatch.setattr(logprobs, "build_prefix_trie", lambda *args: built.append(1) or build_prefix_trie(*args))
+    learner = build_learner(ppo_mini_batches=2, ppo_epochs=2, kl_coef=0.1, prefix_sharing=True)
+    metrics = update(learner, {**arrays, PROMPT_INDEX: TWO_PROMPTS})
+    assert metrics[M.OPTIMIZER_STEPS] == 4 and len(built) == 2
 
 
 # --- gradient clipping ----------------------------------------------------------------------------------------
@@ -293,6 +322,7 @@ def test_metrics_of_a_first_update(arrays):
     assert metrics[M.SAMPLER_LOGPROB_GAP] == pytest.approx(gap.item(), rel=1e-5)
     assert metrics[M.GRAD_NORM] > 0 and np.isfinite(metrics[M.GRAD_NORM])
     assert metrics[M.LEARNING_RATE] == LR
+    assert 0.05 < metrics[M.LEARNER_PEAK_MEMORY_GIB] < 1024  # CPU: the process's peak resident set
 
 
 # --- PPO mini-batches, epochs, the old log-probs, truncated importance sampling, the schedule --------------------
@@ -412,3 +442,11 @@ def test_prefix_sharing_gives_the_per_row_update(dtype, temperature, tolerance, 
     for name in plain_grads:  # the last step's gradients; sums in another order: relative to the largest
         torch.testing.assert_close(shared_grads[name].float(), plain_grads[name].float(), rtol=tolerance,
                                    atol=tolerance * scale)
+
+
+def test_flex_attention_is_the_learners_own_and_stops_with_a_clear_error_on_the_cpu(arrays):
+    learner = build_learner(learner_attention="flex_attention", old_logprobs="sampler", kl_coef=0.0)
+    assert learner.module[DEFAULT_MODULE_ID].model.config._attn_implementation == "flex_attention"
+    assert build_learner().module[DEFAULT_MODULE_ID].model.config._attn_implementation == "sdpa"
+    with pytest.raises(ValueError, match=r"learner_attention setting.*cannot backpropagate on the CPU"):
+        update(learner, arrays)

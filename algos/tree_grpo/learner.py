@@ -31,7 +31,15 @@ from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.utils.annotations import override
 from ray.rllib.utils.typing import StateDict
 
-from algos.batch import ADVANTAGES, INPUT_IDS, PROMPT_INDEX, SAMPLING_LOGPROBS, minibatch_slices, prompt_group_chunks
+from algos.batch import (
+    ADVANTAGES,
+    ATTENTION_MASK,
+    INPUT_IDS,
+    PROMPT_INDEX,
+    SAMPLING_LOGPROBS,
+    micro_batch_slices,
+    minibatch_slices,
+)
 from algos.losses import (
     MismatchStats,
     clipped_policy_loss,
@@ -42,7 +50,18 @@ from algos.losses import (
 )
 from algos.lr_schedule import scheduled_lr
 from algos.tree_grpo import metrics as M
-from policies.logprobs import ENTROPY, GENERATED_MASK, LOGPROBS, PACKED_TOKENS, REAL_TOKENS, UNIQUE_TOKENS
+from policies.logprobs import (
+    ENTROPY,
+    GENERATED_MASK,
+    LOGPROBS,
+    PACKED_TOKENS,
+    PACKING,
+    REAL_TOKENS,
+    UNIQUE_TOKENS,
+    PackedRows,
+    pack_rows,
+)
+from policies.memory import peak_memory_gib, reset_peak_memory
 
 OPTIMIZER_STEPS = M.OPTIMIZER_STEPS  # learner state key too: optimizer steps taken so far (the schedule position)
 OLD, REF, TIS = "old_logprobs", "ref_logprobs", "tis_weights"  # columns the update adds to its batch
@@ -95,6 +114,9 @@ class TreeGRPOTorchLearner(TorchLearner):
         self._mini_batches, self._epochs = settings.mini_batches, settings.ppo_epochs
         self._warmup_steps, self._total_steps = settings.warmup_optimizer_steps, settings.total_optimizer_steps
         self._old_source = old_logprobs_source(self.config.old_logprobs, model, settings.generator_backend)
+        if settings.learner_attention is not None:  # this learner's copy only: the env runners keep theirs
+            base = model.get_base_model() if self._uses_lora else model
+            base.set_attn_implementation(settings.learner_attention)
 
     @override(TorchLearner)
     def configure_optimizers_for_module(self, module_id, config=None) -> None:
@@ -151,10 +173,17 @@ class TreeGRPOTorchLearner(TorchLearner):
         # Not RLlib's Learner.update loop: it splits a batch by rows and makes one optimizer step per piece, without
         # gradient accumulation; the mini-batches here keep prompt groups whole and accumulate micro-batches.
         data = dict(batch[DEFAULT_MODULE_ID])
-        mismatch = self._fix_old_logprobs(data)  # None: the first step measures it
-        slices = minibatch_slices(data[PROMPT_INDEX].cpu().numpy(), self._mini_batches) * self._epochs
-        steps = [self._optimizer_step({k: v[rows] for k, v in data.items()}, measure_mismatch=not i and not mismatch)
-                 for i, rows in enumerate(slices)]
+        device = data[INPUT_IDS].device
+        reset_peak_memory(device)
+        minis = minibatch_slices(data[PROMPT_INDEX].cpu().numpy(), self._mini_batches)
+        pieces = [self._micro_slices(data, rows) for rows in minis]  # the same micro-batches in every pass
+        in_order = [piece for mini in pieces for piece in mini]
+        packings = self._packings(data, in_order)
+        mismatch = self._fix_old_logprobs(data, in_order, packings)
+        steps = [self._optimizer_step({k: v[rows] for k, v in data.items()},
+                                      [self._part(data, piece, packings) for piece in mini_pieces],
+                                      measure_mismatch=not i and not mismatch)
+                 for i, (rows, mini_pieces) in enumerate(list(zip(minis, pieces, strict=True)) * self._epochs)]
         loss = sum(step.pop(LOSS) for step in steps) / len(steps)
         metrics = mismatch or steps[0].pop(MISMATCH)
         counts = {key: sum(step.pop(key) for step in steps) for key in (UNIQUE_TOKENS, PACKED_TOKENS, REAL_TOKENS)}
@@ -166,29 +195,50 @@ class TreeGRPOTorchLearner(TorchLearner):
             metrics[key] = (max(values) if key == M.RATIO_MAX else min(values) if key == M.RATIO_MIN
                             else values[-1] if key == M.LEARNING_RATE else sum(values) / len(values))
         metrics.update({M.TRAINED_TOKENS: float(data[GENERATED_MASK].sum()), M.OPTIMIZER_STEPS: self._optimizer_steps,
-                        M.OLD_LOGPROBS_RECOMPUTED: float(self._old_source == "recompute")})
+                        M.OLD_LOGPROBS_RECOMPUTED: float(self._old_source == "recompute"),
+                        M.LEARNER_PEAK_MEMORY_GIB: peak_memory_gib(device)})
         for key, value in metrics.items():
             self.metrics.log_value((DEFAULT_MODULE_ID, key), value, window=1)
         return {}, {DEFAULT_MODULE_ID: torch.tensor(loss)}, {}  # logged by RLlib as total_loss (mean over steps)
 
-    def _micro_batches(self, data: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
-        """``micro_batch_size`` rows at a time; with prefix sharing, whole prompt groups (the rows that share a
-        prompt meet in one forward), up to that many rows unless one group alone is larger."""
-        size, rows = self.config.micro_batch_size, len(data[INPUT_IDS])
-        if self.config.prefix_sharing:
-            slices = prompt_group_chunks(data[PROMPT_INDEX].cpu().numpy(), size)
-        else:
-            slices = [slice(s, s + size) for s in range(0, rows, size)]
-        return [{k: v[piece] for k, v in data.items()} for piece in slices]
+    def _micro_slices(self, data: dict[str, torch.Tensor], rows: slice) -> list[slice]:
+        """The micro-batches of the mini-batch ``rows`` as row ranges of ``data``: ``micro_batch_tokens`` decoder
+        tokens or ``micro_batch_size`` rows each; with prefix sharing, of whole prompt groups (the rows that share
+        a prompt meet in one forward) unless one group alone is larger (see ``algos.batch.micro_batch_slices``)."""
+        cfg = self.config
+        columns = {key: data[key][rows].cpu().numpy() for key in (INPUT_IDS, ATTENTION_MASK, PROMPT_INDEX)}
+        return [slice(rows.start + piece.start, rows.start + piece.stop)
+                for piece in micro_batch_slices(columns, share_prefixes=cfg.prefix_sharing,
+                                                max_rows=cfg.micro_batch_size, max_tokens=cfg.micro_batch_tokens)]
 
-    def _fix_old_logprobs(self, data: dict[str, torch.Tensor]) -> dict[str, float] | None:
+    def _packings(self, data: dict[str, torch.Tensor], pieces: list[slice]) -> dict[tuple[int, int], PackedRows]:
+        """With prefix sharing, each micro-batch's packing (trie, segments and tree mask; flex_attention's block
+        mask), built once per update for all its passes: old and reference log-probs, every epoch."""
+        if not self.config.prefix_sharing:
+            return {}
+        model = self.module[DEFAULT_MODULE_ID].unwrapped().model
+        return {(piece.start, piece.stop): pack_rows(model, {k: v[piece] for k, v in data.items()})
+                for piece in pieces}
+
+    @staticmethod
+    def _part(data: dict[str, torch.Tensor], piece: slice, packings: dict[tuple[int, int], PackedRows]) -> dict:
+        """The micro-batch ``piece`` of ``data``, with its packing when there is one."""
+        part = {k: v[piece] for k, v in data.items()}
+        if (piece.start, piece.stop) in packings:
+            part[PACKING] = packings[piece.start, piece.stop]
+        return part
+
+    def _fix_old_logprobs(self, data: dict[str, torch.Tensor], pieces: list[slice],
+                          packings: dict[tuple[int, int], PackedRows]) -> dict[str, float] | None:
         """Add the old (``OLD``) and reference (``REF``) log-probs and the truncated importance weights (``TIS``)
-        to ``data``, without gradients, before the first step. Returns the sampler mismatch metrics when the
-        old log-probs were recomputed (None when they are the sampler's: the first step measures it then)."""
+        to ``data``, without gradients, before the first step, micro-batch by micro-batch (``pieces``, in row
+        order). Returns the sampler mismatch metrics when the old log-probs were recomputed (None when they are
+        the sampler's: the first step measures it then)."""
         cfg, module = self.config, self.module[DEFAULT_MODULE_ID].unwrapped()
         olds, refs = [], []
         with torch.no_grad():
-            for part in self._micro_batches(data):
+            for piece in pieces:
+                part = self._part(data, piece, packings)
                 old = (self._forward(module, part)[LOGPROBS] if self._old_source == "recompute"
                        else part[SAMPLING_LOGPROBS])
                 olds.append(old)
@@ -205,13 +255,12 @@ class TreeGRPOTorchLearner(TorchLearner):
         return {**mismatch_metrics(sampler_mismatch(data[OLD], data[SAMPLING_LOGPROBS], mask)),
                 M.TIS_WEIGHT_MEAN: masked_mean(data[TIS], mask).item()}
 
-    def _optimizer_step(self, data: dict[str, torch.Tensor], measure_mismatch: bool) -> dict:
-        """One optimizer step on a mini-batch: accumulated micro-batch gradients, RLlib's gradient postprocessing
-        (clipping), the scheduled learning rate, AdamW. Its metrics, token-weighted over micro-batches (the
-        ratio bounds as extremes); with ``measure_mismatch`` also the sampler mismatch of the weights before
-        the step (under ``MISMATCH``)."""
+    def _optimizer_step(self, data: dict[str, torch.Tensor], parts: list[dict], measure_mismatch: bool) -> dict:
+        """One optimizer step on a mini-batch (``parts``: its micro-batches): accumulated micro-batch gradients,
+        RLlib's gradient postprocessing (clipping), the scheduled learning rate, AdamW. Its metrics, token-weighted
+        over micro-batches (the ratio bounds as extremes); with ``measure_mismatch`` also the sampler mismatch of
+        the weights before the step (under ``MISMATCH``)."""
         cfg, module = self.config, self.module[DEFAULT_MODULE_ID]
-        parts = self._micro_batches(data)
         total_tokens = data[GENERATED_MASK].sum().clamp(min=1.0)
         params = [p for p in module.parameters() if p.requires_grad]
         for p in params:

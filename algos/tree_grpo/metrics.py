@@ -39,6 +39,9 @@ SAMPLER_RATIO_OUTSIDE = "sampler_ratio_outside"  # share of generated tokens wit
 # shared-prefix training: unique tokens of the batch's micro-batch tries / the rows' tokens (the reuse the trees
 # offer), and tokens the decoder forwarded / the rows' tokens (the work done; shared ancestors repeat per segment)
 UNIQUE_TOKEN_SHARE, FORWARDED_TOKEN_SHARE = "unique_token_share", "forwarded_token_share"
+# the update's peak memory: CUDA, the learner device's tensors (max_memory_allocated); CPU, the process's peak
+# resident set (VmHWM, reset at the update's start; see policies.memory)
+LEARNER_PEAK_MEMORY_GIB = "learner_peak_memory_gib"
 TIS_WEIGHT_MEAN = "tis_weight_mean"  # mean truncated importance weight (1 when the sampler's are the old ones)
 
 # per iteration, from the algorithm

@@ -23,11 +23,13 @@ from algos.lr_schedule import LrSchedule, warmup_steps_of
 from algos.rollout import TreeShape
 from policies.generation import GENERATORS, SamplingSettings, default_max_step_tokens
 from policies.generators import resolve_generator
+from policies.logprobs import TREE_MASK_ATTENTION
 from policies.vllm_generation import VLLMSettings, logprobs_mode, vllm_installed
 
 AdvantageMode = Literal[ADVANTAGE_MODES]  # type: ignore[valid-type]
 Generator = Literal[GENERATORS]  # type: ignore[valid-type]
 OldLogprobs = Literal["auto", "sampler", "recompute"]
+LearnerAttention = Literal[TREE_MASK_ATTENTION]  # type: ignore[valid-type]
 PAPER_WARMUP_RATIO = {"tree_grpo": 0.285, "grpo": 0.5}  # official runs: ~51 of 180 steps; GRPO half of training
 PAPER_MINI_BATCHES = 8  # official runs: 512 prompts per rollout batch, 64 per PPO mini-batch
 
@@ -133,6 +135,16 @@ class TreeGRPOSettings(BaseModel):
                           "loss and gradients as the per-row forward")
     micro_batch_size: int = Field(4, ge=1, description="trajectories per forward/backward pass (gradient "
                                                        "accumulation over the update)")
+    micro_batch_tokens: int | None = Field(
+        None, ge=1, description="decoder tokens per forward/backward pass instead of micro_batch_size rows, so "
+                                "that the accelerator's memory sets the size: rows (with prefix sharing, whole "
+                                "prompt groups, counted by the unique tokens of their trie) join while their "
+                                "tokens fit; one larger alone is a micro-batch alone")
+    learner_attention: LearnerAttention | None = Field(
+        None, description="attention kernel of the learner's passes (the rollouts keep the model's): sdpa (a "
+                          "dense tree mask), flex_attention (a block mask that skips the empty blocks of the tree "
+                          "mask; backpropagates on GPUs only, torch has no CPU backward), eager (default: the "
+                          "model's, sdpa where transformers has it)")
     log_rollout_steps: bool = Field(True, description="progress lines (stderr) per batched rollout step and "
                                                       "evaluation batch (--quiet: off)")
     trees_every: int = Field(10, ge=0, description="every k iterations keep a few sampled trees for the trackers "
