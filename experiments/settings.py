@@ -11,12 +11,13 @@ from __future__ import annotations
 import inspect
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 import envs
 from algos.tree_grpo import TreeGRPOConfig
 from algos.tree_grpo.settings import ALGORITHM_FIELDS, TreeGRPOSettings
 from envs.datasets import resolve_data_dir
+from envs.retrieval import check_retriever_spec
 from policies.models import LoraSettings
 
 EnvId = Literal[tuple(envs.ENV_IDS)]  # type: ignore[valid-type]
@@ -40,6 +41,10 @@ class RunSettings(TreeGRPOSettings):
     max_turns: int = Field(_default_of(envs.SearchQAEnv, "max_turns"), ge=1,
                            description="search-capable steps before the final answer-only step")
     topk: int = Field(_default_of(envs.SearchQAEnv, "topk"), ge=1, description="passages per search")
+    retriever: str = Field(_default_of(envs.SearchQAEnv, "retriever"),
+                           description="retrieval backend (bm25, rank_bm25, dense) or the URL of a retrieval server "
+                                       "in Search-R1's protocol (http://HOST:PORT/retrieve; python -m "
+                                       "envs.retrieval.serve starts one)")
     # model
     model: str = Field("smollm2-135m", description="tiny-random, smollm2-135m, a Hugging Face hub id or a "
                                                    "model directory (e.g. one written by experiments/export.py)")
@@ -84,6 +89,11 @@ class RunSettings(TreeGRPOSettings):
             data = {**data, "total_iterations": data.get("iterations", cls.model_fields["iterations"].default)}
         return data
 
+    @field_validator("retriever")
+    @classmethod
+    def _known_retriever(cls, value: str) -> str:
+        return check_retriever_spec(value)
+
     @model_validator(mode="after")
     def _no_training_on_the_evaluation_split(self) -> RunSettings:
         train, evaluated = self.training_split, envs.eval_split(self.env)
@@ -121,7 +131,7 @@ def resume_conflicts(saved: dict[str, Any], requested: dict[str, Any]) -> dict[s
 
 def env_config(settings: RunSettings) -> dict[str, Any]:
     return {"data_dir": str(resolve_data_dir(settings.data_dir).resolve()), "split": settings.training_split,
-            "max_turns": settings.max_turns, "topk": settings.topk}
+            "max_turns": settings.max_turns, "topk": settings.topk, "retriever": settings.retriever}
 
 
 def model_config(settings: RunSettings) -> dict[str, Any]:
