@@ -233,7 +233,7 @@ def test_index_is_memory_mapped_and_a_chunked_build_equals_one_chunk(small_corpu
     import envs.retrieval.bm25 as bm25_module
 
     whole = BACKENDS["bm25"].load_or_build(Corpus.open(small_corpus, tmp_path), tmp_path / "whole")
-    assert isinstance(whole.docs, np.memmap) and isinstance(whole.weights, np.memmap)
+    assert isinstance(whole.docs.base, np.memmap) and isinstance(whole.weights.base, np.memmap)  # views of maps
     monkeypatch.setattr(bm25_module, "BUILD_CHUNK", 7)  # 286 chunks, each spilled to disk and merged
     chunked = BACKENDS["bm25"].load_or_build(Corpus.open(small_corpus, tmp_path), tmp_path / "chunked")
     for name in ("term_hashes", "indptr", "docs", "weights", "max_weight"):

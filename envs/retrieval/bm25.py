@@ -13,9 +13,10 @@ rows ordered by a 64-bit hash of the term so that a query looks its terms up in 
 Python dict. Every array is an ``.npy`` file in the cache, memory-mapped: processes on one machine share its
 pages, and loading takes milliseconds whatever the corpus size.
 
-Search is exact top-k with MaxScore pruning (Turtle & Flood 1995): terms are added up rarest-first (by their
-largest weight); once the k-th best partial score exceeds what the remaining terms could add, only the passages
-that can still make the top k are scored against the remaining (long) posting lists, by binary search.
+Search is exact top-k with MaxScore pruning (Turtle & Flood 1995): the shortest posting lists give a few good
+passages whose full scores bound the k-th best score from below; the longest lists (frequent words) whose largest
+weights sum below that bound are never traversed, only looked up (binary search) for the passages that can
+still make the top k (see ``BM25Retriever._candidates``).
 The build streams the corpus in chunks and spills each chunk's (term, passage, tf) triples to disk, so its
 memory is bounded by a chunk plus the output arrays, not by the corpus.
 """
@@ -40,6 +41,9 @@ from envs.retrieval.text import TOKENIZER_VERSION, tokenize
 INDEX_VERSION = 3  # 3: memory-mapped .npy postings, hashed vocabulary, optional okapi idf
 INDEX_ARRAYS = ("term_hashes", "indptr", "docs", "weights", "max_weight", "idf")
 BUILD_CHUNK = 1 << 16  # passages per build chunk
+REFRESH_POSTINGS = 4096  # a search refreshes its pruning threshold before adding a list longer than this
+POOL_PER_LIST = 32  # best partial scores of each list added that join the pool scored in full
+LOOKUP_COST = 16  # a binary search costs about this many postings added (when a list is applied to candidates)
 IdfKind = Literal["lucene", "okapi"]
 
 
@@ -72,17 +76,10 @@ def term_weights(tf: np.ndarray, lengths: np.ndarray, idf: np.ndarray, avgdl: fl
     return (idf * tf * (k1 + 1.0) / (tf + k1 * (1.0 - b + b * lengths / avgdl))).astype(np.float32)
 
 
-def kth_best_distinct(scores: np.ndarray, docs: np.ndarray, k: int, repeats: int) -> float:
-    """The k-th largest score over distinct passages, where ``scores[i]`` belongs to ``docs[i]`` and a passage
-    appears at most ``repeats`` times; -inf when fewer than k distinct passages are there."""
-    m = k * repeats  # the top m entries hold >= k distinct passages whenever there are k
-    if docs.size > m:
-        top = np.argpartition(-scores, m - 1)[:m]
-        docs, scores = docs[top], scores[top]
-    distinct, first = np.unique(docs, return_index=True)
-    if distinct.size < k:
-        return -np.inf
-    return float(np.partition(scores[first], distinct.size - k)[distinct.size - k])
+def distinct(values: np.ndarray) -> np.ndarray:
+    """The distinct values, ascending (``np.unique`` hashes in numpy 2.x and is ~15x slower on these arrays)."""
+    values = np.sort(values)
+    return values[np.concatenate(([True], values[1:] != values[:-1]))] if values.size else values
 
 
 class BM25Retriever(LocalRetriever):
@@ -93,6 +90,8 @@ class BM25Retriever(LocalRetriever):
 
     def __init__(self, corpus: Corpus, arrays: dict[str, np.ndarray], options: dict):
         super().__init__(corpus, options)
+        # Plain ndarray views of the memory maps (np.memmap's Python-level slicing costs microseconds per call).
+        arrays = {name: np.asarray(array) for name, array in arrays.items()}
         self.term_hashes, self.indptr = arrays["term_hashes"], arrays["indptr"]
         self.docs, self.weights, self.max_weight = arrays["docs"], arrays["weights"], arrays["max_weight"]
         # MaxScore needs weights >= 0 (always with lucene; okapi's floor can be negative on tiny corpora)
@@ -198,43 +197,78 @@ class BM25Retriever(LocalRetriever):
         known = rows >= 0
         if not known.any():
             return np.empty(0, np.int64), np.empty(0, np.float64)
-        rows = rows[known]
-        multiplicity = np.asarray(list(counts.values()), dtype=np.float64)[known]
-        bounds = self.max_weight[rows] * multiplicity
-        order = np.argsort(-bounds, kind="stable")  # rarest (largest possible contribution) first
-        rows, multiplicity, bounds = rows[order], multiplicity[order], bounds[order]
-        lengths = self.indptr[rows + 1] - self.indptr[rows]
-        acc = self._accumulator()
-        added: list[np.ndarray] = []  # posting lists added to acc
-        remaining = float(bounds.sum())
-        threshold, j = -np.inf, 0
+        rows, times = rows[known], np.asarray(list(counts.values()), dtype=np.float64)[known]
+        order = np.argsort(self.indptr[rows + 1] - self.indptr[rows], kind="stable")  # shortest list first
+        acc, added = self._accumulator(), []
         try:
-            while j < len(rows):
-                span = slice(self.indptr[rows[j]], self.indptr[rows[j] + 1])
-                acc[self.docs[span]] += multiplicity[j] * self.weights[span]
-                added.append(self.docs[span])
-                remaining -= bounds[j]
-                j += 1
-                # Check the stopping rule when the next list costs more to add than the check itself.
-                if self.prunable and j < len(rows) and lengths[j] > sum(map(len, added)):
-                    seen = np.concatenate(added)
-                    threshold = kth_best_distinct(acc[seen], seen, k, j)
-                    if threshold > remaining * (1 + 1e-9):
-                        break
-            seen = np.concatenate(added)
-            if j == len(rows):
-                remaining = 0.0
-                threshold = kth_best_distinct(acc[seen], seen, k, j) if self.prunable else -np.inf
-            # Passages that can still reach the k-th best score, scored against the lists not added.
-            candidates = np.unique(seen[acc[seen] + remaining * (1 + 1e-9) >= threshold])
-            for row, times in zip(rows[j:], multiplicity[j:], strict=True):
-                postings = self.docs[self.indptr[row] : self.indptr[row + 1]]
-                slots = np.minimum(np.searchsorted(postings, candidates), len(postings) - 1)
-                hit = postings[slots] == candidates
-                acc[candidates[hit]] += times * self.weights[self.indptr[row] + slots[hit]]
-            scores = acc[candidates]
+            candidates, scores = self._candidates(rows[order], times[order], k, acc, added)
         finally:
-            for docs in added:  # every passage touched is in an added list (candidates are among them)
+            for docs in added:  # every passage touched is in an added list
                 acc[docs] = 0.0
         best, best_scores = top_k(scores, k)  # candidates ascend by position: ties break by position
         return candidates[best].astype(np.int64), best_scores
+
+    def _candidates(self, rows: np.ndarray, times: np.ndarray, k: int, acc: np.ndarray, added: list[np.ndarray]
+                    ) -> tuple[np.ndarray, np.ndarray]:
+        """The passages that can make the top k (ascending) and their full scores; ``rows`` shortest first.
+
+        1. A threshold: the k-th best full score of a pool of good passages (the best partial scores of each list
+           added), a lower bound on the k-th best score of all.
+        2. The lists not added whose bounds (largest weight x multiplicity) sum below the threshold ("slack")
+           are set aside: a passage in none of the other lists scores at most the slack, so cannot make the top
+           k. Of the others, the shortest is added to ``acc``, the pool and threshold refreshed, and the lists
+           split again, until every list not added is set aside.
+        3. Candidates: passages of the added lists whose partial score plus the slack reaches the threshold. The
+           lists set aside are then applied largest bound first, each to the candidates only (binary search) or
+           whole (when that is cheaper), and the candidates that can no longer reach the threshold dropped.
+        Every candidate gets every list's weight in the same order, so equal scores stay equal (exact ties).
+        """
+        bounds = self.max_weight[rows] * times
+        lengths = self.indptr[rows + 1] - self.indptr[rows]
+        pending = np.arange(len(rows))  # lists not added, shortest first
+        threshold, pool, pool_scores = -np.inf, np.empty(0, dtype=np.int32), np.empty(0)
+        while pending.size:
+            by_bound = pending[np.argsort(bounds[pending], kind="stable")]
+            aside = by_bound[: int(np.searchsorted(np.cumsum(bounds[by_bound]) * (1 + 1e-9), threshold))]
+            essential = pending[~np.isin(pending, aside, kind="sort")] if aside.size else pending
+            if not essential.size:
+                break
+            i, pending = essential[0], pending[pending != essential[0]]
+            docs = self._add(rows[i], times[i], acc)
+            added.append(docs)
+            if not self.prunable or not pending.size or lengths[pending].min() < REFRESH_POSTINGS:
+                continue  # cheaper to add the next list than to refresh the threshold first
+            best = docs[np.argpartition(-acc[docs], min(POOL_PER_LIST, docs.size) - 1)[:POOL_PER_LIST]]
+            fresh = distinct(best[~np.isin(best, pool)])
+            pool = np.concatenate([pool, fresh])
+            full = acc[fresh] + sum((self._lookup(fresh, rows[j], times[j]) for j in pending), np.zeros(fresh.size))
+            pool_scores = np.concatenate([pool_scores, full])
+            if pool.size >= k:
+                threshold = max(threshold, float(np.partition(pool_scores, pool.size - k)[pool.size - k]))
+        rest = pending[np.argsort(-bounds[pending], kind="stable")]  # largest bound first
+        seen = np.concatenate(added)
+        slack = float(bounds[rest].sum())
+        candidates = seen[acc[seen] + slack * (1 + 1e-9) >= threshold]  # with repeats: harmless until the end
+        for i in rest:
+            slack = max(slack - bounds[i], 0.0)
+            if candidates.size * LOOKUP_COST < lengths[i]:
+                acc[candidates] += self._lookup(candidates, rows[i], times[i])
+            else:
+                added.append(self._add(rows[i], times[i], acc))
+            candidates = candidates[acc[candidates] + slack * (1 + 1e-9) >= threshold]
+        candidates = distinct(candidates)
+        return candidates, acc[candidates]
+
+    def _add(self, row: int, times: float, acc: np.ndarray) -> np.ndarray:
+        """Add row's weights (x ``times``) to its passages' scores in ``acc``; its passages."""
+        span = slice(self.indptr[row], self.indptr[row + 1])
+        docs = self.docs[span]
+        acc[docs] += times * self.weights[span]
+        return docs
+
+    def _lookup(self, docs: np.ndarray, row: int, times: float) -> np.ndarray:
+        """Per passage of ``docs``, its weight in ``row`` x ``times`` (0 when absent), by binary search."""
+        start, end = self.indptr[row], self.indptr[row + 1]
+        postings = self.docs[start:end]
+        slots = np.minimum(np.searchsorted(postings, docs), end - start - 1)
+        return np.where(postings[slots] == docs, times * self.weights[start + slots], 0.0)
