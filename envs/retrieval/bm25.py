@@ -41,6 +41,7 @@ from envs.retrieval.text import TOKENIZER_VERSION, tokenize
 INDEX_VERSION = 3  # 3: memory-mapped .npy postings, hashed vocabulary, optional okapi idf
 INDEX_ARRAYS = ("term_hashes", "indptr", "docs", "weights", "max_weight", "idf")
 BUILD_CHUNK = 1 << 16  # passages per build chunk
+EXHAUSTIVE_WORK = 1 << 16  # below this many postings + passages / 4, a search scores every matching passage
 REFRESH_POSTINGS = 4096  # a search refreshes its pruning threshold before adding a list longer than this
 POOL_PER_LIST = 32  # best partial scores of each list added that join the pool scored in full
 LOOKUP_COST = 16  # a binary search costs about this many postings added (when a list is applied to candidates)
@@ -198,15 +199,30 @@ class BM25Retriever(LocalRetriever):
         if not known.any():
             return np.empty(0, np.int64), np.empty(0, np.float64)
         rows, times = rows[known], np.asarray(list(counts.values()), dtype=np.float64)[known]
-        order = np.argsort(self.indptr[rows + 1] - self.indptr[rows], kind="stable")  # shortest list first
-        acc, added = self._accumulator(), []
-        try:
-            candidates, scores = self._candidates(rows[order], times[order], k, acc, added)
-        finally:
-            for docs in added:  # every passage touched is in an added list
-                acc[docs] = 0.0
+        lengths = self.indptr[rows + 1] - self.indptr[rows]
+        if lengths.sum() + len(self.corpus) // 4 <= EXHAUSTIVE_WORK:
+            candidates, scores = self._score_all(rows, times)
+        else:
+            order = np.argsort(lengths, kind="stable")  # shortest list first
+            acc, added = self._accumulator(), []
+            try:
+                candidates, scores = self._candidates(rows[order], times[order], k, acc, added)
+            finally:
+                for docs in added:  # every passage touched is in an added list
+                    acc[docs] = 0.0
+        if self.prunable:  # weights >= 0: a passage that scores 0 matched no term that counts
+            candidates, scores = candidates[scores > 0], scores[scores > 0]
         best, best_scores = top_k(scores, k)  # candidates ascend by position: ties break by position
         return candidates[best].astype(np.int64), best_scores
+
+    def _score_all(self, rows: np.ndarray, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Without pruning (small corpora, rare words): every matching passage (ascending) and its score."""
+        spans = [slice(self.indptr[row], self.indptr[row + 1]) for row in rows]
+        docs = np.concatenate([self.docs[span] for span in spans])
+        weights = np.concatenate([factor * self.weights[span] for span, factor in zip(spans, times, strict=True)])
+        scores = np.bincount(docs, weights=weights, minlength=len(self.corpus))
+        candidates = np.flatnonzero(scores > 0) if self.prunable else distinct(docs)
+        return candidates, scores[candidates]
 
     def _candidates(self, rows: np.ndarray, times: np.ndarray, k: int, acc: np.ndarray, added: list[np.ndarray]
                     ) -> tuple[np.ndarray, np.ndarray]:
