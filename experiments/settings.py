@@ -61,6 +61,8 @@ class RunSettings(TreeGRPOSettings):
     num_cpus_per_env_runner: float = Field(1.0, gt=0, description="CPUs per remote env runner")
     num_gpus_per_env_runner: float = Field(0.0, ge=0, description="GPUs per remote env runner (its generator, HF "
                                                                   "or a vLLM engine, runs there)")
+    ray_address: str | None = Field(None, description="join the Ray cluster at HOST:PORT (default: $RAY_ADDRESS; "
+                                                      "without either, start a local Ray on loopback)")
     ray_dashboard: bool = Field(False, description="start Ray's dashboard (on 127.0.0.1:8265) with the local "
                                 "Ray instance")
     # the run
@@ -119,7 +121,7 @@ class RunSettings(TreeGRPOSettings):
 MAY_CHANGE_ON_RESUME = frozenset({
     "iterations", "checkpoint_every", "keep_checkpoints", "eval_every", "eval_questions", "final_eval", "eval_envs",
     "mlflow", "mlflow_uri", "experiment", "run_name", "log_rollout_steps", "trees_every", "trees_count", "data_dir",
-    "ray_dashboard",
+    "ray_dashboard", "ray_address",
 })
 
 
