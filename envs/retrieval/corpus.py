@@ -53,8 +53,12 @@ def building(entry: Path) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(dir=entry.parent, prefix=entry.name + ".tmp"))
     try:
         yield tmp
-        shutil.rmtree(entry, ignore_errors=True)
-        os.replace(tmp, entry)
+        shutil.rmtree(entry, ignore_errors=True)  # an entry of an older layout
+        try:
+            os.replace(tmp, entry)
+        except OSError:
+            if not entry.is_dir():  # else a concurrent builder (a Ray worker on a cold cache) renamed its own first
+                raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
