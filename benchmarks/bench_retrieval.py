@@ -411,6 +411,13 @@ def section(
             f"- Target ≥ 1,000 single top-{SEARCH_K} searches/s for `bm25` on the real corpus: {met} "
             f"({bm25['single_qps']:,.0f}/s)."
         )
+    if large and large["backend"] == "bm25":
+        met = (large["single_qps"] >= 1000 or large["p99_ms"] < 5) and large["build_peak_mb"] < 2048
+        notes.append(
+            f"- Target for `bm25` on {large['passages']:,} passages: ≥ 1,000 single top-{SEARCH_K} searches/s or p99 "
+            f"< 5 ms, and a build peak under 2 GB: {'met' if met else 'NOT met'} ({large['single_qps']:,.0f}/s, p99 "
+            f"{large['p99_ms']:.2f} ms, {large['build_peak_mb']:,.0f} MiB)."
+        )
     return "\n".join(
         [
             "```",
