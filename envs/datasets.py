@@ -4,15 +4,20 @@ Every dataset becomes a list of :class:`QARecord` (id, question, gold answers, s
 its source format. Files are looked up in a data directory laid out as::
 
     DATA_DIR/
-      wiki/paragraphs.jsonl                       corpus: {"id", "contents": "\\"Title\\"\\ntext"} per line
+      wiki/wiki-18.jsonl                          corpus: {"id", "contents": "\\"Title\\"\\ntext"} per line
+                                                  (Search-R1's Wikipedia-2018, 21M passages, gunzipped)
+      wiki/paragraphs.jsonl                       (or this smaller corpus in the same format)
       hotpotqa/hotpot_train_v1.1.json             HotpotQA JSON list (or hotpot_train_distractor_subset.json)
       hotpotqa/hotpot_dev_distractor_v1.json      (or hotpot_dev_fullwiki_v1.json, hotpot_dev_distractor_subset.json)
       2wikimultihopqa/{train,dev}.json            2WikiMultihopQA JSON list (or dev_subset.json)
       musique/musique_ans_v1.0_{train,dev}.jsonl  MuSiQue-Ans jsonl (or musique_ans_dev_subset.jsonl)
       qa/{nq,triviaqa,popqa,bamboogle}_test.jsonl FlashRAG jsonl {"id", "question", "golden_answers"}
                                                   (or FlashRAG's own NAME/{train,dev,test}.jsonl)
+      NAME/{train,dev,test}.parquet               Search-R1's question files (any dataset NAME above): the
+                                                  columns 'question' and 'golden_answers', 'id' if present
 
-The full official file names take precedence over the subsets when both are present.
+The full official file names take precedence over the subsets when both are present (and the full corpus over
+the smaller one).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 DATA_DIR_ENV = "TREEGRPO_DATA_DIR"
-CORPUS_RELPATH = "wiki/paragraphs.jsonl"
+CORPUS_CANDIDATES = ("wiki/wiki-18.jsonl", "wiki/paragraphs.jsonl")  # the full corpus first
 CORPUS_LAYOUT = 'one JSON object per line: {"id": "...", "contents": "\\"Title\\"\\npassage text"}'
 
 
@@ -143,6 +148,8 @@ MUSIQUE_LAYOUT = (
     "'paragraphs' ([{'title', 'paragraph_text', 'is_supporting'}, ...])"
 )
 FLASHRAG_LAYOUT = "FlashRAG jsonl: one object per line with 'id', 'question' and 'golden_answers' (a list)"
+PARQUET_LAYOUT = ("a Search-R1 parquet question file: columns 'question' (a string) and 'golden_answers' (a list "
+                  "of strings), and 'id' if present (else the row number)")
 
 
 def _record(raw: Any, where: str, layout: str, id_key: str, answers: list[str], titles: list[str]) -> QARecord:
@@ -205,7 +212,34 @@ FORMATS = {
 
 
 def _flashrag_files(name: str) -> dict[str, tuple[str, ...]]:
-    return {split: (f"{name}/{split}.jsonl", f"qa/{name}_{split}.jsonl") for split in ("train", "dev", "test")}
+    return {split: (f"{name}/{split}.jsonl", f"{name}/{split}.parquet", f"qa/{name}_{split}.jsonl")
+            for split in ("train", "dev", "test")}
+
+
+def read_parquet_records(path: Path) -> list[QARecord]:
+    """The questions of a Search-R1 parquet file (``PARQUET_LAYOUT``), whatever dataset it holds."""
+    import pyarrow.parquet as pq
+
+    if not path.is_file():
+        raise MissingDataError(f"{path}: file not found; expected {PARQUET_LAYOUT}")
+    try:
+        table = pq.read_table(path)
+    except Exception as err:  # pyarrow raises several types for a file that is not parquet
+        raise DataError(f"{path}: not a readable parquet file ({err}); expected {PARQUET_LAYOUT}") from None
+    for column in ("question", "golden_answers"):
+        if column not in table.column_names:
+            raise DataError(f"{path}: no {column!r} column (it has {', '.join(table.column_names)}); expected "
+                            f"{PARQUET_LAYOUT}")
+    ids = table.column("id").to_pylist() if "id" in table.column_names else range(table.num_rows)
+    rows = zip(ids, table.column("question").to_pylist(), table.column("golden_answers").to_pylist(), strict=True)
+    records = []
+    for i, (record_id, question, answers) in enumerate(rows):
+        if not isinstance(question, str) or not isinstance(answers, list) or not all(
+                isinstance(a, str) for a in answers):
+            raise DataError(f"{path}: row {i}: 'question' must be a string and 'golden_answers' a list of strings, "
+                            f"got {question!r} and {answers!r}; expected {PARQUET_LAYOUT}")
+        records.append(QARecord(id=str(record_id), question=question, answers=tuple(answers)))
+    return records
 
 
 # dataset name -> (format name, split -> candidate paths relative to the data dir, full files first)
@@ -213,10 +247,12 @@ DATASETS: dict[str, tuple[str, dict[str, tuple[str, ...]]]] = {
     "hotpotqa": (
         "hotpotqa",
         {
-            "train": ("hotpotqa/hotpot_train_v1.1.json", "hotpotqa/hotpot_train_distractor_subset.json"),
+            "train": ("hotpotqa/hotpot_train_v1.1.json", "hotpotqa/train.parquet",
+                      "hotpotqa/hotpot_train_distractor_subset.json"),
             "dev": (
                 "hotpotqa/hotpot_dev_distractor_v1.json",
                 "hotpotqa/hotpot_dev_fullwiki_v1.json",
+                "hotpotqa/dev.parquet",
                 "hotpotqa/hotpot_dev_distractor_subset.json",
             ),
         },
@@ -224,15 +260,16 @@ DATASETS: dict[str, tuple[str, dict[str, tuple[str, ...]]]] = {
     "2wikimultihopqa": (
         "2wikimultihopqa",
         {
-            "train": ("2wikimultihopqa/train.json",),
-            "dev": ("2wikimultihopqa/dev.json", "2wikimultihopqa/dev_subset.json"),
+            "train": ("2wikimultihopqa/train.json", "2wikimultihopqa/train.parquet"),
+            "dev": ("2wikimultihopqa/dev.json", "2wikimultihopqa/dev.parquet", "2wikimultihopqa/dev_subset.json"),
         },
     ),
     "musique": (
         "musique",
         {
-            "train": ("musique/musique_ans_v1.0_train.jsonl",),
-            "dev": ("musique/musique_ans_v1.0_dev.jsonl", "musique/musique_ans_dev_subset.jsonl"),
+            "train": ("musique/musique_ans_v1.0_train.jsonl", "musique/train.parquet"),
+            "dev": ("musique/musique_ans_v1.0_dev.jsonl", "musique/dev.parquet",
+                    "musique/musique_ans_dev_subset.jsonl"),
         },
     ),
     **{name: ("flashrag", _flashrag_files(name)) for name in ("nq", "triviaqa", "popqa", "bamboogle")},
@@ -254,15 +291,22 @@ def dataset_path(name: str, split: str, data_dir: str | os.PathLike | None = Non
             return root / rel
     fmt = FORMATS[DATASETS[name][0]]
     raise MissingDataError(
-        f"no {name} {split} file in {root}: looked for {', '.join(splits[split])}; expected {fmt.layout}"
+        f"no {name} {split} file in {root}: looked for {', '.join(splits[split])}; expected {fmt.layout} (or, "
+        f"for the .parquet names, {PARQUET_LAYOUT})"
     )
 
 
 def load_records(path: str | os.PathLike, format_name: str) -> list[QARecord]:
-    """Read one data file in the named format (see ``FORMATS``) into records, with errors naming the record."""
+    """Read one data file in the named format (see ``FORMATS``) into records, with errors naming the record; a
+    ``.parquet`` file is read as Search-R1's question files are laid out, whatever the format name."""
     if format_name not in FORMATS:
         raise ValueError(f"unknown data format {format_name!r}; known formats: {', '.join(FORMATS)}")
     fmt, path = FORMATS[format_name], Path(path)
+    if path.suffix == ".parquet":
+        records = read_parquet_records(path)
+        if not records:
+            raise DataError(f"{path}: holds no records; expected {PARQUET_LAYOUT}")
+        return records
     if fmt.jsonl:
         rows = ((f"{path}:{lineno}", raw) for lineno, raw in _iter_jsonl(path, fmt.layout))
     else:
@@ -289,21 +333,32 @@ def load_dataset(name: str, split: str, data_dir: str | os.PathLike | None = Non
 
 
 def corpus_path(data_dir: str | os.PathLike | None = None) -> Path:
-    """The default retrieval corpus of a data directory (``wiki/paragraphs.jsonl``)."""
-    path = resolve_data_dir(data_dir) / CORPUS_RELPATH
-    if not path.is_file():
-        raise MissingDataError(f"{path}: corpus not found; expected {CORPUS_LAYOUT}")
-    return path
+    """The retrieval corpus of a data directory: ``wiki/wiki-18.jsonl`` if present, else ``wiki/paragraphs.jsonl``."""
+    root = resolve_data_dir(data_dir)
+    for rel in CORPUS_CANDIDATES:
+        if (root / rel).is_file():
+            return root / rel
+    raise MissingDataError(f"no corpus in {root}: looked for {', '.join(CORPUS_CANDIDATES)}; expected {CORPUS_LAYOUT}")
+
+
+def split_contents(contents: str) -> tuple[str, str]:
+    """A passage's ``contents`` -> (title, text): the first line is the title, quoted as in Search-R1."""
+    title, _, text = contents.partition("\n")
+    if len(title) >= 2 and title[0] == title[-1] == '"':
+        title = title[1:-1]
+    return title, text
+
+
+def join_contents(title: str, text: str) -> str:
+    """(title, text) -> ``contents`` in the corpus format (``split_contents`` reverses it)."""
+    return f'"{title}"\n{text}'
 
 
 def parse_passage(line: bytes | str, where: str) -> Passage:
-    """One corpus line -> Passage. The first line of ``contents`` is the title, quoted as in Search-R1."""
+    """One corpus line -> Passage."""
     try:
         raw = json.loads(line)
     except json.JSONDecodeError as err:
         raise DataError(f"{where}: invalid JSON ({err.msg}); expected {CORPUS_LAYOUT}") from None
-    contents = _field(raw, "contents", str, where, CORPUS_LAYOUT)
-    title, _, text = contents.partition("\n")
-    if len(title) >= 2 and title[0] == title[-1] == '"':
-        title = title[1:-1]
+    title, text = split_contents(_field(raw, "contents", str, where, CORPUS_LAYOUT))
     return Passage(id=str(raw.get("id", "")), title=title, text=text)

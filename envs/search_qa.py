@@ -11,8 +11,9 @@ from typing import Any, ClassVar
 import gymnasium as gym
 from gymnasium import spaces
 
-from envs.datasets import CORPUS_RELPATH, DATASETS, QARecord, load_dataset, load_records, resolve_data_dir
-from envs.retrieval import DEFAULT_BACKEND, Retriever, SearchHit, get_retriever
+from envs.datasets import DATASETS, QARecord, load_dataset, load_records
+from envs.datasets import corpus_path as data_dir_corpus
+from envs.retrieval import DEFAULT_BACKEND, Retriever, SearchHit, get_retriever, is_url
 from envs.rewards import RewardFn, exact_match, get_reward_fn, is_valid_format, token_f1
 
 DEFAULT_PROMPT = (
@@ -135,16 +136,24 @@ class SearchQAEnv(gym.Env[str, str]):
 
     ## Arguments
     ``dataset`` (a name in ``envs.datasets.DATASETS``), ``split``, ``data_dir`` (default ``$TREEGRPO_DATA_DIR``
-    else ``./data``), ``data_file`` (a file in the dataset's format, instead of the split's), ``retriever``
-    (backend name or a ``Retriever``), ``corpus_path`` (default ``DATA_DIR/wiki/paragraphs.jsonl``), ``topk``
-    (3), ``max_turns`` (3), ``reward``, ``max_obs_chars``, ``prompt_template`` (with ``{question}``).
+    else ``./data``), ``data_file`` (a file in the dataset's format, or a Search-R1 ``.parquet``, instead of the
+    split's), ``retriever`` (a backend name, the URL of a retrieval server, or a ``Retriever``), ``corpus_path``
+    (default: the data directory's corpus, ``wiki/wiki-18.jsonl`` or ``wiki/paragraphs.jsonl``; not with a URL),
+    ``topk`` (3), ``max_turns`` (3), ``reward``, ``max_obs_chars``, ``prompt_template`` (with ``{question}``).
+
+    ## Batched search
+    ``prefetch([(state, text), ...])`` searches, in one batch, the queries that stepping each text from its state
+    would search; the ``step`` calls that follow take those results from memory. A tree rollout calls it once per
+    agent step, so a retrieval server gets one request per agent step rather than one per branch. A search that
+    fails (e.g. the server is down after its retries) raises ``envs.retrieval.RetrievalError``: never an empty
+    observation.
 
     ## Snapshots
     ``get_state()`` returns a small immutable :class:`SearchQAState`; ``set_state`` on any env of the same
     dataset and split restores it exactly. The retriever is shared by every env of a process, never copied.
 
     ## Version History
-    * v0: initial version.
+    * v0: initial version (``prefetch`` and retrieval servers added later change no observation or reward).
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 1}
@@ -177,10 +186,11 @@ class SearchQAEnv(gym.Env[str, str]):
         else:
             self.records = load_dataset(dataset, split, data_dir)
         if isinstance(retriever, str):
-            if corpus_path is None:
-                corpus_path = resolve_data_dir(data_dir) / CORPUS_RELPATH
+            if corpus_path is None and not is_url(retriever):
+                corpus_path = data_dir_corpus(data_dir)
             retriever = get_retriever(retriever, corpus_path)
         self.retriever = retriever
+        self._prefetched: dict[str, list[SearchHit]] = {}  # query -> hits, from the last prefetch
         self.source = (dataset, split if data_file is None else os.fspath(data_file))
         self.topk, self.max_turns, self.max_obs_chars = topk, max_turns, max_obs_chars
         self.reward_fn = get_reward_fn(reward)
@@ -219,7 +229,9 @@ class SearchQAEnv(gym.Env[str, str]):
         if parsed.kind == "answer" or final_turn:
             observation, done = "", True
         elif parsed.kind == "search":
-            hits = self.retriever.search([parsed.argument], k=self.topk)[0]
+            hits = self._prefetched.get(parsed.argument)
+            if hits is None:
+                hits = self.retriever.search([parsed.argument], k=self.topk)[0]
             observation, done, tool_calls = format_passages(hits, self.max_obs_chars), False, tool_calls + 1
         else:
             observation, done = INVALID_ACTION.format(reason=parsed.reason), False
@@ -239,6 +251,17 @@ class SearchQAEnv(gym.Env[str, str]):
             return None
         state = self._require_state()
         return self.prompt + "".join(text + obs for text, obs in state.steps)
+
+    def prefetch(self, steps: Sequence[tuple[SearchQAState, str]]) -> None:
+        """Search, in one batch, the query of every (state, action text) whose ``step`` would search (see the class
+        docstring); the results replace those of the previous prefetch."""
+        queries = []
+        for state, text in steps:
+            action = parse_action(text)
+            if action.kind == "search" and not state.done and state.turn < self.max_turns:
+                queries.append(action.argument)
+        unique = list(dict.fromkeys(queries))
+        self._prefetched = dict(zip(unique, self.retriever.search(unique, k=self.topk), strict=True)) if unique else {}
 
     # -- Snapshots --------------------------------------------------------------------------------------------
 

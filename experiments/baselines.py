@@ -158,7 +158,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the random agent")
     parser.add_argument("--max-turns", type=int, default=3)
     parser.add_argument("--topk", type=int, default=3)
-    parser.add_argument("--retriever", default="bm25", help="retrieval backend: bm25, rank_bm25 or dense")
+    parser.add_argument("--retriever", default="bm25",
+                        help="retrieval backend: bm25, rank_bm25, dense, or a retrieval server's URL")
     parser.add_argument("--data-dir", default=None, help="default: $TREEGRPO_DATA_DIR, else ./data")
     parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
     args = parser.parse_args(argv)

@@ -189,24 +189,29 @@ def local_resources() -> dict[str, float]:
 
 
 def start_ray(settings: RunSettings) -> None:
-    """A local Ray instance listening on loopback only, with the dashboard only if asked for (unless Ray is
-    already initialised, or ``RAY_ADDRESS`` names a cluster to join). The actors' resources are checked against
-    the local instance's before it starts."""
+    """Join the cluster that ``--ray-address`` (else ``$RAY_ADDRESS``) names, passing no resources (its nodes bring
+    theirs); else start a local Ray instance listening on loopback only, with the dashboard only if asked for,
+    whatever cluster ``ray start`` left behind (``/tmp/ray/ray_current_cluster``). The actors' resources are checked
+    against the local instance's before it starts. Nothing if Ray is up."""
     import ray
     from ray._private import ray_constants
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if ray.is_initialized():
         return
-    if not os.environ.get("RAY_ADDRESS"):
-        # Ray turns _node_ip_address="127.0.0.1" into the machine's address and its gRPC servers bind to all
-        # interfaces; with clusters off (the switch Ray reads on macOS/Windows) the node is 127.0.0.1 and
-        # every server binds there. The constant is read at import, so set it too; spawned processes read the env.
-        os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
-        ray_constants.ENABLE_RAY_CLUSTER = False
+    address = settings.ray_address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, log_to_driver=settings.log_rollout_steps)
+        return
+    # Ray turns _node_ip_address="127.0.0.1" into the machine's address and its gRPC servers bind to all
+    # interfaces; with clusters off (the switch Ray reads on macOS/Windows) the node is 127.0.0.1 and every
+    # server binds there. The constant is read at import, so set it too; spawned processes read the env.
+    os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
     resources = local_resources()
     check_resources(settings, resources)
-    ray.init(num_cpus=int(resources["CPU"]), num_gpus=int(resources["GPU"]), object_store_memory=1_000_000_000,
+    ray.init(address="local", num_cpus=int(resources["CPU"]), num_gpus=int(resources["GPU"]),
+             object_store_memory=1_000_000_000,
              include_dashboard=settings.ray_dashboard, log_to_driver=settings.log_rollout_steps)
 
 

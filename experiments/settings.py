@@ -11,12 +11,13 @@ from __future__ import annotations
 import inspect
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 import envs
 from algos.tree_grpo import TreeGRPOConfig
 from algos.tree_grpo.settings import ALGORITHM_FIELDS, TreeGRPOSettings
 from envs.datasets import resolve_data_dir
+from envs.retrieval import check_retriever_spec
 from policies.models import LoraSettings
 
 EnvId = Literal[tuple(envs.ENV_IDS)]  # type: ignore[valid-type]
@@ -48,6 +49,10 @@ class RunSettings(TreeGRPOSettings):
     max_turns: int = Field(_default_of(envs.SearchQAEnv, "max_turns"), ge=1,
                            description="search-capable steps before the final answer-only step")
     topk: int = Field(_default_of(envs.SearchQAEnv, "topk"), ge=1, description="passages per search")
+    retriever: str = Field(_default_of(envs.SearchQAEnv, "retriever"),
+                           description="retrieval backend (bm25, rank_bm25, dense) or the URL of a retrieval server "
+                                       "in Search-R1's protocol (http://HOST:PORT/retrieve; python -m "
+                                       "envs.retrieval.serve starts one)")
     # model
     model: str = Field("smollm2-135m", description="tiny-random, smollm2-135m, a Hugging Face hub id or a "
                                                    "model directory (e.g. one written by experiments/export.py)")
@@ -64,6 +69,8 @@ class RunSettings(TreeGRPOSettings):
     num_cpus_per_env_runner: float = Field(1.0, gt=0, description="CPUs per remote env runner")
     num_gpus_per_env_runner: float = Field(0.0, ge=0, description="GPUs per remote env runner (its generator, HF "
                                                                   "or a vLLM engine, runs there)")
+    ray_address: str | None = Field(None, description="join the Ray cluster at HOST:PORT (default: $RAY_ADDRESS; "
+                                                      "without either, start a local Ray on loopback)")
     ray_dashboard: bool = Field(False, description="start Ray's dashboard (on 127.0.0.1:8265) with the local "
                                 "Ray instance (needs pip install -e .[dashboard])")
     # the run
@@ -91,6 +98,11 @@ class RunSettings(TreeGRPOSettings):
         if isinstance(data, dict) and data.get("total_iterations") is None:
             data = {**data, "total_iterations": data.get("iterations", cls.model_fields["iterations"].default)}
         return data
+
+    @field_validator("retriever")
+    @classmethod
+    def _known_retriever(cls, value: str) -> str:
+        return check_retriever_spec(value)
 
     @model_validator(mode="after")
     def _no_training_on_the_evaluation_split(self) -> RunSettings:
@@ -143,7 +155,7 @@ def help_sections() -> dict[str, str]:
 MAY_CHANGE_ON_RESUME = frozenset({
     "iterations", "checkpoint_every", "keep_checkpoints", "eval_every", "eval_questions", "final_eval", "eval_envs",
     "mlflow", "mlflow_uri", "experiment", "run_name", "log_rollout_steps", "trees_every", "trees_count", "data_dir",
-    "ray_dashboard",
+    "ray_dashboard", "ray_address",
 })
 
 
@@ -161,7 +173,7 @@ def tracked_params(settings: RunSettings) -> dict[str, Any]:
 
 def env_config(settings: RunSettings) -> dict[str, Any]:
     return {"data_dir": str(resolve_data_dir(settings.data_dir).resolve()), "split": settings.training_split,
-            "max_turns": settings.max_turns, "topk": settings.topk}
+            "max_turns": settings.max_turns, "topk": settings.topk, "retriever": settings.retriever}
 
 
 def model_config(settings: RunSettings) -> dict[str, Any]:

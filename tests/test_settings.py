@@ -328,3 +328,12 @@ def test_old_logprobs_are_recomputed_for_another_engine():
     assert old_logprobs_source("auto", model, "vllm") == "recompute"
     assert old_logprobs_source("auto", model.to(torch.bfloat16), "hf") == "recompute"
     assert old_logprobs_source("sampler", model, "vllm") == "sampler"  # asked for explicitly
+
+
+def test_the_retriever_setting_reaches_the_env_and_is_checked_before_ray(tmp_path):
+    url = "http://10.0.0.5:8000/retrieve"
+    assert build_config(settings_of(["--retriever", url, "--output", str(tmp_path)])).env_config["retriever"] == url
+    assert build_config(settings_of(["--output", str(tmp_path)])).env_config["retriever"] == "bm25"
+    assert "unknown retriever backend 'elastic'" in error_of(["--retriever", "elastic"])
+    assert "must look like http://HOST:PORT" in error_of(["--retriever", "http://"])
+    assert not ray.is_initialized()

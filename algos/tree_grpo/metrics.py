@@ -7,6 +7,7 @@ TOKENS_GENERATED = "tokens_generated"
 TOKENS_PREFILLED = "tokens_prefilled"  # computed without a cache (HF: a node's KV cache; vLLM: its prefix cache)
 LLM_CALLS = "llm_calls"
 TOOL_CALLS = "tool_calls"
+RETRIEVAL_RETRIES = "retrieval_retries"  # failed requests to a retrieval server that were retried
 LEAVES = "leaves"
 TREES = "trees"
 SAMPLE_TIME_S = "sample_time_s"

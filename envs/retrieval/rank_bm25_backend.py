@@ -7,16 +7,17 @@ from pathlib import Path
 
 import numpy as np
 
-from envs.retrieval.base import Retriever, top_k
+from envs.retrieval.base import top_k
 from envs.retrieval.bm25 import passage_text
 from envs.retrieval.corpus import Corpus, cache_entry, replace_atomically
+from envs.retrieval.local import LocalRetriever
 from envs.retrieval.progress import timed
 from envs.retrieval.text import TOKENIZER_VERSION, tokenize
 
 INDEX_VERSION = 1
 
 
-class RankBM25Retriever(Retriever):
+class RankBM25Retriever(LocalRetriever):
     """``rank_bm25.BM25Okapi`` over the same tokens as ``bm25`` (k1=1.5, b=0.75: the library's defaults)."""
 
     name = "rank_bm25"
