@@ -2,7 +2,7 @@
 
     python benchmarks/bench_generation.py                  # smollm2-135m, HotpotQA dev question 0
     python benchmarks/bench_generation.py --model tiny-random --max-step-tokens 32   # a quick smoke run
-    python benchmarks/bench_generation.py --generator vllm --questions 8   # vLLM against HF (needs vLLM)
+    python benchmarks/bench_generation.py --generator hf vllm --questions 4 --json out.json   # HF against vLLM
 
 Measures, on one HotpotQA question:
 1. tokens/s of ``HFStepGenerator.generate_step`` against ``model.generate`` (same sampling, same stop strings)
@@ -11,16 +11,20 @@ Measures, on one HotpotQA question:
    re-prefilling every step (``keep_cache=False``): tokens generated, tokens prefilled, LLM calls, seconds.
 Results replace the ``generation`` section of docs/benchmarks.md.
 
-With ``--generator vllm``: the vLLM backend against the HF one in the same run, on the same prompts and trees
-shapes (a (2, 2, 1) tree and a chain group of 6 per question, over ``--questions`` questions): tokens/s, tokens
-prefilled (vLLM: prompt tokens its prefix cache did not serve) and seconds; both warmed up on one step first.
+With ``--generator hf vllm``: the HF backend against the vLLM one (the peer) in the same run, on the same prompts
+and tree shapes (a (2, 2, 1) tree and a chain group of 6 per question, over ``--questions`` questions): tokens/s,
+tokens prefilled (vLLM: prompt tokens its prefix cache did not serve), forward passes (engine steps) and seconds;
+both warmed up on one chain first. ``--json PATH`` also writes the rows (backend, rollout, tokens_generated,
+tokens_prefilled, forward_passes, seconds, tokens_per_s).
 Results replace the ``generation-vllm`` section.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
+from pathlib import Path
 
 import gymnasium as gym
 import torch
@@ -94,13 +98,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-step-tokens", type=int, default=default_max_step_tokens(),
                         help="token cap of one agent step (default: the project's, %(default)s on this machine)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--generator", choices=["hf", "vllm"], default="hf",
-                        help="vllm: compare the vLLM backend with the HF one (needs vLLM)")
+    parser.add_argument("--generator", choices=["hf", "vllm"], nargs="+", default=["hf"],
+                        help="hf vllm: the two backends side by side on whole rollouts (needs vLLM)")
+    parser.add_argument("--json", help="with --generator hf vllm: also write the rows as a JSON list to this path")
     parser.add_argument("--questions", type=int, default=8, help="with --generator vllm: questions per rollout")
     parser.add_argument("--output", default="docs/benchmarks.md")
     args = parser.parse_args(argv)
-    if args.generator == "vllm" and not vllm_installed():
-        parser.error("--generator vllm: vLLM is not installed (GPU: pip install -e .[vllm]; CPU: make test-vllm)")
+    if "vllm" in args.generator and not vllm_installed():
+        parser.error("--generator hf vllm: vLLM is not installed (GPU: pip install -e .[vllm]; CPU: make test-vllm)")
     if args.questions < 1:
         parser.error(f"--questions must be >= 1, got {args.questions}")
     return args
@@ -118,14 +123,15 @@ def vllm_against_hf(model, tokenizer, args: argparse.Namespace, settings: Sampli
         grow_with(make(), tokenizer, questions[:1], TreeShape(1, 0, 0), args.seed)  # warm-up
         for shape_name, shape in shapes.items():
             rows[name, shape_name] = grow_with(make(), tokenizer, questions, shape, args.seed)
+            print(name, shape_name, rows[name, shape_name], flush=True)
 
     # HF first: the in-process vLLM engine pins this process's CPU threads when it starts
-    measure("HF (baseline)", lambda: HFStepGenerator(model, tokenizer, settings))
+    measure("HF", lambda: HFStepGenerator(model, tokenizer, settings))
     engine = VLLMEngine(model, tokenizer, settings)
     measure("vLLM", lambda: VLLMStepGenerator(engine, tokenizer, model, settings))
     engine.close()
     lines = [
-        f"Command: `python benchmarks/bench_generation.py --generator vllm --model {args.model} --question "
+        f"Command: `python benchmarks/bench_generation.py --generator hf vllm --model {args.model} --question "
         f"{args.question} --questions {args.questions} --max-step-tokens {args.max_step_tokens} --seed "
         f"{args.seed}`  ",
         f"Machine: {machine_description()}; {next(model.parameters()).dtype}",
@@ -134,16 +140,23 @@ def vllm_against_hf(model, tokenizer, args: argparse.Namespace, settings: Sampli
         "one chain first. Prefilled: tokens computed without a cache (HF: not covered by a node's KV cache; vLLM: "
         "not served by its prefix cache, which works in whole blocks).",
         "",
-        "| rollout | backend | leaves | tokens generated | tokens prefilled | LLM calls | seconds | tokens/s "
-        "| speed vs HF |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| rollout | backend | leaves | tokens generated | tokens prefilled | LLM calls | forward passes "
+        "| tokens per pass | seconds | tokens/s | HF tokens/s vs vLLM's |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    records = []
     for (name, shape_name), r in rows.items():
         speed = r["tokens_generated"] / r["seconds"]
-        base = rows["HF (baseline)", shape_name]
-        ratio = speed / (base["tokens_generated"] / base["seconds"])
+        peer = rows["vLLM", shape_name]
+        ratio = (speed / (peer["tokens_generated"] / peer["seconds"])) if name != "vLLM" else 1.0
         lines.append(f"| {shape_name} | {name} | {r['leaves']} | {r['tokens_generated']} | {r['tokens_prefilled']} "
-                     f"| {r['llm_calls']} | {r['seconds']:.1f} | {speed:.1f} | {ratio:.2f}x |")
+                     f"| {r['llm_calls']} | {r['forward_passes']} | {r['tokens_generated'] / r['forward_passes']:.1f} "
+                     f"| {r['seconds']:.1f} | {speed:.1f} | {ratio:.2f}x |")
+        records.append({"backend": "vllm" if name == "vLLM" else "hf", "rollout": shape_name.split()[0],
+                        "tokens_generated": r["tokens_generated"], "tokens_prefilled": r["tokens_prefilled"],
+                        "forward_passes": r["forward_passes"], "seconds": r["seconds"], "tokens_per_s": speed})
+    if args.json:
+        Path(args.json).write_text(json.dumps(records, indent=1) + "\n")
     return "\n".join(lines)
 
 
@@ -155,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
     model.eval()
     settings = SamplingSettings(max_step_tokens=args.max_step_tokens)
     env = gym.make("HotpotQA-v0", split="dev")
-    if args.generator == "vllm":
+    if "vllm" in args.generator:
         section = vllm_against_hf(model, tokenizer, args, settings)
         print(section)
         replace_section(args.output, "generation-vllm", "Generation: vLLM against HF (issue 16)", section)

@@ -35,7 +35,7 @@ METRICS_FILE = "metrics.jsonl"
 
 # metrics.jsonl columns by where they are in RLlib's result dict
 ENV_RUNNER_KEYS = (M.REWARD, M.EM, M.TREES, M.LEAVES, M.TOKENS_GENERATED, M.TOKENS_PREFILLED, M.LLM_CALLS,
-                   M.TOOL_CALLS, M.RETRIEVAL_RETRIES, M.SAMPLE_TIME_S, M.GENERATION_TIME_S, M.ENV_TIME_S,
+                   M.FORWARD_PASSES, M.KV_PEAK_MIB, M.TOOL_CALLS, M.RETRIEVAL_RETRIES, M.SAMPLE_TIME_S, M.GENERATION_TIME_S, M.ENV_TIME_S,
                    M.BUDGET_ESTIMATE, M.BUDGET_MEASURED)
 LEARNER_KEYS = (M.POLICY_LOSS, M.KL, M.ENTROPY, M.CLIP_FRACTION, M.DUAL_CLIP_FRACTION, M.RATIO_MEAN, M.RATIO_MAX,
                 M.RATIO_MIN, M.GRAD_NORM, M.NONFINITE_GRAD_SHARE, M.LEARNING_RATE, M.SAMPLER_LOGPROB_GAP,
@@ -45,7 +45,8 @@ LEARNER_KEYS = (M.POLICY_LOSS, M.KL, M.ENTROPY, M.CLIP_FRACTION, M.DUAL_CLIP_FRA
 TOP_LEVEL_KEYS = (M.PROMPTS, M.ITERATION_TIME_S, M.UPDATE_TIME_S, M.SYNC_TIME_S, M.ENV_RUNNER_RESTARTS,
                   M.SAMPLED_BY)
 # Counts summed over runners come back as floats from RLlib's metrics: written as ints.
-COUNT_KEYS = frozenset({M.TREES, M.LEAVES, M.TOKENS_GENERATED, M.TOKENS_PREFILLED, M.LLM_CALLS, M.TOOL_CALLS,
+COUNT_KEYS = frozenset({M.TREES, M.LEAVES, M.TOKENS_GENERATED, M.TOKENS_PREFILLED, M.LLM_CALLS, M.FORWARD_PASSES,
+                        M.TOOL_CALLS,
                         M.RETRIEVAL_RETRIES, M.PROMPTS, M.ENV_RUNNER_RESTARTS, M.OPTIMIZER_STEPS})
 
 
@@ -100,6 +101,8 @@ def metrics_row(result: Mapping[str, Any]) -> dict[str, Any]:
     row.update({f"{M.DEV_PREFIX}{key}": value for key, value in evaluation.items()
                 if isinstance(value, int | float) and value == value})
     row["time_s"] = row.pop(M.ITERATION_TIME_S)
+    passes, tokens = row.get(M.FORWARD_PASSES), row.get(M.TOKENS_GENERATED)
+    row[M.TOKENS_PER_FORWARD_PASS] = float(tokens) / float(passes) if passes and tokens is not None else None
     for key, value in row.items():
         if hasattr(value, "__float__") and not isinstance(value, int | bool):
             value = float(value)

@@ -109,16 +109,19 @@ class StepOutput:
 @dataclass
 class GenerationCounters:
     """What generation cost: tokens sampled, tokens prefilled (computed without a cache), LLM calls (steps),
-    forward passes of the model (engine iterations; tokens per pass = tokens_generated / forward_passes)."""
+    forward passes of the model (engine iterations; tokens per pass = tokens_generated / forward_passes), and the
+    most bytes of keys and values the engine held at once (0 where the backend manages its own cache)."""
 
     tokens_generated: int = 0
     tokens_prefilled: int = 0
     llm_calls: int = 0
     forward_passes: int = 0
+    kv_peak_bytes: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return {"tokens_generated": self.tokens_generated, "tokens_prefilled": self.tokens_prefilled,
-                "llm_calls": self.llm_calls, "forward_passes": self.forward_passes}
+                "llm_calls": self.llm_calls, "forward_passes": self.forward_passes,
+                "kv_peak_bytes": self.kv_peak_bytes}
 
 
 class StepGenerator(Protocol):

@@ -217,6 +217,7 @@ class HFStepGenerator:
             logits = self.model(input_ids=ids[None], position_ids=pos[None], logits_to_keep=kept, use_cache=False,
                                 ragged_plan=plan).logits[0]
         self.counters.forward_passes += 1
+        self.counters.kv_peak_bytes = self.pool.peak_bytes
         if sample:
             drawn, logprobs = self._sample(logits, streams, at)
             self._record(rows, drawn, logprobs)

@@ -66,8 +66,8 @@ class KVPool:
         self.values: list[torch.Tensor] = []
         self.rows = self.capacity = 0
         self.allocations = 0  # how many times the buffers were (re)allocated
-        self.segment_bytes = 0  # bytes of the segments handed out and still referenced by this pool's count
-        self.peak_bytes = 0
+        self.segment_bytes = 0  # bytes of every segment handed out (an upper bound of those still alive)
+        self.peak_bytes = 0  # buffers plus segments, at most
 
     @property
     def buffer_bytes(self) -> int:

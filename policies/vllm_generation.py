@@ -7,7 +7,9 @@ config and tokenizer with dummy weights, then loads the model's tensors through 
 
 :class:`VLLMStepGenerator` advances branches given as token ids (``TokensPrompt``: no re-tokenisation) by one
 agent step with the same contract as the HF backend: stop strings kept in the output, after ``</answer>`` one
-more token (a second one-token request), end-of-turn ids kept, step and context caps. Shared prefixes are
+more token (a one-token request queued at once, beside the others), end-of-turn ids kept, step and context caps.
+Steps are requests of the engine (``add_request``) advanced one engine step per :meth:`VLLMStepGenerator.poll`:
+a branch back from its tool call joins the running batch, as with the HF backend. Shared prefixes are
 reused by vLLM's automatic prefix caching, so it hands out no cache handles; ``tokens_prefilled`` counts the
 prompt tokens the engine computed, i.e. not served from its prefix cache (``num_cached_tokens`` of each
 request; the cache works in whole KV blocks, so up to a block per request is recomputed).
@@ -32,9 +34,10 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import itertools
 import os
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,8 +50,12 @@ from policies.generation import (
     SamplingSettings,
     StepOutput,
     end_of_turn_ids,
+    generate_steps,
 )
 
+# KV block size on the CPU build: its default (128) reuses only whole 128-token blocks of a shared prefix, so a
+# tree's branches re-prefilled up to 127 tokens each (2.0x the HF engine's prefill). The GPU default is 16.
+CPU_BLOCK_SIZE = 32  # its attention kernels take multiples of 32
 CPU_KV_CACHE_GIB = "2"  # VLLM_CPU_KVCACHE_SPACE when unset: enough for tests and the CPU demo's contexts
 
 
@@ -120,7 +127,8 @@ class VLLMEngine:
         self._directory = tempfile.TemporaryDirectory(prefix="treegrpo-vllm-")
         _write_config(_base_model(model), tokenizer, self._directory.name)
         dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-        options: dict[str, Any] = {"gpu_memory_utilization": self.settings.gpu_memory_utilization} if on_gpu else {}
+        options: dict[str, Any] = ({"gpu_memory_utilization": self.settings.gpu_memory_utilization} if on_gpu
+                                   else {"block_size": CPU_BLOCK_SIZE})
         self.llm = LLM(model=self._directory.name, load_format="dummy", dtype=dtype, seed=self.settings.seed,
                        enforce_eager=not on_gpu, enable_prefix_caching=True, logprobs_mode=logprobs_mode(sampling),
                        max_model_len=sampling.max_context_tokens, generation_config="vllm",
@@ -175,6 +183,18 @@ def _write_config(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, di
         model.generation_config.save_pretrained(directory)
 
 
+@dataclass
+class _Step:
+    """An agent step in flight: its tag, context and cap; after ``</answer>``, what the first request sampled."""
+
+    tag: Hashable
+    context: tuple[int, ...]
+    cap: int
+    ids: tuple[int, ...] = ()
+    logprobs: tuple[float, ...] = ()
+    stop: str | int | None = None
+
+
 class VLLMStepGenerator:
     """A :class:`~policies.generation.StepGenerator` over a :class:`VLLMEngine` (see the module docstring)."""
 
@@ -184,6 +204,9 @@ class VLLMStepGenerator:
         self.settings = settings or SamplingSettings()
         self.eot_ids = end_of_turn_ids(tokenizer, model)
         self.counters = GenerationCounters()
+        self._running: dict[str, _Step] = {}  # by vLLM request id
+        self._ready: list[tuple[Hashable, StepOutput]] = []  # steps that needed no request
+        self._ids = itertools.count()
 
     def sampling_params(self, max_tokens: int, *, stop: bool = True) -> Any:
         """vLLM's ``SamplingParams`` of one request: the settings' sampling, one log-prob (the sampled token's),
@@ -197,35 +220,56 @@ class VLLMStepGenerator:
                               top_p=1.0 if greedy else self.settings.top_p, max_tokens=max_tokens, logprobs=0,
                               **stops)
 
+    def submit(self, branch: Branch, tag: Hashable) -> None:
+        """Queue one step of ``branch`` as a request of the engine (its ``stream`` is not used: see the module
+        docstring on seeds); it runs from the next :meth:`poll` on, beside the requests already running."""
+        cap = self.settings.step_cap(len(branch.token_ids))
+        if cap <= 0:
+            self._ready.append((tag, StepOutput((), (), "length", None)))
+            return
+        self._add(_Step(tag, branch.token_ids, cap), branch.token_ids, self.sampling_params(cap))
+
+    @property
+    def pending(self) -> int:
+        return len(self._running) + len(self._ready)
+
+    def poll(self) -> list[tuple[Hashable, StepOutput]]:
+        """One engine step (a forward pass over the running requests); the agent steps it finished."""
+        done, self._ready = self._ready, []
+        if not self._running:
+            return done
+        self.counters.forward_passes += 1
+        for output in self.engine.llm.llm_engine.step():
+            if not output.finished:
+                continue
+            step = self._running.pop(output.request_id)
+            self.counters.tokens_prefilled += len(output.prompt_token_ids) - (output.num_cached_tokens or 0)
+            ids, logprobs, stop = _completion(output)
+            if step.ids:  # the token after </answer>
+                ids, logprobs, stop = step.ids + ids, step.logprobs + logprobs, step.stop
+            elif stop in self.settings.end_turn_after and len(ids) < step.cap:
+                # after </answer> one more token belongs to the step (normally end-of-turn): a one-token request
+                follow = _Step(step.tag, step.context, step.cap, ids, logprobs, stop)
+                self._add(follow, step.context + ids, self.sampling_params(1, stop=False))
+                continue
+            self.counters.llm_calls += 1
+            self.counters.tokens_generated += len(ids)
+            done.append((step.tag, StepOutput(ids, logprobs, self._finish_reason(stop, ids), None)))
+        return done
+
     def generate_step(self, branches: Sequence[Branch], *, seed: int | None = None) -> list[StepOutput]:
-        """One agent step per branch (``seed`` is not used: see the module docstring on seeds)."""
-        if not branches:
-            return []
-        caps = [self.settings.step_cap(len(b.token_ids)) for b in branches]
-        live = [i for i, cap in enumerate(caps) if cap > 0]
-        outputs = self._run([branches[i].token_ids for i in live], [self.sampling_params(caps[i]) for i in live])
-        steps = {i: _completion(out) for i, out in zip(live, outputs, strict=True)}
-        closing = [i for i in live if steps[i][2] in self.settings.end_turn_after and len(steps[i][0]) < caps[i]]
-        if closing:  # after </answer> the next token (normally end-of-turn) belongs to the step
-            tails = self._run([branches[i].token_ids + steps[i][0] for i in closing],
-                              [self.sampling_params(1, stop=False)] * len(closing))
-            for i, tail in zip(closing, tails, strict=True):
-                ids, logprobs, _ = _completion(tail)
-                steps[i] = (steps[i][0] + ids, steps[i][1] + logprobs, steps[i][2])
-        self.counters.llm_calls += len(branches)
-        self.counters.tokens_generated += sum(len(step[0]) for step in steps.values())
-        return [StepOutput(*steps[i][:2], self._finish_reason(steps[i][2], steps[i][0]), None) if i in steps
-                else StepOutput((), (), "length", None) for i in range(len(branches))]
+        return generate_steps(self, branches, seed)
+
+    def _add(self, step: _Step, prompt: tuple[int, ...], params: Any) -> None:
+        from vllm.inputs import TokensPrompt
+
+        request_id = str(next(self._ids))
+        self._running[request_id] = step
+        self.engine.llm.llm_engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(prompt)), params)
 
     def prefix_cache(self, token_ids: tuple[int, ...]) -> None:
         """None: vLLM's automatic prefix caching shares the prompt among branches."""
         return None
-
-    def _run(self, prompts: list[tuple[int, ...]], params: list[Any]) -> list[Any]:
-        outputs = self.engine.generate(prompts, params)
-        self.counters.tokens_prefilled += sum(len(p) - (out.num_cached_tokens or 0)
-                                              for p, out in zip(prompts, outputs, strict=True))
-        return outputs
 
     def _finish_reason(self, stop: str | int | None, ids: tuple[int, ...]) -> str:
         if isinstance(stop, str):

@@ -50,6 +50,9 @@ def test_two_tree_grpo_iterations(ray_session, data_dir, tmp_path, monkeypatch):
         assert 0 < row["update_time_s"] + row["sync_time_s"] + row["sample_time_s"] <= row["time_s"] * 1.01, row
         assert row["leaves"] == row["prompts"] * 6 and row["trees"] == row["prompts"] * 2
         assert row["llm_calls"] >= row["leaves"] and row["tokens_prefilled"] > 0
+        # continuous batching: a pass carries several rows' tokens; the KV peak is reported
+        assert row["tokens_per_forward_pass"] == row["tokens_generated"] / row["forward_passes"] > 1
+        assert row["kv_peak_mib"] > 0
         assert row["sampler_logprob_gap"] < 1e-3  # the trained tokens are the sampled ones
     # advantages per prompt are exactly the pure function's
     for records, advantages in seen:

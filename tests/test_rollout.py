@@ -298,9 +298,9 @@ def test_an_agent_step_searches_in_one_batch_and_its_retries_are_counted(tiny, d
 
     def grow_with(retriever):
         generator = ScriptedGenerator(tokenizer, seed=0)
-        steps = []
-        generate = generator.generate_step
-        generator.generate_step = lambda branches, seed=None: steps.append(len(branches)) or generate(branches)
+        steps = []  # one entry per forward pass (poll): the steps it finished are searched together
+        poll = generator.poll
+        generator.poll = lambda: steps.append(1) or poll()
         rollout = TreeRollout(gym.make("HotpotQA-v0", split="dev", retriever=retriever), generator, tokenizer, seed=0)
         return leaf_records(rollout.grow([0, 1], TreeShape(2, 2, 1))), rollout, steps
 
@@ -310,6 +310,6 @@ def test_an_agent_step_searches_in_one_batch_and_its_retries_are_counted(tiny, d
     # the same trees as searching one by one
     assert [r.trajectory.token_ids for r in records] == [r.trajectory.token_ids for r in reference]
     assert rollout.counters.tool_calls == reference_rollout.counters.tool_calls > 2 * len(counting.batches)
-    assert 0 < len(counting.batches) <= len(steps)  # at most one batch per agent step, however many branches
+    assert 0 < len(counting.batches) <= len(steps)  # at most one batch per pass, however many branches
     assert all(len(set(batch)) == len(batch) for batch in counting.batches)  # a query repeated is searched once
     assert rollout.counters.retrieval_retries == counting.retries == len(counting.batches)

@@ -161,12 +161,14 @@ class TreeSearchEnvRunner(EnvRunner, Checkpointable):
 
     def _log(self, records: list[LeafRecord], rollout: TreeRollout, generation: dict[str, int], seconds: float):
         sums = {M.TOKENS_GENERATED: generation["tokens_generated"], M.TOKENS_PREFILLED: generation["tokens_prefilled"],
-                M.LLM_CALLS: generation["llm_calls"], M.TOOL_CALLS: rollout.counters.tool_calls,
+                M.LLM_CALLS: generation["llm_calls"], M.FORWARD_PASSES: generation["forward_passes"],
+                M.TOOL_CALLS: rollout.counters.tool_calls,
                 M.LEAVES: len(records), M.TREES: rollout.counters.trees, M.SAMPLE_TIME_S: seconds,
                 M.GENERATION_TIME_S: rollout.counters.generation_s, M.ENV_TIME_S: rollout.counters.env_s,
                 M.RETRIEVAL_RETRIES: rollout.counters.retrieval_retries}
         for key, value in sums.items():
             self.metrics.log_value(key, value, reduce="sum")
+        self.metrics.log_value(M.KV_PEAK_MIB, generation["kv_peak_bytes"] / 2**20, reduce="max", window=1)
         self.metrics.log_value(M.BUDGET_ESTIMATE, self.config.tree_shape.budget_estimate, window=1)
         self.metrics.log_value(M.BUDGET_MEASURED, rollout.counters.budget_measured, window=1)
         for record in records:
