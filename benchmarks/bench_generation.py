@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> None:
     if "vllm" in args.generator:
         section = vllm_against_hf(model, tokenizer, args, settings)
         print(section)
-        replace_section(args.output, "generation-vllm", "Generation: vLLM against HF (issue 16)", section)
+        replace_section(args.output, "generation-vllm", "Generation: HF against vLLM (issues 16, 24)", section)
         return
     prompt, _ = env.reset(options={"index": args.question})
     batch = [prompt_ids(tokenizer, prompt)] * 6
