@@ -134,6 +134,7 @@ class HFStepGenerator:
             self._forward(self._rows, admitted)
             self._rows += admitted
             done += self._retire()
+        self.counters.kv_peak_bytes = self.pool.peak_bytes
         return done
 
     def generate_step(self, branches: Sequence[Branch], *, seed: int | None = None) -> list[StepOutput]:
@@ -149,7 +150,9 @@ class HFStepGenerator:
         slot = len(self._rows)  # a row past the active ones; they do not advance in this pass
         self.pool.ensure(slot + 1, len(row.suffix), used_rows=slot)
         self._forward([], [row], first_slot=slot, sample=False)
-        return self.pool.segment(slot, 0, row.length, None)
+        segment = self.pool.segment(slot, 0, row.length, None)
+        self.counters.kv_peak_bytes = self.pool.peak_bytes
+        return segment
 
     # -- admission, the forward pass, retirement ---------------------------------------------------------------
 
@@ -217,7 +220,6 @@ class HFStepGenerator:
             logits = self.model(input_ids=ids[None], position_ids=pos[None], logits_to_keep=kept, use_cache=False,
                                 ragged_plan=plan).logits[0]
         self.counters.forward_passes += 1
-        self.counters.kv_peak_bytes = self.pool.peak_bytes
         if sample:
             drawn, logprobs = self._sample(logits, streams, at)
             self._record(rows, drawn, logprobs)
