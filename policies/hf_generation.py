@@ -53,13 +53,6 @@ class EngineLimits:
 
 
 @dataclass
-class _Request:
-    branch: Branch
-    tag: Hashable
-    stream: int
-
-
-@dataclass
 class _Row:
     """A step being generated: its pool row holds ``length`` tokens; ``pending`` is sampled but not yet fed."""
 
@@ -106,7 +99,7 @@ class HFStepGenerator:
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.pool = KVPool(config.num_hidden_layers, config.num_key_value_heads, head_dim,
                            next(model.parameters()).dtype, model.device)
-        self._waiting: deque[_Request] = deque()
+        self._waiting: deque[tuple[Branch, Hashable]] = deque()
         self._rows: list[_Row] = []
 
     # -- the StepGenerator calls ------------------------------------------------------------------------------
@@ -118,7 +111,7 @@ class HFStepGenerator:
         if self.max_positions is not None and len(branch.token_ids) >= self.max_positions:
             raise ValueError(f"a context of {len(branch.token_ids)} tokens does not fit the model's "
                              f"{self.max_positions} positions")
-        self._waiting.append(_Request(branch, tag, branch.stream))
+        self._waiting.append((branch, tag))
 
     @property
     def pending(self) -> int:
@@ -162,22 +155,22 @@ class HFStepGenerator:
         admitted: list[_Row] = []
         budget = self.limits.max_prefill_tokens
         while self._waiting and len(self._rows) + len(admitted) < self.limits.max_rows:
-            request = self._waiting[0]
-            context = request.branch.token_ids
+            branch, tag = self._waiting[0]
+            context = branch.token_ids
             cap = self.settings.step_cap(len(context))
-            handle = _usable_cache(request.branch) if self.keep_cache else None
+            handle = _usable_cache(branch) if self.keep_cache else None
             cached = handle.length if handle is not None else 0
             if admitted and len(context) - cached > budget:
                 break
             self._waiting.popleft()
             if cap <= 0:
-                done.append((request.tag, StepOutput((), (), "length", handle)))
+                done.append((tag, StepOutput((), (), "length", handle)))
                 continue
             budget -= len(context) - cached
             slot = len(self._rows) + len(admitted)
             self.pool.ensure(slot + 1, len(context) + cap, used_rows=slot)
             self.pool.load(slot, handle)
-            admitted.append(_Row(request.tag, request.stream, cap, handle, cached, cached, tuple(context[cached:])))
+            admitted.append(_Row(tag, branch.stream, cap, handle, cached, cached, tuple(context[cached:])))
         return admitted
 
     def _forward(self, decoding: list[_Row], prefilling: list[_Row], *, first_slot: int | None = None,
