@@ -20,7 +20,6 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -36,6 +35,7 @@ from policies.generation import (
 from policies.kv_cache import KVPool, KVSegment
 from policies.ragged_attention import PrefillRow, RaggedPlan, prefill_mask, ragged_attention_for
 from policies.sampling import CANDIDATES, sample_tokens, sample_tokens_exact
+from policies.stops import StopStrings
 
 
 @dataclass(frozen=True)
@@ -70,14 +70,6 @@ class _Row:
     finish: str | None = None
 
 
-@lru_cache(maxsize=8)
-def stop_enders(tokenizer: PreTrainedTokenizerBase, stop_strings: tuple[str, ...]) -> frozenset[int]:
-    """Token ids whose text holds the last character of a stop string: only such a token can complete one."""
-    last = {stop[-1] for stop in stop_strings}
-    texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
-    return frozenset(i for i, text in enumerate(texts) if any(c in text for c in last))
-
-
 class HFStepGenerator:
     """A :class:`~policies.generation.StepGenerator` on a transformers causal LM (see the module docstring)."""
 
@@ -92,8 +84,7 @@ class HFStepGenerator:
         self._logprob_temperature = 1.0 if self.settings.greedy else self.settings.temperature
         self.eot_ids = end_of_turn_ids(tokenizer, model)
         self.counters = GenerationCounters()
-        self._enders = stop_enders(tokenizer, self.settings.stop_strings)
-        self._stop_window = max(len(s) for s in self.settings.stop_strings) + 2  # tokens to decode per check
+        self._stops = StopStrings(tokenizer, self.settings.stop_strings)
         config = model.config.get_text_config()
         self.max_positions = getattr(config, "max_position_embeddings", None)
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -253,17 +244,12 @@ class HFStepGenerator:
                 r.finish = "stop"
             elif token in self.eot_ids:
                 r.finish = "eos"
-            elif token in self._enders and (stop := self._closing_string(r.generated)):
+            elif stop := self._stops.completed_by_last(r.generated):
                 end_turn = stop in self.settings.end_turn_after and len(r.generated) < r.cap
                 r.closing = end_turn
                 r.finish = None if end_turn else "stop"
             elif len(r.generated) >= r.cap:
                 r.finish = "length"
-
-    def _closing_string(self, generated: list[int]) -> str | None:
-        # Checked whenever a token can end a stop string, so one found in the tail is the first of the step.
-        tail = self.tokenizer.decode(generated[-self._stop_window :])
-        return next((stop for stop in self.settings.stop_strings if stop in tail), None)
 
     def _retire(self) -> list[tuple[Hashable, StepOutput]]:
         """Finished rows leave the batch (the last active rows move into their places); their steps."""

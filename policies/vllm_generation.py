@@ -7,9 +7,12 @@ config and tokenizer with dummy weights, then loads the model's tensors through 
 
 :class:`VLLMStepGenerator` advances branches given as token ids (``TokensPrompt``: no re-tokenisation) by one
 agent step with the same contract as the HF backend: stop strings kept in the output, after ``</answer>`` one
-more token (a one-token request queued at once, beside the others), end-of-turn ids kept, step and context caps.
+more token (the request streams its tokens, the closing tag is found on token ids as the HF backend finds it, and
+the request is aborted after the next token: no second request), end-of-turn ids kept, step and context caps.
 Steps are requests of the engine (``add_request``) advanced one engine step per :meth:`VLLMStepGenerator.poll`:
-a branch back from its tool call joins the running batch, as with the HF backend. Shared prefixes are
+a branch back from its tool call joins the running batch, as with the HF backend. Steps submitted together from
+the same context (the M roots of a prompt, the branches forked from one node) are one request with ``n`` samples,
+so the prompt is processed once. Shared prefixes are
 reused by vLLM's automatic prefix caching, so it hands out no cache handles; ``tokens_prefilled`` counts the
 prompt tokens the engine computed, i.e. not served from its prefix cache (``num_cached_tokens`` of each
 request; the cache works in whole KV blocks, so up to a block per request is recomputed).
@@ -38,7 +41,7 @@ import itertools
 import os
 import tempfile
 from collections.abc import Hashable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -52,6 +55,7 @@ from policies.generation import (
     end_of_turn_ids,
     generate_steps,
 )
+from policies.stops import StopStrings
 
 # KV block size on the CPU build: its default (128) reuses only whole 128-token blocks of a shared prefix, so a
 # tree's branches re-prefilled up to 127 tokens each (2.0x the HF engine's prefill). The GPU default is 16.
@@ -185,14 +189,16 @@ def _write_config(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, di
 
 @dataclass
 class _Step:
-    """An agent step in flight: its tag, context and cap; after ``</answer>``, what the first request sampled."""
+    """An agent step in flight: its tag, context and cap, what it sampled so far, and the ``end_turn_after`` string
+    it closed with (the step then takes one more token)."""
 
     tag: Hashable
     context: tuple[int, ...]
     cap: int
-    ids: tuple[int, ...] = ()
-    logprobs: tuple[float, ...] = ()
-    stop: str | int | None = None
+    request: str = ""  # vLLM's internal id of the request (a child's, for n > 1): what abort takes
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    closed: str | None = None
 
 
 class VLLMStepGenerator:
@@ -204,83 +210,103 @@ class VLLMStepGenerator:
         self.settings = settings or SamplingSettings()
         self.eot_ids = end_of_turn_ids(tokenizer, model)
         self.counters = GenerationCounters()
-        self._running: dict[str, _Step] = {}  # by vLLM request id
+        self._turn_enders = StopStrings(tokenizer, self.settings.end_turn_after)
+        self._queued: list[_Step] = []  # submitted, added to the engine by the next poll
+        self._running: dict[tuple[str, int], _Step] = {}  # by (request id, completion index)
         self._ready: list[tuple[Hashable, StepOutput]] = []  # steps that needed no request
         self._ids = itertools.count()
 
-    def sampling_params(self, max_tokens: int, *, stop: bool = True) -> Any:
-        """vLLM's ``SamplingParams`` of one request: the settings' sampling, one log-prob (the sampled token's),
-        and with ``stop`` the step's stop strings (kept in the output) and end-of-turn ids."""
+    def sampling_params(self, max_tokens: int, n: int = 1) -> Any:
+        """vLLM's ``SamplingParams`` of one request for ``n`` steps from the same context: the settings' sampling,
+        one log-prob (the sampled token's), the stop strings (kept in the output; ``end_turn_after`` ones are
+        found here, see :meth:`poll`) and end-of-turn ids, the output streamed (each engine step's new tokens)."""
         from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
 
         greedy = self.settings.greedy
-        stops = {"stop": list(self.settings.stop_strings), "include_stop_str_in_output": True,
-                 "stop_token_ids": sorted(self.eot_ids)} if stop else {}
-        return SamplingParams(temperature=0.0 if greedy else self.settings.temperature,
+        stops = [stop for stop in self.settings.stop_strings if stop not in self.settings.end_turn_after]
+        return SamplingParams(n=n, temperature=0.0 if greedy else self.settings.temperature,
                               top_p=1.0 if greedy else self.settings.top_p, max_tokens=max_tokens, logprobs=0,
-                              **stops)
+                              stop=stops, include_stop_str_in_output=True, stop_token_ids=sorted(self.eot_ids),
+                              output_kind=RequestOutputKind.DELTA)
 
     def submit(self, branch: Branch, tag: Hashable) -> None:
-        """Queue one step of ``branch`` as a request of the engine (its ``stream`` is not used: see the module
-        docstring on seeds); it runs from the next :meth:`poll` on, beside the requests already running."""
+        """Queue one step of ``branch`` (its ``stream`` is not used: see the module docstring on seeds); the next
+        :meth:`poll` adds it to the engine, beside the requests already running."""
         cap = self.settings.step_cap(len(branch.token_ids))
         if cap <= 0:
             self._ready.append((tag, StepOutput((), (), "length", None)))
             return
-        self._add(_Step(tag, branch.token_ids, cap), branch.token_ids, self.sampling_params(cap))
+        self._queued.append(_Step(tag, branch.token_ids, cap))
 
     @property
     def pending(self) -> int:
-        return len(self._running) + len(self._ready)
+        return len(self._queued) + len(self._running) + len(self._ready)
 
     def poll(self) -> list[tuple[Hashable, StepOutput]]:
-        """One engine step (a forward pass over the running requests); the agent steps it finished."""
+        """One engine step (a forward pass over the running requests); the agent steps it finished. A step that
+        closes an ``end_turn_after`` string (``</answer>``) runs one token more and is then aborted: the same
+        request, no second one."""
         done, self._ready = self._ready, []
+        self._add_queued()
         if not self._running:
             return done
         self.counters.forward_passes += 1
         for output in self.engine.llm.llm_engine.step():
-            if not output.finished:
-                continue
-            step = self._running.pop(output.request_id)
-            self.counters.tokens_prefilled += len(output.prompt_token_ids) - (output.num_cached_tokens or 0)
-            ids, logprobs, stop = _completion(output)
-            if step.ids:  # the token after </answer>
-                ids, logprobs, stop = step.ids + ids, step.logprobs + logprobs, step.stop
-            elif stop in self.settings.end_turn_after and len(ids) < step.cap:
-                # after </answer> one more token belongs to the step (normally end-of-turn): a one-token request
-                follow = _Step(step.tag, step.context, step.cap, ids, logprobs, stop)
-                self._add(follow, step.context + ids, self.sampling_params(1, stop=False))
-                continue
-            self.counters.llm_calls += 1
-            self.counters.tokens_generated += len(ids)
-            done.append((step.tag, StepOutput(ids, logprobs, self._finish_reason(stop, ids), None)))
+            for completion in output.outputs:
+                step = self._running.get((output.request_id, completion.index))
+                if step is None:  # aborted after its last token
+                    continue
+                if not step.ids:
+                    self.counters.tokens_prefilled += len(step.context) - (output.num_cached_tokens or 0)
+                finish = self._extend(step, completion)
+                if finish is None:
+                    continue
+                del self._running[(output.request_id, completion.index)]
+                if completion.finish_reason is None:
+                    self.engine.llm.llm_engine.abort_request([step.request], internal=True)
+                self.counters.llm_calls += 1
+                self.counters.tokens_generated += len(step.ids)
+                done.append((step.tag, StepOutput(tuple(step.ids), tuple(step.logprobs), finish, None)))
         return done
 
     def generate_step(self, branches: Sequence[Branch], *, seed: int | None = None) -> list[StepOutput]:
         return generate_steps(self, branches, seed)
 
-    def _add(self, step: _Step, prompt: tuple[int, ...], params: Any) -> None:
+    def _add_queued(self) -> None:
+        """The queued steps as requests: steps with the same context and cap (the M roots of a prompt, the N
+        branches forked from one node in one round) become one request with n of them."""
         from vllm.inputs import TokensPrompt
 
-        request_id = str(next(self._ids))
-        self._running[request_id] = step
-        self.engine.llm.llm_engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(prompt)), params)
+        groups: dict[tuple[tuple[int, ...], int], list[_Step]] = {}
+        for step in self._queued:
+            groups.setdefault((step.context, step.cap), []).append(step)
+        self._queued = []
+        for (context, cap), steps in groups.items():
+            request_id = str(next(self._ids))
+            internal = self.engine.llm.llm_engine.add_request(
+                request_id, TokensPrompt(prompt_token_ids=list(context)), self.sampling_params(cap, len(steps)))
+            for index, step in enumerate(steps):
+                step.request = internal if len(steps) == 1 else f"{index}_{internal}"  # vLLM's child ids
+                self._running[(request_id, index)] = step
+
+    def _extend(self, step: _Step, completion: Any) -> str | None:
+        """Add a completion's new tokens to ``step``; its finish reason once the step is over, else None."""
+        for i, token in enumerate(completion.token_ids):
+            after_closing = step.closed is not None
+            step.ids.append(token)
+            step.logprobs.append(completion.logprobs[i][token].logprob)
+            if after_closing:  # the one token after </answer> belongs to the step; nothing after it
+                return "stop"
+            step.closed = self._turn_enders.completed_by_last(step.ids)
+        if step.closed is not None and len(step.ids) >= step.cap:
+            return "stop"
+        if completion.finish_reason is None:
+            return None
+        if completion.stop_reason is not None and not isinstance(completion.stop_reason, int):
+            return "stop"
+        return "eos" if step.ids[-1] in self.eot_ids else "length"
 
     def prefix_cache(self, token_ids: tuple[int, ...]) -> None:
         """None: vLLM's automatic prefix caching shares the prompt among branches."""
         return None
-
-    def _finish_reason(self, stop: str | int | None, ids: tuple[int, ...]) -> str:
-        if isinstance(stop, str):
-            return "stop"
-        return "eos" if ids and ids[-1] in self.eot_ids else "length"
-
-
-def _completion(output: Any) -> tuple[tuple[int, ...], tuple[float, ...], str | int | None]:
-    """A request's sampled ids, their log-probs and vLLM's ``stop_reason`` (the stop string, a stop token id,
-    or None)."""
-    completion = output.outputs[0]
-    ids = tuple(completion.token_ids)
-    logprobs = tuple(completion.logprobs[i][token].logprob for i, token in enumerate(ids))
-    return ids, logprobs, completion.stop_reason

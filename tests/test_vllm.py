@@ -20,7 +20,7 @@ import envs  # noqa: F401  (registers the env ids)
 from algos.rollout import TreeRollout, TreeShape
 from policies.generation import Branch, SamplingSettings, observation_ids, prompt_ids
 from policies.models import LoraSettings, apply_lora, load_model
-from policies.vllm_generation import VLLMEngine, VLLMStepGenerator
+from policies.vllm_generation import CPU_BLOCK_SIZE, VLLMEngine, VLLMStepGenerator
 
 pytestmark = pytest.mark.vllm
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -120,8 +120,8 @@ class AllowedTokens(VLLMStepGenerator):
         super().__init__(*args, **kwargs)
         self.allowed = allowed
 
-    def sampling_params(self, max_tokens: int, *, stop: bool = True):
-        params = super().sampling_params(max_tokens, stop=stop)
+    def sampling_params(self, max_tokens: int, n: int = 1):
+        params = super().sampling_params(max_tokens, n)
         params.allowed_token_ids = self.allowed
         return params
 
@@ -147,12 +147,43 @@ def test_stops_at_the_first_closing_search_tag(tiny, engine):
     assert out.finish_reason == "stop" and text.endswith("</search>") and text.count("</search>") == 1
 
 
-def test_answer_step_keeps_the_next_token(tiny, engine):
+def count_requests(engine, monkeypatch) -> list[int]:
+    """The ``n`` of every request added to ``engine`` from now on."""
+    added, add_request = [], engine.llm.llm_engine.add_request
+
+    def counted(request_id, prompt, params, *args, **kwargs):
+        added.append(params.n)
+        return add_request(request_id, prompt, params, *args, **kwargs)
+
+    monkeypatch.setattr(engine.llm.llm_engine, "add_request", counted)
+    return added
+
+
+def test_answer_step_keeps_the_next_token_from_the_same_request(tiny, engine, monkeypatch):
     _, tokenizer = tiny
+    requests = count_requests(engine, monkeypatch)
     closing = sorted(set(ids_of(tokenizer, "</answer>")))
     out = allowed_step(tiny, engine, closing)  # the one more token comes from the same pieces
     text = tokenizer.decode(out.token_ids[:-1])
     assert out.finish_reason == "stop" and text.endswith("</answer>") and text.count("</answer>") == 1
+    assert requests == [1]  # the closing tag is found while streaming; the request is aborted after one token
+    assert engine.llm.llm_engine.get_num_unfinished_requests() == 0
+
+
+def test_steps_from_one_context_are_one_request_with_n_samples(tiny, engine, monkeypatch):
+    model, tokenizer = tiny
+    requests = count_requests(engine, monkeypatch)
+    generator = VLLMStepGenerator(engine, tokenizer, model, SAMPLING)
+    engine.llm.reset_prefix_cache()
+    root, other = Branch(prompt_ids(tokenizer, "Who wrote Hamlet?")), Branch(prompt_ids(tokenizer, "Capital?"))
+    outputs = generator.generate_step([root, other, root, root])
+    assert sorted(requests) == [1, 3]
+    assert len({out.token_ids for out in (outputs[0], *outputs[2:])}) == 3  # three samples, not one thrice
+    assert_learner_logprobs(model, [root, other, root, root], outputs)
+    assert generator.counters.llm_calls == 4
+    # the samples share the prompt's whole KV blocks; each computes only its last, partial block
+    partial = len(root.token_ids) % CPU_BLOCK_SIZE
+    assert generator.counters.tokens_prefilled == len(root.token_ids) + 2 * partial + len(other.token_ids)
 
 
 def test_stops_at_end_of_turn_and_keeps_it(tiny, engine):
