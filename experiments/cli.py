@@ -61,7 +61,8 @@ def _optional(convert: Callable[[str], Any]) -> Callable[[str], Any]:
 
 
 def _argument(annotation: Any) -> dict[str, Any]:
-    """argparse keywords for a field's type: int, float, str, Literal[...], list[...] and ``X | None``."""
+    """argparse keywords for a field's type: int, float, str, Literal[...], list[...], dict[...] (as text) and
+    ``X | None``."""
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
     optional = typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) < len(
         typing.get_args(annotation))
@@ -71,6 +72,8 @@ def _argument(annotation: Any) -> dict[str, Any]:
     if typing.get_origin(annotation) is list:
         keywords["nargs"] = "+"
         annotation = typing.get_args(annotation)[0]
+    if typing.get_origin(annotation) is dict:  # given as text, which the model's own validator parses
+        annotation = str
     if typing.get_origin(annotation) is typing.Literal:
         keywords["choices"] = list(typing.get_args(annotation))
         annotation = type(keywords["choices"][0])

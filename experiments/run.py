@@ -227,6 +227,13 @@ def check_resources(settings: RunSettings, available: dict[str, float]) -> None:
             f"CPUs and {available.get('GPU', 0):g} GPUs: lower --num-env-runners / --num-learners, or "
             f"--num-cpus-per-env-runner / --num-cpus-per-learner / --num-gpus-per-env-runner / --num-gpus-per-learner "
             f"(fractions are fine, e.g. 0.5)")
+    for name, amount in (settings.env_runner_resources or {}).items():
+        needed = settings.num_env_runners * amount
+        if needed > available.get(name, 0):
+            raise SettingsError(
+                f"--env-runner-resources {name}={amount:g}: {settings.num_env_runners} env runner(s) need {needed:g} "
+                f"{name} but Ray has {available.get(name, 0):g} (a node offers it with ray start --resources "
+                f"'{{\"{name}\": N}}', and only a cluster joined with --ray-address has such nodes)")
 
 
 def progress_line(row: dict[str, Any], total: int) -> str:

@@ -31,6 +31,41 @@ def dashboard_dependency_error() -> ImportError | None:
     return get_dashboard_dependency_error()
 
 
+RESOURCE_FORM = "NAME=AMOUNT[,NAME=AMOUNT] (e.g. rollout_node=1)"
+# Ray's own resources, asked for through their own options (Ray refuses them among the custom ones)
+BUILTIN_RESOURCES = {"CPU": "--num-cpus-per-env-runner", "GPU": "--num-gpus-per-env-runner",
+                     "memory": None, "object_store_memory": None}
+
+
+def parse_resources(text: str) -> dict[str, float]:
+    """``NAME=AMOUNT[,NAME=AMOUNT]`` as ``{NAME: AMOUNT}``; a ValueError showing the expected form otherwise."""
+    resources: dict[str, float] = {}
+    for item in (part.strip() for part in text.split(",")):
+        name, equals, amount = (part.strip() for part in item.partition("="))
+        try:
+            value = float(amount)
+        except ValueError:
+            value = None
+        if not name or not equals or value is None:
+            raise ValueError(f"expected {RESOURCE_FORM}, got {item!r} in {text!r}")
+        if name in resources:
+            raise ValueError(f"{name} is given twice in {text!r}")
+        resources[name] = value
+    return resources
+
+
+def check_custom_resources(resources: dict[str, float] | None) -> dict[str, float] | None:
+    """``resources`` if every amount is positive and no name is one of Ray's own resources; else a ValueError."""
+    for name, amount in (resources or {}).items():
+        if name in BUILTIN_RESOURCES:
+            option = BUILTIN_RESOURCES[name]
+            raise ValueError(f"{name} is one of Ray's own resources, not a custom one"
+                             + (f"; use {option}" if option else ""))
+        if not amount > 0:
+            raise ValueError(f"{name}={amount:g}: an amount must be positive")
+    return resources
+
+
 def _default_of(function: Any, name: str) -> Any:
     """The default of parameter ``name`` of ``function`` (a class: its constructor): declared there, not here."""
     return inspect.signature(function).parameters[name].default
@@ -69,6 +104,10 @@ class RunSettings(TreeGRPOSettings):
     num_cpus_per_env_runner: float = Field(1.0, gt=0, description="CPUs per remote env runner")
     num_gpus_per_env_runner: float = Field(0.0, ge=0, description="GPUs per remote env runner (its generator, HF "
                                                                   "or a vLLM engine, runs there)")
+    env_runner_resources: dict[str, float] | None = Field(
+        None, description="custom Ray resources per remote env runner, NAME=AMOUNT[,NAME=AMOUNT] (e.g. "
+                          "rollout_node=1: the runners go to the nodes started with ray start --resources "
+                          "'{\"rollout_node\": N}'; default: wherever their CPUs and GPUs fit)")
     ray_address: str | None = Field(None, description="join the Ray cluster at HOST:PORT (default: $RAY_ADDRESS; "
                                                       "without either, start a local Ray on loopback)")
     ray_dashboard: bool = Field(False, description="start Ray's dashboard (on 127.0.0.1:8265) with the local "
@@ -103,6 +142,23 @@ class RunSettings(TreeGRPOSettings):
     @classmethod
     def _known_retriever(cls, value: str) -> str:
         return check_retriever_spec(value)
+
+    @field_validator("env_runner_resources", mode="before")
+    @classmethod
+    def _resources_from_text(cls, value: Any) -> Any:
+        return parse_resources(value) if isinstance(value, str) else value
+
+    @field_validator("env_runner_resources")
+    @classmethod
+    def _custom_resources_only(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        return check_custom_resources(value)
+
+    @model_validator(mode="after")
+    def _resources_need_remote_runners(self) -> RunSettings:
+        if self.env_runner_resources and not self.num_env_runners:
+            raise ValueError("env_runner_resources: places remote env runners, but num_env_runners is 0 (the "
+                             "driver samples); set --num-env-runners, or drop --env-runner-resources")
+        return self
 
     @model_validator(mode="after")
     def _no_training_on_the_evaluation_split(self) -> RunSettings:
@@ -155,7 +211,7 @@ def help_sections() -> dict[str, str]:
 MAY_CHANGE_ON_RESUME = frozenset({
     "iterations", "checkpoint_every", "keep_checkpoints", "eval_every", "eval_questions", "final_eval", "eval_envs",
     "mlflow", "mlflow_uri", "experiment", "run_name", "log_rollout_steps", "trees_every", "trees_count", "data_dir",
-    "ray_dashboard", "ray_address",
+    "ray_dashboard", "ray_address", "env_runner_resources",
 })
 
 
@@ -191,7 +247,8 @@ def build_config(settings: RunSettings) -> TreeGRPOConfig:
         .env_runners(num_env_runners=settings.num_env_runners,
                      create_local_env_runner=settings.num_env_runners == 0,
                      num_cpus_per_env_runner=settings.num_cpus_per_env_runner,
-                     num_gpus_per_env_runner=settings.num_gpus_per_env_runner)
+                     num_gpus_per_env_runner=settings.num_gpus_per_env_runner,
+                     custom_resources_per_env_runner=settings.env_runner_resources or {})
         .learners(num_learners=settings.num_learners, num_gpus_per_learner=settings.num_gpus_per_learner,
                   num_cpus_per_learner=settings.num_cpus_per_learner)
         .evaluation(evaluation_interval=settings.eval_every or None, evaluation_duration=settings.eval_questions,

@@ -95,6 +95,14 @@ def test_actors_that_cannot_be_placed_are_an_error_not_a_hang(data_dir, tmp_path
     with pytest.raises(SettingsError, match="need 1 CPUs and 2 GPUs but Ray has 2 CPUs and 1 GPUs"):
         check_resources(engines, {"CPU": 2.0, "GPU": 1.0})
     check_resources(engines, {"CPU": 2.0, "GPU": 2.0})
+    placed = plan(["--num-env-runners", "2", "--num-cpus-per-env-runner", "0.5", "--env-runner-resources",
+                   "rollout_node=1", "--output", str(tmp_path)]).settings  # runners only on the nodes offering it
+    with pytest.raises(SettingsError, match=r"--env-runner-resources rollout_node=1: 2 env runner\(s\) need 2 "
+                                            r"rollout_node but Ray has 1 \(a node offers it with ray start"):
+        check_resources(placed, {"CPU": 2.0, "rollout_node": 1.0})
+    with pytest.raises(SettingsError, match="need 2 rollout_node but Ray has 0"):
+        check_resources(placed, {"CPU": 2.0})  # a local Ray has no custom resources
+    check_resources(placed, {"CPU": 2.0, "rollout_node": 2.0})
 
 
 def test_invalid_config_names_the_field():

@@ -337,3 +337,36 @@ def test_the_retriever_setting_reaches_the_env_and_is_checked_before_ray(tmp_pat
     assert "unknown retriever backend 'elastic'" in error_of(["--retriever", "elastic"])
     assert "must look like http://HOST:PORT" in error_of(["--retriever", "http://"])
     assert not ray.is_initialized()
+
+
+def test_env_runner_resources_reach_rllib_from_the_command_line_and_yaml(tmp_path):
+    out = ["--num-env-runners", "2", "--output", str(tmp_path / "a")]
+    s = settings_of(["--env-runner-resources", "rollout_node=1, accelerator_type:A100=0.5", *out])
+    assert s.env_runner_resources == {"rollout_node": 1.0, "accelerator_type:A100": 0.5}
+    assert build_config(s).custom_resources_per_env_runner == {"rollout_node": 1.0, "accelerator_type:A100": 0.5}
+    assert build_config(settings_of(out)).custom_resources_per_env_runner == {}
+    dump_yaml(s, tmp_path / "config.yaml")  # a YAML mapping, read back to the same settings
+    assert yaml.safe_load((tmp_path / "config.yaml").read_text())["env_runner_resources"] == {
+        "rollout_node": 1.0, "accelerator_type:A100": 0.5}
+    assert RunSettings.model_validate(read_yaml(tmp_path / "config.yaml", RunSettings)[0]) == s
+    assert "env_runner_resources" in MAY_CHANGE_ON_RESUME  # placement, not the experiment
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("rollout_node", "expected NAME=AMOUNT[,NAME=AMOUNT] (e.g. rollout_node=1), got 'rollout_node'"),
+    ("rollout_node=one", "got 'rollout_node=one'"),
+    ("=1", "got '=1'"),
+    ("a=1,,b=2", "got ''"),
+    ("a=1,a=2", "a is given twice"),
+    ("rollout_node=0", "rollout_node=0: an amount must be positive"),
+    ("CPU=1", "CPU is one of Ray's own resources, not a custom one; use --num-cpus-per-env-runner"),
+    ("memory=1", "memory is one of Ray's own resources"),
+])
+def test_bad_env_runner_resources_name_the_option(tmp_path, value, message):
+    error = error_of(["--env-runner-resources", value, "--num-env-runners", "1", "--output", str(tmp_path)])
+    assert error.startswith("env_runner_resources: ") and message in error
+
+
+def test_env_runner_resources_need_remote_runners(tmp_path):
+    error = error_of(["--env-runner-resources", "rollout_node=1", "--output", str(tmp_path)])
+    assert "env_runner_resources: places remote env runners, but num_env_runners is 0" in error
