@@ -285,6 +285,12 @@ def save_learning_curve(output: Path) -> Path | None:
     return plot_runs({output.resolve().name: rows}, output / "learning_curve.png", metrics=metrics)
 
 
+def budget_spent(algo, token_budget: int | None) -> bool:
+    """Whether the run has generated ``token_budget`` tokens (never, without a budget). Checked between
+    iterations, so the iteration that reaches the budget is never cut short."""
+    return token_budget is not None and algo.tokens_generated_total >= token_budget
+
+
 def train(run: RunPlan) -> tuple[Path | None, int]:
     """Run the plan; (the newest checkpoint, the exit status: 0, or 130 / 143 after SIGINT / SIGTERM)."""
     import ray
@@ -309,12 +315,15 @@ def train(run: RunPlan) -> tuple[Path | None, int]:
     end = algo.iteration + settings.iterations
     with GracefulStop(can_interrupt=lambda: not algo.mid_update) as stop:
         try:
-            while algo.iteration < end:
+            while algo.iteration < end and not budget_spent(algo, settings.token_budget):
                 algo.train()
                 print(progress_line(tracker.last_row, end), flush=True)
                 if settings.checkpoint_every and algo.iteration % settings.checkpoint_every == 0:
                     latest, saved_at = checkpoints.save(algo, algo.iteration), algo.iteration
                 stop.check()
+            if budget_spent(algo, settings.token_budget):
+                print(f"token budget reached: {algo.tokens_generated_total:,} tokens generated (--token-budget "
+                      f"{settings.token_budget:,})", file=sys.stderr)
             if settings.final_eval:
                 for path in final_evaluation(algo, settings, output):
                     tracker.mlflow.log_artifact(path, "eval")

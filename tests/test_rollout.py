@@ -1,9 +1,7 @@
-"""Tree rollouts over env snapshots: shapes, uniform expansion picks, exact env clones, token trajectories,
+"""Tree rollouts over env snapshots: shapes, exact env clones, token trajectories,
 prefix reuse and what a tree costs per leaf against chains."""
 
 from __future__ import annotations
-
-from collections import Counter
 
 import gymnasium as gym
 import numpy as np
@@ -12,7 +10,7 @@ import pytest
 import envs  # noqa: F401  (registers the env ids)
 from algos.batch import leaf_records
 from algos.rollout import TreeRollout, TreeShape
-from algos.tree import Node, Tree, pick_expansion_nodes
+from algos.tree import Node
 from envs.retrieval import Retriever, get_retriever
 from policies.generation import (
     GenerationCounters,
@@ -155,22 +153,6 @@ def test_trees_do_not_depend_on_how_steps_were_batched(tiny, data_dir):
     uncached, _, _ = grow(tiny, TreeShape(2, 1, 2), prompts=(4,), seed=1, keep_cache=False)
     assert signature(batched) == signature(serial) == signature(uncached)
     assert generator.counters.forward_passes < serial_generator.counters.forward_passes
-
-
-def test_expansion_picks_are_uniform_over_root_and_non_leaves():
-    # root -> a -> b (leaf); root -> c (leaf); a -> d (leaf): candidates root, a
-    empty = TokenTrajectory.from_prompt(())
-    root = Node(empty, None)
-    a = root.add_child(Node(empty, None))
-    a.add_child(Node(empty, None, is_leaf=True))
-    root.add_child(Node(empty, None, is_leaf=True))
-    a.add_child(Node(empty, None, is_leaf=True))
-    tree = Tree(root, prompt_index=0, tree_id=0)
-    assert tree.expansion_candidates() == [root, a]
-    picks = pick_expansion_nodes(tree, 20_000, np.random.default_rng(0))
-    counts = Counter(id(node) for node in picks)
-    assert set(counts) == {id(root), id(a)}
-    assert abs(counts[id(root)] / 20_000 - 0.5) < 0.015  # 4.2 standard deviations of a fair coin
 
 
 def test_budget_counters(grown):
