@@ -157,7 +157,8 @@ def record_settings(run: RunPlan, first_iteration: int) -> Path:
 
 def check_data(settings: RunSettings) -> None:
     """The data directory and the question files the run reads (its training split; with evaluations, the
-    evaluation splits), or a ``SettingsError`` naming the path and the expected layout."""
+    evaluation splits), or a ``SettingsError`` naming the path and the expected layout; and, for a generated
+    world, that ``--max-turns`` allows the searches its questions need."""
     evaluated = ({settings.env} if settings.eval_every else set()) | (
         set(settings.eval_envs or [settings.env]) if settings.final_eval else set())
     try:
@@ -165,8 +166,14 @@ def check_data(settings: RunSettings) -> None:
         envs.question_count(settings.env, **config)
         for env_id in sorted(evaluated):
             envs.question_count(env_id, **{**config, "split": envs.eval_split(env_id)})
+        hops = envs.world_hops(settings.env, **config)
     except (MissingDataError, DataError) as error:
         raise SettingsError(str(error)) from None
+    if hops is not None and hops > settings.max_turns:
+        raise SettingsError(f"--max-turns {settings.max_turns}: the {settings.env} world the run would serve asks "
+                            f"{hops}-hop questions, one search per hop, which {settings.max_turns} search steps "
+                            f"cannot answer: raise --max-turns to {hops}, or write a world with fewer hops "
+                            f"(python -m envs.synthetic --help) and pass its directory as --data-dir")
 
 
 def check_before_ray(settings: RunSettings) -> None:
