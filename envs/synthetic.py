@@ -70,16 +70,9 @@ BRANCH_TAILS: dict[int, tuple[tuple[str, ...], str]] = {
 }
 
 
-def _spec_key(spec: Any) -> str:
-    """A short hash naming a spec's files in the cache."""
-    return hashlib.sha1(json.dumps(asdict(spec), sort_keys=True).encode()).hexdigest()[:12]
-
-
 @dataclass(frozen=True)
-class WorldSpec:
-    """Sizes and seed of a SynthHop world. ``hop_mix``: the shares of 1-, 2- and 3-hop questions."""
-
-    DATASET: ClassVar[str] = "synthhop"
+class _WorldSizes:
+    """The seed and sizes every generated world has (its entities and its two splits)."""
 
     seed: int = 0
     people: int = 200
@@ -88,7 +81,6 @@ class WorldSpec:
     countries: int = 12
     train_questions: int = 800
     dev_questions: int = 150
-    hop_mix: tuple[float, float, float] = (0.3, 0.4, 0.3)
 
     def __post_init__(self) -> None:
         if self.people < 2 or self.people % 2:
@@ -96,55 +88,55 @@ class WorldSpec:
         for name in ("companies", "cities", "countries", "train_questions", "dev_questions"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if len(self.hop_mix) != 3 or min(self.hop_mix) < 0 or not np.isclose(sum(self.hop_mix), 1.0):
-            raise ValueError(f"hop_mix must be three shares summing to 1, got {self.hop_mix}")
 
     @property
     def key(self) -> str:
         """A short hash naming this world's files in the cache."""
-        return _spec_key(self)
+        return hashlib.sha1(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class WorldSpec(_WorldSizes):
+    """Sizes and seed of a SynthHop world. ``hop_mix``: the shares of 1-, 2- and 3-hop questions."""
+
+    DATASET: ClassVar[str] = "synthhop"
+
+    hop_mix: tuple[float, float, float] = (0.3, 0.4, 0.3)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if len(self.hop_mix) != 3 or min(self.hop_mix) < 0 or not np.isclose(sum(self.hop_mix), 1.0):
+            raise ValueError(f"hop_mix must be three shares summing to 1, got {self.hop_mix}")
 
     def world(self) -> World:
         return World(self)
 
 
 @dataclass(frozen=True)
-class BranchSpec:
+class BranchSpec(_WorldSizes):
     """Sizes and seed of a SynthBranch world; ``hops``: the searches every question needs (2, 3 or 4), the first
     of them followed by the routing decision. Each company asks two questions (its founder's, its chair's)."""
 
     DATASET: ClassVar[str] = "synthbranch"
 
-    seed: int = 0
-    people: int = 200
     companies: int = 150
-    cities: int = 40
-    countries: int = 12
     train_questions: int = 240
     dev_questions: int = 60
     hops: int = 3
 
     def __post_init__(self) -> None:
-        WorldSpec(self.seed, self.people, self.companies, self.cities, self.countries)  # the shared checks
+        super().__post_init__()
         if self.hops not in BRANCH_TAILS:
             raise ValueError(f"hops must be one of {sorted(BRANCH_TAILS)} (searches per question), got {self.hops}")
         ends = "cities" if self.hops == 2 else "countries"
         if getattr(self, ends) < 2:
             raise ValueError(f"{ends} must be >= 2 with hops {self.hops}: the wrong route must end elsewhere than "
                              f"the right one, got {getattr(self, ends)}")
-        for name in ("train_questions", "dev_questions"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         asked, available = self.train_questions + self.dev_questions, len(BRANCH_ROLES) * self.companies
         if asked > available:
             raise ValueError(f"train_questions + dev_questions ({asked}) exceed the {available} questions of "
                              f"{self.companies} companies (a founder's and a chair's each): raise companies or ask "
                              f"fewer questions")
-
-    @property
-    def key(self) -> str:
-        """A short hash naming this world's files in the cache."""
-        return _spec_key(self)
 
     def world(self) -> BranchWorld:
         return BranchWorld(self)

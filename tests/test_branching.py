@@ -1,19 +1,15 @@
-"""Branching strategies (algos/branching.py): which nodes each one picks on hand-built trees, and in a rollout."""
+"""Branching strategies (algos/branching.py): which nodes each one picks on hand-built trees (in a rollout:
+tests/test_rollout.py)."""
 
 from __future__ import annotations
 
 from collections import Counter
 
-import gymnasium as gym
 import numpy as np
 import pytest
 
-import envs  # noqa: F401  (registers the env ids)
 from algos.branching import BRANCHING, ENTROPY_TOKENS, entropy_tokens, following_entropy, pick_expansion_nodes
-from algos.rollout import TreeRollout, TreeShape
 from algos.tree import Node, Tree
-from policies.generation import GenerationCounters, SamplingSettings, StepOutput
-from policies.models import load_model
 from policies.trajectory import TokenTrajectory
 
 EMPTY = TokenTrajectory.from_prompt(())
@@ -106,52 +102,3 @@ def test_entropy_without_measured_entropies_and_an_unknown_name_are_errors(tree)
         pick_expansion_nodes(tree[0], 2, np.random.default_rng(0), "widest")
     assert BRANCHING == ("uniform", "entropy", "after_tool")
     assert [entropy_tokens(name) for name in BRANCHING] == [0, ENTROPY_TOKENS, 0]
-
-
-# -- in a rollout: the step entropies reach the nodes and steer the expansions ----------------------------------
-
-
-class EntropyScriptedGenerator:
-    """Searches, searches, answers; the step after the first search is the uncertain one (entropy 2.0, the
-    others 0.1). Every poll returns the steps submitted since the last one."""
-
-    def __init__(self, tokenizer):
-        self.tokenizer, self.queue = tokenizer, []
-        self.settings = SamplingSettings(entropy_tokens=ENTROPY_TOKENS)
-        self.counters = GenerationCounters()
-
-    def prefix_cache(self, token_ids):
-        return None
-
-    @property
-    def pending(self):
-        return len(self.queue)
-
-    def submit(self, branch, tag):
-        self.queue.append((branch, tag))
-
-    def poll(self):
-        outputs, self.queue = [(tag, self._step(branch)) for branch, tag in self.queue], []
-        return outputs
-
-    def _step(self, branch):
-        done = self.tokenizer.decode(branch.token_ids).count("<think>go</think>")
-        text = "<think>go</think><search>Hamlet</search>" if done < 2 else "<think>go</think><answer>x</answer>"
-        ids = tuple(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-        self.counters.tokens_generated += len(ids)
-        return StepOutput(ids, (0.0,) * len(ids), "stop", None, 2.0 if done == 1 else 0.1)
-
-
-def test_an_entropy_rollout_expands_after_the_uncertain_tool_call(data_dir):
-    _, tokenizer = load_model("tiny-random")
-    env = gym.make("HotpotQA-v0", split="dev")
-    trees = TreeRollout(env, EntropyScriptedGenerator(tokenizer), tokenizer, seed=0, branching="entropy").grow(
-        [0, 1], TreeShape(2, 1, 1))
-    for tree in trees:
-        first_search = tree.root.children[0]
-        assert [child.entropy for child in first_search.children] == [2.0, 2.0]  # the expansion grew from here
-        assert len(tree.root.children) == 1 and len(tree.leaves()) == 2
-    with pytest.raises(ValueError, match="branching 'entropy' needs the entropy of each step's first 20 tokens"):
-        generator = EntropyScriptedGenerator(tokenizer)
-        generator.settings = SamplingSettings()
-        TreeRollout(env, generator, tokenizer, branching="entropy")
