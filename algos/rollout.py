@@ -1,7 +1,8 @@
 """Growing Tree-GRPO trees (and chains, L = 0) over environment snapshots, independent of Ray.
 
-For every prompt: M chains from the root to a leaf; then L rounds in which N nodes per tree (root or non-leaf,
-uniformly with replacement) each grow one more full continuation to a leaf. All branches of all trees share the
+For every prompt: M chains from the root to a leaf; then L rounds in which N nodes per tree (picked by the
+branching strategy, ``algos.branching``: by default root or non-leaf, uniformly with replacement) each grow one
+more full continuation to a leaf. All branches of all trees share the
 step generator's forward passes (continuous batching: a branch back from its tool call rejoins at the next pass),
 prefixes reused through the nodes' cache handles. An "env copy" is a snapshot: before a branch steps, the env is
 restored to its node's state, so one env object serves every branch exactly (the retriever is shared, never
@@ -19,7 +20,8 @@ import gymnasium as gym
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
-from algos.tree import Node, Tree, pick_expansion_nodes
+from algos.branching import branching_strategy, entropy_tokens
+from algos.tree import Node, Tree
 from policies.generation import StepGenerator, StepOutput, branch_stream, observation_ids, prompt_ids
 from policies.trajectory import TokenTrajectory
 
@@ -90,8 +92,14 @@ class TreeRollout:
     """Grows trees for prompts of one environment with one step generator."""
 
     def __init__(self, env: gym.Env, generator: StepGenerator, tokenizer: PreTrainedTokenizerBase, *, seed: int = 0,
-                 on_step: Callable[[str], None] | None = None, progress_every_s: float = 5.0):
+                 branching: str = "uniform", on_step: Callable[[str], None] | None = None,
+                 progress_every_s: float = 5.0):
         self.env, self.generator, self.tokenizer = env.unwrapped, generator, tokenizer
+        self.pick = branching_strategy(branching)
+        measured, needed = generator.settings.entropy_tokens, entropy_tokens(branching)
+        if measured < needed:
+            raise ValueError(f"branching {branching!r} needs the entropy of each step's first {needed} tokens; the "
+                             f"step generator measures {measured} (SamplingSettings.entropy_tokens)")
         self.rng = np.random.default_rng(seed)
         self.counters = RolloutCounters()
         self.on_step = on_step  # receives a progress line at most every ``progress_every_s`` seconds
@@ -144,7 +152,7 @@ class TreeRollout:
                 growth.running -= 1
                 if growth.running == 0 and growth.round < shape.L:
                     growth.round += 1
-                    start_round(growth, pick_expansion_nodes(growth.tree, shape.N, growth.rng))
+                    start_round(growth, self.pick(growth.tree, shape.N, growth.rng))
             if self.on_step is not None and time.perf_counter() - last_report >= self.progress_every_s:
                 last_report = time.perf_counter()
                 self.on_step(self._progress(trees, len(inflight), last_report - start))
@@ -198,7 +206,7 @@ class TreeRollout:
             trajectory = trajectory.with_observation(observation_ids(self.tokenizer, observation))
         child = Node(trajectory, self.env.get_state(), cache=None if done else out.cache, action=info["action"],
                      text=text, observation=observation, reward=float(reward), is_leaf=done, info=info,
-                     lineage=lineage)
+                     lineage=lineage, entropy=out.entropy)
         return node.add_child(child)
 
 

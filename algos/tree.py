@@ -2,15 +2,14 @@
 
 The root holds the prompt only. Every node keeps what a branch needs to continue from it: the token trajectory
 up to and including its observation, the environment snapshot after its step, and the generator's cache
-handle for its context. Leaves are finished trajectories with an outcome reward.
+handle for its context. Leaves are finished trajectories with an outcome reward. Which nodes an expansion round
+grows from is ``algos.branching``'s choice.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
-
-import numpy as np
 
 from policies.generation import CacheHandle
 from policies.trajectory import TokenTrajectory
@@ -32,6 +31,7 @@ class Node:
     info: dict[str, Any] = field(default_factory=dict)
     children: list[Node] = field(default_factory=list)
     lineage: tuple[int, int] = (0, 0)  # (expansion round, branch index in it) of the branch that made this step
+    entropy: float | None = None  # mean entropy of the step's first tokens, where measured (StepOutput.entropy)
 
     @property
     def depth(self) -> int:
@@ -81,9 +81,3 @@ class Tree:
         """Free every node's cache once the tree is done growing."""
         for node in self.nodes():
             node.cache = None
-
-
-def pick_expansion_nodes(tree: Tree, n: int, rng: np.random.Generator) -> list[Node]:
-    """``n`` nodes drawn uniformly at random, with replacement, from the tree's expansion candidates."""
-    candidates = tree.expansion_candidates()
-    return [candidates[i] for i in rng.integers(len(candidates), size=n)]

@@ -28,6 +28,8 @@ def trees_to_dicts(trees: Sequence[Tree], questions: Mapping[int, str] | None = 
 def _node_dict(node: Node, node_id: str, leaf_counter, snippet_chars: int) -> dict[str, Any]:
     out: dict[str, Any] = {"id": node_id, "depth": node.depth, "action": node.action, "text": node.text,
                            "observation": _snippet(node.observation, snippet_chars), "is_leaf": node.is_leaf}
+    if node.entropy is not None:  # measured for --branching entropy: where the policy was uncertain
+        out["entropy"] = node.entropy
     if node.is_leaf:
         out.update(leaf_index=next(leaf_counter), reward=node.reward, em=float(node.info.get("em", 0.0)),
                    answer=node.info.get("answer"))
@@ -86,6 +88,8 @@ def _node_html(node: dict[str, Any]) -> str:
         stats.append(f"answer: {html.escape(str(node.get('answer')))}")
     if "leaves" in node and not node["is_leaf"]:
         stats.append(f"{node['leaves']} leaves below")
+    if "entropy" in node:
+        stats.append(f"entropy {node['entropy']:.2f}")
     if len(children) > 1:
         stats.append(f"<span class='branch'>branch point: {len(children)} continuations</span>")
     label = "prompt" if node["depth"] == 0 else f"step {node['depth']}"

@@ -7,7 +7,9 @@
 
 Every id serves :class:`envs.search_qa.SearchQAEnv` on the shared corpus (``DATA_DIR/wiki/paragraphs.jsonl``);
 every constructor argument can be overridden through ``gym.make`` keyword arguments. ``SynthHop-v0`` serves
-the same env over a generated fictional world (``envs.synthetic``; ``gym.make("SynthHop-v0", world={...})``).
+the same env over a generated fictional world (``envs.synthetic``; ``gym.make("SynthHop-v0", world={...})``), and
+``SynthBranch-v0`` over its variant whose questions turn on one routing decision
+(``envs.synthetic.make_synthbranch_env``).
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from envs.datasets import DATASETS, load_dataset, load_records
 from envs.search_qa import SearchQAEnv, SearchQAState, UnicodeText, parse_action
 
 ENTRY_POINT = "envs.search_qa:SearchQAEnv"
-SYNTHHOP_ENTRY_POINT = "envs.synthetic:make_synthhop_env"
+# generated worlds: dataset -> the factory serving it
+SYNTHETIC_ENTRY_POINTS = {"synthhop": "envs.synthetic:make_synthhop_env",
+                          "synthbranch": "envs.synthetic:make_synthbranch_env"}
 
 # env id -> (dataset name, default split, evaluation split)
 ENV_IDS: dict[str, tuple[str, str, str]] = {
@@ -32,8 +36,9 @@ ENV_IDS: dict[str, tuple[str, str, str]] = {
     "PopQA-v0": ("popqa", "test", "test"),
     "Bamboogle-v0": ("bamboogle", "test", "test"),
     "SynthHop-v0": ("synthhop", "train", "dev"),  # a generated world (envs.synthetic), not the data directory
+    "SynthBranch-v0": ("synthbranch", "train", "dev"),  # its variant with a routing decision per question
 }
-PAPER_ENV_IDS = tuple(env_id for env_id in ENV_IDS if env_id != "SynthHop-v0")
+PAPER_ENV_IDS = tuple(env_id for env_id, (dataset, _, _) in ENV_IDS.items() if dataset not in SYNTHETIC_ENTRY_POINTS)
 
 
 def eval_split(env_id: str) -> str:
@@ -45,15 +50,12 @@ def eval_split(env_id: str) -> str:
 
 def question_count(env_id: str, **env_config: Any) -> int:
     """How many questions ``gym.make(env_id, **env_config)`` poses (its ``unwrapped.records``), read from the
-    dataset file alone: the retriever and its index are not built. SynthHop's world is written to the cache
+    dataset file alone: the retriever and its index are not built. A generated world is written to the cache
     if it is not there yet (as the env would). An env id of another entry point is built and counted."""
     spec = gym.spec(env_id)
     kwargs = {**spec.kwargs, **env_config}
-    if spec.entry_point == SYNTHHOP_ENTRY_POINT:
-        from envs.synthetic import synthhop_data_dir
-
-        data_dir = synthhop_data_dir(kwargs.get("world"), kwargs.get("data_dir"))
-        return len(load_dataset("synthhop", kwargs.get("split", "train"), data_dir))
+    if spec.entry_point in SYNTHETIC_ENTRY_POINTS.values():
+        return len(_world_questions(spec.entry_point, kwargs))
     if spec.entry_point == ENTRY_POINT:
         dataset = kwargs.get("dataset", "hotpotqa")
         if kwargs.get("data_file") is not None:
@@ -68,12 +70,31 @@ def question_count(env_id: str, **env_config: Any) -> int:
         env.close()
 
 
+def world_hops(env_id: str, **env_config: Any) -> int | None:
+    """The most searches a question of ``gym.make(env_id, **env_config)`` needs when its world is generated
+    (SynthHop-v0, SynthBranch-v0: one per hop); None for the datasets, whose hops are not known."""
+    spec = gym.spec(env_id)
+    if spec.entry_point not in SYNTHETIC_ENTRY_POINTS.values():
+        return None
+    return max(len(record.supporting_titles) for record in _world_questions(spec.entry_point, {**spec.kwargs,
+                                                                                                **env_config}))
+
+
+def _world_questions(entry_point: str, kwargs: dict[str, Any]):
+    """The questions of a generated world's env (its split), read from the world's files."""
+    from envs.synthetic import world_dir
+
+    dataset = next(name for name, point in SYNTHETIC_ENTRY_POINTS.items() if point == entry_point)
+    return load_dataset(dataset, kwargs.get("split", "train"), world_dir(dataset, kwargs.get("world"),
+                                                                         kwargs.get("data_dir")))
+
+
 for _env_id, (_dataset, _split, _) in ENV_IDS.items():
     if _env_id not in gym.registry:
-        if _dataset == "synthhop":
-            gym.register(id=_env_id, entry_point=SYNTHHOP_ENTRY_POINT, kwargs={"split": _split})
+        if _dataset in SYNTHETIC_ENTRY_POINTS:
+            gym.register(id=_env_id, entry_point=SYNTHETIC_ENTRY_POINTS[_dataset], kwargs={"split": _split})
         else:
             gym.register(id=_env_id, entry_point=ENTRY_POINT, kwargs={"dataset": _dataset, "split": _split})
 
 __all__ = ["ENV_IDS", "PAPER_ENV_IDS", "SearchQAEnv", "SearchQAState", "UnicodeText", "eval_split", "parse_action",
-           "question_count"]
+           "question_count", "world_hops"]

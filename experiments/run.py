@@ -157,7 +157,8 @@ def record_settings(run: RunPlan, first_iteration: int) -> Path:
 
 def check_data(settings: RunSettings) -> None:
     """The data directory and the question files the run reads (its training split; with evaluations, the
-    evaluation splits), or a ``SettingsError`` naming the path and the expected layout."""
+    evaluation splits), or a ``SettingsError`` naming the path and the expected layout; and, for a generated
+    world, that ``--max-turns`` allows the searches its questions need."""
     evaluated = ({settings.env} if settings.eval_every else set()) | (
         set(settings.eval_envs or [settings.env]) if settings.final_eval else set())
     try:
@@ -165,8 +166,14 @@ def check_data(settings: RunSettings) -> None:
         envs.question_count(settings.env, **config)
         for env_id in sorted(evaluated):
             envs.question_count(env_id, **{**config, "split": envs.eval_split(env_id)})
+        hops = envs.world_hops(settings.env, **config)
     except (MissingDataError, DataError) as error:
         raise SettingsError(str(error)) from None
+    if hops is not None and hops > settings.max_turns:
+        raise SettingsError(f"--max-turns {settings.max_turns}: the {settings.env} world the run would serve asks "
+                            f"{hops}-hop questions, one search per hop, which {settings.max_turns} search steps "
+                            f"cannot answer: raise --max-turns to {hops}, or write a world with fewer hops "
+                            f"(python -m envs.synthetic --help) and pass its directory as --data-dir")
 
 
 def check_before_ray(settings: RunSettings) -> None:
@@ -292,6 +299,12 @@ def save_learning_curve(output: Path) -> Path | None:
     return plot_runs({output.resolve().name: rows}, output / "learning_curve.png", metrics=metrics)
 
 
+def budget_spent(algo, token_budget: int | None) -> bool:
+    """Whether the run has generated ``token_budget`` tokens (never, without a budget). Checked between
+    iterations, so the iteration that reaches the budget is never cut short."""
+    return token_budget is not None and algo.tokens_generated_total >= token_budget
+
+
 def train(run: RunPlan) -> tuple[Path | None, int]:
     """Run the plan; (the newest checkpoint, the exit status: 0, or 130 / 143 after SIGINT / SIGTERM)."""
     import ray
@@ -316,12 +329,15 @@ def train(run: RunPlan) -> tuple[Path | None, int]:
     end = algo.iteration + settings.iterations
     with GracefulStop(can_interrupt=lambda: not algo.mid_update) as stop:
         try:
-            while algo.iteration < end:
+            while algo.iteration < end and not budget_spent(algo, settings.token_budget):
                 algo.train()
                 print(progress_line(tracker.last_row, end), flush=True)
                 if settings.checkpoint_every and algo.iteration % settings.checkpoint_every == 0:
                     latest, saved_at = checkpoints.save(algo, algo.iteration), algo.iteration
                 stop.check()
+            if budget_spent(algo, settings.token_budget):
+                print(f"token budget reached: {algo.tokens_generated_total:,} tokens generated (--token-budget "
+                      f"{settings.token_budget:,})", file=sys.stderr)
             if settings.final_eval:
                 for path in final_evaluation(algo, settings, output):
                     tracker.mlflow.log_artifact(path, "eval")

@@ -114,6 +114,11 @@ class RunSettings(TreeGRPOSettings):
                                 "Ray instance (needs pip install -e .[dashboard])")
     # the run
     iterations: int = Field(20, ge=1, description="training iterations (of this invocation, also when resuming)")
+    token_budget: int | None = Field(
+        None, ge=1, description="stop the run once it has generated this many tokens (tokens_generated_total, its "
+                                "earlier invocations included): the iteration that reaches it is finished, then the "
+                                "run ends as after its last iteration (checkpoint, final evaluation); --iterations "
+                                "still caps the invocation (default: no budget)")
     output: str = Field("outputs/run", description="the run's directory (must not hold another run)")
     checkpoint_every: int = Field(10, ge=0, description="checkpoint every k iterations (0: only at the end); "
                                                         "always at the end and on SIGINT / SIGTERM")
@@ -209,9 +214,9 @@ def help_sections() -> dict[str, str]:
 # Options that may differ when a run is resumed: they change how long it runs, what it logs and how often it
 # evaluates, never what it learns. Every other option is part of the experiment (see ``resume_conflicts``).
 MAY_CHANGE_ON_RESUME = frozenset({
-    "iterations", "checkpoint_every", "keep_checkpoints", "eval_every", "eval_questions", "final_eval", "eval_envs",
-    "mlflow", "mlflow_uri", "experiment", "run_name", "log_rollout_steps", "trees_every", "trees_count", "data_dir",
-    "ray_dashboard", "ray_address", "env_runner_resources",
+    "iterations", "token_budget", "checkpoint_every", "keep_checkpoints", "eval_every", "eval_questions", "final_eval",
+    "eval_envs", "mlflow", "mlflow_uri", "experiment", "run_name", "log_rollout_steps", "trees_every", "trees_count",
+    "data_dir", "ray_dashboard", "ray_address", "env_runner_resources",
 })
 
 

@@ -269,6 +269,8 @@ def main(argv: list[str] | None = None) -> Path:
     stop = {"training_iteration": base.iterations}
     if options.time_budget_s:
         stop["time_total_s"] = options.time_budget_s
+    if base.token_budget:  # as run.py: after the iteration that reaches it
+        stop[M.TOKENS_GENERATED_TOTAL] = base.token_budget
     tuner = tune.Tuner(
         TreeGRPO,
         param_space=space,

@@ -3,6 +3,7 @@ trajectories, so that RL starts from a policy that follows the search/answer for
 
     python experiments/warmstart.py --env SynthHop-v0 --model scratch --extra-worlds 4 --output outputs/warm/synthhop
     python experiments/warmstart.py --env HotpotQA-v0 --model smollm2-135m --questions 300 --output outputs/warm/hq
+    python experiments/warmstart.py --env SynthBranch-v0 --extra-worlds 4 --misroute 0.8 --output outputs/warm/branch
     python experiments/run.py --env SynthHop-v0 --model outputs/warm/synthhop/model ...      # then RL from it
 
 The oracle searches each hop's gold query (a question's supporting titles, in order) and answers with the gold
@@ -10,8 +11,10 @@ answer. Its steps are run through the env, so the observations are the real retr
 trajectory is laid out token for token as the RL rollouts are (chat-templated prompt, step ids, observation
 ids, the end-of-turn token after the answer). Only the generated tokens are trained; observations are masked.
 ``--model scratch`` is a small Llama (SmolLM2's tokenizer) trained from random weights; any ``run.py --model``
-is fine-tuned. Writes OUTPUT/model (a directory ``--model`` accepts) and OUTPUT/warmstart.json (settings,
-loss curve, greedy dev EM before and after).
+is fine-tuned. Deliberately weaker starts: ``--unanswered`` (never answers), ``--premature`` (answers a hop
+short), ``--misroute`` (SynthBranch-v0: follows the other person named by the first search, so the start policy
+copies names well and routes wrong that often). Writes OUTPUT/model (a directory ``--model`` accepts) and
+OUTPUT/warmstart.json (settings, loss curve, greedy dev EM before and after).
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ import dataclasses
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
 from pathlib import Path
 
 import gymnasium as gym
@@ -30,7 +32,7 @@ import torch
 
 import envs
 from envs.datasets import resolve_data_dir
-from envs.synthetic import WorldSpec
+from envs.synthetic import SPECS, SynthQuestion, read_spec, world_data_dir, world_dir
 from experiments.baselines import OracleAgent, in_format
 from experiments.evaluate import evaluate_env
 from policies.generation import SamplingSettings, end_of_turn_ids, observation_ids, prompt_ids
@@ -38,14 +40,19 @@ from policies.generators import step_generator
 
 
 def oracle_trajectory(env: gym.Env, tokenizer, index: int, max_searches: int, end_of_turn: int,
-                      answer: bool = True, premature: bool = False) -> tuple[list[int], list[int]]:
+                      answer: bool = True, premature: bool = False,
+                      route: SynthQuestion | None = None) -> tuple[list[int], list[int]]:
     """Question ``index``'s oracle trajectory: token ids and a 0/1 mask of the generated ones. With
     ``answer=False`` the oracle never answers: where it would, it repeats its last search until the episode
     ends unanswered. With ``premature=True`` a multi-hop question is answered after its first search, with the
-    entity that search found (the second hop's bridge: a wrong answer in the right format)."""
+    entity that search found (the second hop's bridge: a wrong answer in the right format). With ``route`` the
+    oracle searches that route's chain and answers its answer instead of the gold ones (SynthBranch's wrong
+    route, ``SynthQuestion.decoy``)."""
     prompt, _ = env.reset(options={"index": index})
     agent = OracleAgent(max_searches)
     record = env.unwrapped.record
+    if route is not None:
+        record = dataclasses.replace(record, supporting_titles=route.chain, answers=(route.answer,))
     if premature and len(record.supporting_titles) > 1:
         record = dataclasses.replace(record, supporting_titles=record.supporting_titles[:1],
                                      answers=(record.supporting_titles[1],))
@@ -150,18 +157,25 @@ def dev_em(model, tokenizer, args: argparse.Namespace, env_kwargs: dict) -> dict
     return mean_results(rows)
 
 
-def oracle_envs(args: argparse.Namespace, env_kwargs: dict) -> list[gym.Env]:
-    """The train-split envs whose oracle trajectories are trained: ``--env``, then ``--extra-worlds`` SynthHop
-    worlds shaped like the served one (its ``world.json`` in the data directory, else the default world) with
-    the seeds that follow its seed."""
-    first = gym.make(args.env, **env_kwargs)
-    if args.extra_worlds == 0:
-        return [first]
-    served = Path(env_kwargs["data_dir"]) / "synthhop" / "world.json"
-    spec = json.loads(served.read_text()) if served.exists() else asdict(WorldSpec())
-    others = {key: value for key, value in env_kwargs.items() if key != "data_dir"}
-    return [first, *(gym.make(args.env, world={**spec, "seed": spec["seed"] + k}, **others)
-                     for k in range(1, args.extra_worlds + 1))]
+def oracle_data_dirs(args: argparse.Namespace, env_kwargs: dict) -> list[Path]:
+    """The data directories whose train questions are trained: ``--env``'s (for a generated world, the world it
+    serves: the data directory's, else the default one), then ``--extra-worlds`` worlds shaped like it with the
+    seeds that follow its seed (written to the cache)."""
+    dataset = envs.ENV_IDS[args.env][0]
+    if dataset not in SPECS:
+        return [Path(env_kwargs["data_dir"])]
+    served = world_dir(dataset, data_dir=env_kwargs["data_dir"])
+    spec = read_spec(dataset, served)
+    return [served, *(world_data_dir(dataclasses.replace(spec, seed=spec.seed + k))
+                      for k in range(1, args.extra_worlds + 1))]
+
+
+def wrong_routes(env: gym.Env, data_dir: Path) -> list[SynthQuestion]:
+    """Per train question of a SynthBranch env serving ``data_dir``: its wrong route (the other person's)."""
+    questions = read_spec("synthbranch", data_dir).world().split_questions()["train"]
+    if [q.question for q in questions] != [r.question for r in env.unwrapped.records]:
+        raise ValueError(f"{data_dir}: the synthbranch questions are not those of its world.json")
+    return [q.decoy for q in questions]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -174,14 +188,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--heads", type=int, default=6, help="--model scratch: attention heads")
     p.add_argument("--questions", type=int, default=None, help="oracle trajectories (default: the whole split)")
     p.add_argument("--extra-worlds", type=int, default=0,
-                   help="SynthHop-v0: also train on the train questions of this many other worlds (the same sizes, "
-                        "other seeds), whose names differ, so the model must learn to copy names from the question "
-                        "and the passages instead of memorising them")
+                   help="SynthHop-v0, SynthBranch-v0: also train on the train questions of this many other worlds "
+                        "(the same sizes, other seeds), whose names differ, so the model must learn to copy names "
+                        "from the question and the passages instead of memorising them")
     p.add_argument("--unanswered", type=float, default=0.0,
                    help="share of oracle trajectories that never answer (a deliberately weaker start)")
     p.add_argument("--premature", type=float, default=0.0,
                    help="share of multi-hop oracle trajectories that answer after the first search with the entity "
                         "it found (a start policy that sometimes stops one hop short)")
+    p.add_argument("--misroute", type=float, default=0.0,
+                   help="SynthBranch-v0: share of oracle trajectories that follow the wrong person after the first "
+                        "search (the chair for a founder question, and the other way round) to a wrong answer in "
+                        "the right format: a start policy that copies names well and routes wrong that often")
     p.add_argument("--epochs", type=int, default=6)
     p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (use ~1e-5 to fine-tune smollm2)")
     p.add_argument("--batch-size", type=int, default=16)
@@ -197,13 +215,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.extra_worlds < 0:
         p.error(f"--extra-worlds must be >= 0, got {args.extra_worlds}")
-    for name in ("unanswered", "premature"):
+    for name in ("unanswered", "premature", "misroute"):
         if not 0.0 <= getattr(args, name) <= 1.0:
             p.error(f"--{name} must be a share in [0, 1], got {getattr(args, name)}")
     if args.questions is not None and args.questions < 1:
         p.error(f"--questions must be >= 1, got {args.questions}")
-    if args.extra_worlds and args.env != "SynthHop-v0":
-        p.error(f"--extra-worlds needs --env SynthHop-v0, got --env {args.env}")
+    synthetic = [env_id for env_id, (dataset, *_) in envs.ENV_IDS.items() if dataset in SPECS]
+    if args.extra_worlds and args.env not in synthetic:
+        p.error(f"--extra-worlds needs a generated world (--env {' or '.join(synthetic)}), got --env {args.env}")
+    if args.misroute and args.env != "SynthBranch-v0":
+        p.error(f"--misroute needs --env SynthBranch-v0 (the env with a wrong route to follow), got --env {args.env}")
     return args
 
 
@@ -216,14 +237,19 @@ def main(argv: list[str] | None = None) -> Path:
     model, tokenizer = build_model(args)
     end_of_turn = min(end_of_turn_ids(tokenizer, model))
     data = []
-    for env in oracle_envs(args, env_kwargs):
+    for data_dir in oracle_data_dirs(args, env_kwargs):
+        env = gym.make(args.env, **{**env_kwargs, "data_dir": str(data_dir)})
         count = min(args.questions or len(env.unwrapped.records), len(env.unwrapped.records))
         order = np.random.default_rng(args.seed).permutation(count).tolist()
         unanswered = set(order[: round(args.unanswered * count)])
         # drawn from the other end of the permutation, so the two kinds overlap only when their shares sum past 1
         premature = set(order[::-1][: round(args.premature * count)])
+        # a draw of its own: a misrouted trajectory may also be unanswered or premature, as the shares say
+        misrouted = set(np.random.default_rng([args.seed, 1]).permutation(count)[: round(args.misroute * count)])
+        routes = wrong_routes(env, data_dir) if misrouted else []
         data += [oracle_trajectory(env, tokenizer, i, args.max_turns, end_of_turn, answer=i not in unanswered,
-                                   premature=i in premature) for i in range(count)]
+                                   premature=i in premature, route=routes[i] if i in misrouted else None)
+                 for i in range(count)]
         env.close()
     tokens = sum(len(ids) for ids, _ in data)
     print(f"{len(data)} oracle trajectories, {tokens} tokens ({sum(sum(m) for _, m in data)} trained); "

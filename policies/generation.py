@@ -51,6 +51,9 @@ class SamplingSettings:
     # After these stop strings one more token is sampled, normally the end-of-turn token: the model must learn to
     # stop after its final answer (the official code strips it).
     end_turn_after: tuple[str, ...] = ("</answer>",)
+    # Measure the mean entropy of the distributions of each step's first k sampled tokens (StepOutput.entropy),
+    # e.g. to branch where the policy is uncertain; 0: not measured.
+    entropy_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.temperature <= 0 and not self.greedy:
@@ -59,6 +62,8 @@ class SamplingSettings:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.max_step_tokens < 1 or self.max_context_tokens < 2:
             raise ValueError("max_step_tokens must be >= 1 and max_context_tokens >= 2")
+        if self.entropy_tokens < 0:
+            raise ValueError(f"entropy_tokens must be >= 0 (0: not measured), got {self.entropy_tokens}")
 
     def step_cap(self, context_tokens: int) -> int:
         """Tokens a step may sample after ``context_tokens``: the step cap, or what the context cap leaves."""
@@ -97,13 +102,17 @@ class StepOutput:
     ``finish_reason``: ``stop`` (a stop string closed; after ``</answer>`` one more token, normally the
     end-of-turn token, is included), ``eos`` (an end-of-turn token, included in ``token_ids``), ``length``
     (the step or context cap). ``cache`` covers ``branch.token_ids + token_ids[:-1]``
-    (the last sampled token was never fed to the model).
+    (the last sampled token was never fed to the model). ``entropy``: the mean entropy (nats) of the
+    distributions the step's first ``SamplingSettings.entropy_tokens`` tokens were drawn from (the tempered
+    softmax, before top-p, as the log-probs); None where not measured (``entropy_tokens`` 0, no token sampled, or a
+    backend that does not measure it).
     """
 
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
     finish_reason: str
     cache: CacheHandle | None
+    entropy: float | None = None
 
 
 @dataclass

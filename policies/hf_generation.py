@@ -9,10 +9,11 @@ does not wait for the longest branch of the others.
 
 Per forward pass: sampling on the device (:mod:`policies.sampling`: top-k candidates, top-p inside them, the
 exponential race from the branch's own random stream; no sort of the vocabulary, no sync), one transfer of the
-sampled ids and log-probs to the host, and a stop check that decodes text only for rows whose new token can end a
-stop string. Keys and values live in a :class:`~policies.kv_cache.KVPool` written in place; a finished step hands
-back a :class:`~policies.kv_cache.KVSegment` holding only its own tokens and a link to its parent, so a branch
-forked from it prefills only its observation.
+sampled ids and log-probs (with ``entropy_tokens``, each row's entropy too) to the host, and a stop check that
+decodes text only for rows whose new token can end a stop string. Keys and values live in a
+:class:`~policies.kv_cache.KVPool` written in place; a finished step hands back a
+:class:`~policies.kv_cache.KVSegment` holding only its own tokens and a link to its parent, so a branch forked
+from it prefills only its observation.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ class _Row:
     pending: int = -1
     generated: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    entropy: float = 0.0  # summed over the first SamplingSettings.entropy_tokens sampled tokens
     closing: bool = False
     finish: str | None = None
 
@@ -205,20 +207,25 @@ class HFStepGenerator:
                                 ragged_plan=plan).logits[0]
         self.counters.forward_passes += 1
         if sample:
-            drawn, logprobs = self._sample(logits, streams, at)
-            self._record(rows, drawn, logprobs)
+            drawn, logprobs, entropies = self._sample(logits, streams, at)
+            self._record(rows, drawn, logprobs, entropies)
 
     def _sample(self, logits: torch.Tensor, streams: torch.Tensor,
-                positions: torch.Tensor) -> tuple[list[int], list[float]]:
-        """Each row's next token and its log-prob under the recorded distribution, on the host."""
+                positions: torch.Tensor) -> tuple[list[int], list[float], list[float] | None]:
+        """Each row's next token and its log-prob under the recorded distribution, on the host; with
+        ``entropy_tokens``, also the entropy of each row's distribution (None without)."""
         logprobs = torch.log_softmax(logits.float() / self._logprob_temperature, dim=-1)
         if self.settings.greedy:
             drawn, redraw = logits.argmax(dim=-1), torch.zeros_like(streams, dtype=torch.bool)
         else:
             drawn, redraw = sample_tokens(logprobs, self.settings.top_p, streams, positions)
         chosen = logprobs.gather(-1, drawn[:, None]).squeeze(-1)
-        host = torch.stack([drawn.double(), chosen.double(), redraw.double()]).cpu()
+        measured = [drawn.double(), chosen.double(), redraw.double()]
+        if self.settings.entropy_tokens:  # -sum p log p; entr(0) = 0 where a token is impossible
+            measured.append(torch.special.entr(logprobs.exp()).sum(dim=-1).double())
+        host = torch.stack(measured).cpu()
         tokens, values, flags = host[0].long().tolist(), host[1].tolist(), host[2].bool()
+        entropies = host[3].tolist() if self.settings.entropy_tokens else None
         stages = [*CANDIDATES[1:], None]  # more candidates, then the exact draw over the sorted vocabulary
         while flags.any():  # rows whose candidates held less than top_p (the same random numbers: still exact)
             rows = flags.nonzero().squeeze(-1).to(logits.device)
@@ -233,10 +240,13 @@ class HFStepGenerator:
                 tokens[row], values[row] = token, value
             flags = torch.zeros_like(flags)
             flags[rows.cpu()] = short.cpu()
-        return tokens, values
+        return tokens, values, entropies
 
-    def _record(self, rows: list[_Row], tokens: list[int], logprobs: list[float]) -> None:
-        for r, token, logprob in zip(rows, tokens, logprobs, strict=True):
+    def _record(self, rows: list[_Row], tokens: list[int], logprobs: list[float],
+                entropies: list[float] | None) -> None:
+        for i, (r, token, logprob) in enumerate(zip(rows, tokens, logprobs, strict=True)):
+            if entropies is not None and len(r.generated) < self.settings.entropy_tokens:
+                r.entropy += entropies[i]
             r.generated.append(token)
             r.logprobs.append(logprob)
             r.pending = token
@@ -251,6 +261,11 @@ class HFStepGenerator:
             elif len(r.generated) >= r.cap:
                 r.finish = "length"
 
+    def _mean_entropy(self, row: _Row) -> float | None:
+        """The mean entropy of the row's first ``entropy_tokens`` tokens (None when not measured)."""
+        measured = min(len(row.generated), self.settings.entropy_tokens)
+        return row.entropy / measured if measured else None
+
     def _retire(self) -> list[tuple[Hashable, StepOutput]]:
         """Finished rows leave the batch (the last active rows move into their places); their steps."""
         done = []
@@ -259,7 +274,8 @@ class HFStepGenerator:
             r = self._rows[i]
             # the pool row holds the context and every sampled token but the last (never fed)
             cache = self.pool.segment(i, r.start, r.length, r.parent) if self.keep_cache else None
-            done.append((r.tag, StepOutput(tuple(r.generated), tuple(r.logprobs), r.finish, cache)))
+            done.append((r.tag, StepOutput(tuple(r.generated), tuple(r.logprobs), r.finish, cache,
+                                           self._mean_entropy(r))))
             self.counters.llm_calls += 1
             self.counters.tokens_generated += len(r.generated)
         survivors = [i for i, r in enumerate(self._rows) if r.finish is None]

@@ -44,6 +44,8 @@ def test_two_tree_grpo_iterations(ray_session, data_dir, tmp_path, monkeypatch):
           "--output", str(tmp_path)])
     rows = read_rows(tmp_path / "metrics.jsonl")
     assert [r["iteration"] for r in rows] == [1, 2]
+    assert [r["tokens_generated_total"] for r in rows] == [rows[0]["tokens_generated"],
+                                                           rows[0]["tokens_generated"] + rows[1]["tokens_generated"]]
     for row in rows:
         assert all(row[k] is not None and math.isfinite(row[k]) for k in CONTRACT_KEYS), row
         # the iteration's own parts (not smoothed timers): they fit inside it, beside the sampling
@@ -70,6 +72,19 @@ def test_two_tree_grpo_iterations(ray_session, data_dir, tmp_path, monkeypatch):
         assert any(not torch.equal(weights_before[k], after[k]) for k in weights_before)
     finally:
         algo.stop()
+
+
+def test_a_token_budget_ends_the_run_after_the_iteration_that_reaches_it(ray_session, data_dir, tmp_path, capsys):
+    main([*FAST, "--algo", "grpo", "--group-size", "2", "--iterations", "3", "--token-budget", "1", "--final-eval",
+          "--eval-questions", "2", "--no-mlflow", "--output", str(tmp_path)])
+    rows = read_rows(tmp_path / "metrics.jsonl")
+    assert [r["iteration"] for r in rows] == [1]  # the budget was reached during iteration 1: no iteration 2
+    assert rows[0]["leaves"] == rows[0]["prompts"] * 2  # and iteration 1 was finished, not cut short
+    assert rows[0]["tokens_generated_total"] == rows[0]["tokens_generated"] >= 1
+    assert "token budget reached" in capsys.readouterr().err
+    # the end of a run: a checkpoint of the last iteration and the final evaluation
+    assert (tmp_path / "checkpoints" / "latest").resolve().name == "iter_000001"
+    assert json.loads((tmp_path / "eval" / "eval.json").read_text())
 
 
 def test_chain_grpo_iteration_with_greedy_eval(ray_session, data_dir, tmp_path):

@@ -63,10 +63,10 @@ def test_parse_action(text, kind, argument, step_text):
 # -- registration and the Gymnasium contract -------------------------------------------------------------------
 
 
-def test_the_papers_seven_ids_and_synthhop_are_registered():
+def test_the_papers_seven_ids_and_the_generated_worlds_are_registered():
     expected = {"HotpotQA-v0", "2WikiMultihopQA-v0", "Musique-v0", "NQ-v0", "TriviaQA-v0", "PopQA-v0", "Bamboogle-v0"}
     assert expected == set(envs.PAPER_ENV_IDS)
-    assert expected | {"SynthHop-v0"} == set(envs.ENV_IDS)
+    assert expected | {"SynthHop-v0", "SynthBranch-v0"} == set(envs.ENV_IDS)
     assert set(envs.ENV_IDS) <= set(gym.registry)
 
 

@@ -124,6 +124,7 @@ def test_question_count_reads_the_dataset_only(data_dir, monkeypatch):
     world = {"people": 20, "companies": 10, "cities": 6, "countries": 3, "train_questions": 17, "dev_questions": 5}
     assert envs.question_count("SynthHop-v0", world=world) == 17
     assert envs.question_count("SynthHop-v0", world=world, split="dev") == 5
+    assert envs.question_count("SynthBranch-v0", world={**world, "train_questions": 6}) == 6
 
 
 # -- one iteration on several runners ----------------------------------------------------------------------

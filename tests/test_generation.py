@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import replace
 
 import gymnasium as gym
 import pytest
@@ -109,7 +110,7 @@ def scripted(monkeypatch, tiny):
 
         def fake_sample(self, logits, streams, positions):
             token = next(position)
-            return [token] * logits.shape[0], [0.0] * logits.shape[0]
+            return [token] * logits.shape[0], [0.0] * logits.shape[0], None
 
         monkeypatch.setattr(HFStepGenerator, "_sample", fake_sample)
 
@@ -177,6 +178,8 @@ def test_sampling_settings_validate():
     with pytest.raises(ValueError, match="temperature"):
         SamplingSettings(temperature=0.0)
     SamplingSettings(temperature=0.0, greedy=True)
+    with pytest.raises(ValueError, match="entropy_tokens"):
+        SamplingSettings(entropy_tokens=-1)
 
 
 def test_shared_prompt_cache_is_prefilled_once_and_exact(tiny):
@@ -276,3 +279,36 @@ def test_prompt_longer_than_the_context_cap_names_the_question(tiny, data_dir):
     rollout = TreeRollout(gym.make("HotpotQA-v0", split="dev"), gen, tokenizer)
     with pytest.raises(ValueError, match=r"question 3 \(.*\) is \d+ tokens as a prompt, and the context cap"):
         rollout.grow([3], TreeShape(1, 0, 0))
+
+
+@pytest.mark.parametrize("greedy", [False, True])
+def test_step_entropy_is_the_mean_over_the_first_tokens_and_changes_nothing_sampled(tiny, greedy):
+    model, tokenizer = tiny
+    prompts = [prompt_ids(tokenizer, text) for text in ("Who wrote Hamlet?", "Capital of France?")]
+    branches = [Branch(prompts[0]), Branch(prompts[1]), Branch(prompts[0])]
+    settings = SamplingSettings(max_step_tokens=10, greedy=greedy, temperature=0.7)
+    plain = HFStepGenerator(model, tokenizer, settings).generate_step(branches, seed=3)
+    measured = HFStepGenerator(model, tokenizer, replace(settings, entropy_tokens=4)).generate_step(branches,
+                                                                                                    seed=3)
+    assert [(o.token_ids, o.logprobs) for o in plain] == [(o.token_ids, o.logprobs) for o in measured]
+    assert all(o.entropy is None for o in plain)
+    temperature = 1.0 if greedy else 0.7  # the distribution the log-probs are of
+    for branch, out in zip(branches, measured, strict=True):
+        ids = torch.tensor([branch.token_ids + out.token_ids])
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(branch.token_ids) - 1 : len(branch.token_ids) + 3].float()
+        logprobs = torch.log_softmax(logits / temperature, dim=-1)
+        expected = -(logprobs.exp() * logprobs).sum(dim=-1).mean().item()  # first 4 tokens, by hand
+        assert out.entropy == pytest.approx(expected, abs=1e-4) and out.entropy > 0
+
+
+def test_a_step_shorter_than_the_entropy_window_averages_its_own_tokens(tiny):
+    model, tokenizer = tiny
+    prompt = prompt_ids(tokenizer, "Who wrote Hamlet?")
+    settings = SamplingSettings(max_step_tokens=3, entropy_tokens=20)
+    (out,) = HFStepGenerator(model, tokenizer, settings).generate_step([Branch(prompt)], seed=0)
+    ids = torch.tensor([prompt + out.token_ids])
+    with torch.no_grad():
+        logprobs = torch.log_softmax(model(ids).logits[0, len(prompt) - 1 : -1].float(), dim=-1)
+    assert len(out.token_ids) == 3
+    assert out.entropy == pytest.approx(-(logprobs.exp() * logprobs).sum(-1).mean().item(), abs=1e-4)

@@ -1,9 +1,9 @@
-"""Tree rollouts over env snapshots: shapes, uniform expansion picks, exact env clones, token trajectories,
+"""Tree rollouts over env snapshots: shapes, exact env clones, token trajectories,
 prefix reuse and what a tree costs per leaf against chains."""
 
 from __future__ import annotations
 
-from collections import Counter
+from dataclasses import replace
 
 import gymnasium as gym
 import numpy as np
@@ -11,8 +11,9 @@ import pytest
 
 import envs  # noqa: F401  (registers the env ids)
 from algos.batch import leaf_records
+from algos.branching import ENTROPY_TOKENS
 from algos.rollout import TreeRollout, TreeShape
-from algos.tree import Node, Tree, pick_expansion_nodes
+from algos.tree import Node
 from envs.retrieval import Retriever, get_retriever
 from policies.generation import (
     GenerationCounters,
@@ -157,22 +158,6 @@ def test_trees_do_not_depend_on_how_steps_were_batched(tiny, data_dir):
     assert generator.counters.forward_passes < serial_generator.counters.forward_passes
 
 
-def test_expansion_picks_are_uniform_over_root_and_non_leaves():
-    # root -> a -> b (leaf); root -> c (leaf); a -> d (leaf): candidates root, a
-    empty = TokenTrajectory.from_prompt(())
-    root = Node(empty, None)
-    a = root.add_child(Node(empty, None))
-    a.add_child(Node(empty, None, is_leaf=True))
-    root.add_child(Node(empty, None, is_leaf=True))
-    a.add_child(Node(empty, None, is_leaf=True))
-    tree = Tree(root, prompt_index=0, tree_id=0)
-    assert tree.expansion_candidates() == [root, a]
-    picks = pick_expansion_nodes(tree, 20_000, np.random.default_rng(0))
-    counts = Counter(id(node) for node in picks)
-    assert set(counts) == {id(root), id(a)}
-    assert abs(counts[id(root)] / 20_000 - 0.5) < 0.015  # 4.2 standard deviations of a fair coin
-
-
 def test_budget_counters(grown):
     _, rollout, generator = grown
     counters = rollout.counters
@@ -227,6 +212,32 @@ class ScriptedGenerator:
         self.counters.tokens_generated += len(ids)
         self.counters.llm_calls += 1
         return StepOutput(ids, (0.0,) * len(ids), "stop", None)
+
+
+class UncertainAfterFirstSearch(ScriptedGenerator):
+    """The scripted policy, measuring step entropies: the step after the first search is the uncertain one (2.0,
+    every other 0.1)."""
+
+    def __init__(self, tokenizer, seed: int, entropy_tokens: int = ENTROPY_TOKENS):
+        super().__init__(tokenizer, seed)
+        self.settings = SamplingSettings(entropy_tokens=entropy_tokens)
+
+    def _step(self, branch):
+        after_first_search = self.tokenizer.decode(branch.token_ids).count("<think>go</think>") == 1
+        return replace(super()._step(branch), entropy=2.0 if after_first_search else 0.1)
+
+
+def test_an_entropy_rollout_expands_after_the_uncertain_tool_call(tiny, data_dir):
+    _, tokenizer = tiny
+    env = gym.make("HotpotQA-v0", split="dev")
+    trees = TreeRollout(env, UncertainAfterFirstSearch(tokenizer, 0), tokenizer, seed=0, branching="entropy").grow(
+        [0, 1], TreeShape(2, 1, 1))
+    for tree in trees:
+        first_search = tree.root.children[0]
+        assert [child.entropy for child in first_search.children] == [2.0, 2.0]  # the expansion grew from here
+        assert len(tree.root.children) == 1 and len(tree.leaves()) == 2
+    with pytest.raises(ValueError, match="branching 'entropy' needs the entropy of each step's first 20 tokens"):
+        TreeRollout(env, UncertainAfterFirstSearch(tokenizer, 0, entropy_tokens=0), tokenizer, branching="entropy")
 
 
 class SlowPromptGenerator(ScriptedGenerator):

@@ -20,7 +20,8 @@ from experiments.settings import HELP_SECTIONS, MAY_CHANGE_ON_RESUME, RunSetting
 PAPER_TABLE = {2: (1, 2, 1), 4: (2, 2, 1), 8: (2, 6, 1), 16: (4, 5, 1)}  # the paper's budget table
 CONFIGS = sorted((Path(__file__).parent.parent / "experiments" / "configs").rglob("*.yaml"))
 NUMERIC_OPTIONS = ("--M", "--N", "--L", "--lr", "--micro-batch-size", "--prompts-per-iter", "--max-step-tokens",
-                   "--seed", "--iterations", "--topk", "--max-turns", "--kl-coef", "--temperature", "--top-p")
+                   "--seed", "--iterations", "--topk", "--max-turns", "--kl-coef", "--temperature", "--top-p",
+                   "--token-budget")
 
 
 def settings_of(argv: list[str]) -> RunSettings:
@@ -304,6 +305,24 @@ def test_generator_choice_is_checked_before_ray_starts(tmp_path, monkeypatch):
     if not algo_settings.gpu_visible():
         assert "vllm_sleep" in error_of(["--generator", "vllm", "--vllm-sleep", *out])
     assert "vllm_gpu_memory_utilization" in error_of(["--vllm-gpu-memory-utilization", "1.5", *out])
+
+
+def test_branching_is_checked_before_ray_starts_and_reaches_the_sampler(tmp_path, monkeypatch, capsys):
+    import algos.tree_grpo.settings as algo_settings
+
+    out = ["--output", str(tmp_path)]
+    assert settings_of(out).branching == "uniform" and settings_of(out).sampling.entropy_tokens == 0
+    entropy = settings_of(["--branching", "entropy", "--generator", "hf", *out])
+    assert entropy.sampling.entropy_tokens == 20 and build_config(entropy).branching == "entropy"
+    with pytest.raises(SystemExit):
+        run_parser().parse_args(["--branching", "widest"])
+    assert "--branching: invalid choice: 'widest'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="branching: Input should be 'uniform', 'entropy' or 'after_tool'"):
+        TreeGRPOConfig().training(branching="widest")
+    monkeypatch.setattr(algo_settings, "vllm_installed", lambda: True)
+    message = error_of(["--branching", "entropy", "--generator", "vllm", "--top-p", "1.0", *out])
+    assert "branching: entropy" in message and "the vllm generator does not measure" in message
+    assert not ray.is_initialized()
 
 
 def test_auto_generator_is_vllm_only_with_vllm_and_a_gpu(monkeypatch):

@@ -1,16 +1,21 @@
-"""SynthHop: a deterministic generated world whose every question the retrieval oracle answers."""
+"""SynthHop and SynthBranch: deterministic generated worlds whose every question the retrieval oracle answers."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import Counter
+from dataclasses import replace
 
 import gymnasium as gym
 import pytest
+import ray
 
-import envs  # noqa: F401  (registers the env ids)
-from envs.synthetic import TEMPLATES, World, WorldSpec, write_world
+import envs
+from envs.synthetic import TEMPLATES, BranchSpec, World, WorldSpec, read_spec, write_world
+from envs.synthetic import main as synthetic_main
 from experiments.baselines import OracleAgent, run_episode
+from experiments.run import main as run_main
 
 SMALL = {"people": 40, "companies": 20, "cities": 10, "countries": 4, "train_questions": 60, "dev_questions": 30}
 
@@ -91,3 +96,91 @@ def test_gym_make_generates_the_world_into_the_cache(tmp_path, monkeypatch):
     assert len(list((tmp_path / "synthhop").iterdir())) == 1
     prompt, _ = env.reset(options={"index": 0})
     assert env.unwrapped.record.question in prompt
+
+
+# -- SynthBranch: one routing decision per question ---------------------------------------------------------------
+
+BRANCH = {"people": 20, "companies": 12, "cities": 6, "countries": 3, "train_questions": 16, "dev_questions": 8}
+
+
+@pytest.mark.parametrize("hops", [2, 3, 4])
+def test_every_branch_question_turns_on_which_person_the_first_passage_names(hops):
+    world = BranchSpec(**BRANCH, hops=hops).world()
+    splits = world.split_questions()
+    assert not {q.question for q in splits["dev"]} & {q.question for q in splits["train"]}
+    for split, questions in splits.items():
+        roles = Counter("founder" if " founder " in q.question else "chair" for q in questions)
+        assert roles["founder"] == roles["chair"] == BRANCH[f"{split}_questions"] // 2
+        for q in questions:
+            company = world.entities[q.chain[0]]
+            right, wrong = q.chain[1], q.decoy.chain[1]
+            assert q.hops == q.decoy.hops == hops and q.decoy.chain[0] == company.name in q.question
+            # the first search's passage names both people; the question's wording says which one to follow
+            assert {right, wrong} == {company.facts["founder"], company.facts["chair"]}
+            assert right in world.passage(company.name) and wrong in world.passage(company.name)
+            assert right not in q.question and wrong not in q.question
+            assert q.answer != q.decoy.answer  # the wrong route ends elsewhere
+
+
+def test_a_branch_world_shares_the_synthhop_worlds_entities():
+    sizes = {k: SMALL[k] for k in ("people", "companies", "cities", "countries")}
+    hop, branch = WorldSpec(**sizes).world(), BranchSpec(**sizes, train_questions=10, dev_questions=4).world()
+    assert hop.entities.keys() == branch.entities.keys()
+    assert all(branch.passage(name) == hop.passage(name) for name, e in hop.entities.items() if e.kind != "company")
+
+
+def test_the_oracle_answers_every_branch_question_and_the_wrong_route_answers_wrongly_in_format(tmp_path):
+    root = write_world(BranchSpec(**BRANCH), tmp_path / "world")
+    env = gym.make("SynthBranch-v0", split="train", data_dir=root, max_turns=3)
+    questions = BranchSpec(**BRANCH).world().split_questions()["train"]
+    assert [r.question for r in env.unwrapped.records] == [q.question for q in questions]
+    for index, q in enumerate(questions):
+        info, reward = run_episode(env, OracleAgent(max_searches=3), index)
+        assert info["em"] == 1.0 and reward == 1.0 and info["tool_calls"] == 3
+        record = env.unwrapped.records[index]
+        wrong = replace(record, supporting_titles=q.decoy.chain, answers=(q.decoy.answer,))
+        agent = OracleAgent(max_searches=3)
+        observation, _ = env.reset(options={"index": index})
+        agent.start(observation, wrong)
+        done = False
+        while not done:
+            observation, reward, terminated, truncated, info = env.step(agent.act(observation))
+            done = terminated or truncated
+        assert agent.found == 3 and info["em"] == 0.0 and reward == 0.2  # right format, wrong answer
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"countries": 1}, "countries must be >= 2 with hops 3"),
+    ({"cities": 1, "hops": 2}, "cities must be >= 2 with hops 2"),
+    ({"hops": 5}, "hops must be one of [2, 3, 4]"),
+    ({"train_questions": 20}, "train_questions + dev_questions (28) exceed the 24 questions of 12 companies"),
+    ({"people": 3}, "people must be an even number"),
+])
+def test_a_branch_world_too_small_names_the_field(fields, message):
+    with pytest.raises(ValueError) as caught:
+        BranchSpec(**{**BRANCH, **fields})
+    assert message in str(caught.value)
+
+
+def test_the_world_cli_writes_either_world_and_names_what_is_wrong(tmp_path, capsys):
+    root = synthetic_main([str(tmp_path / "b"), "--dataset", "synthbranch", *itertools.chain.from_iterable(
+        (f"--{k.replace('_', '-')}", str(v)) for k, v in BRANCH.items()), "--hops", "4"])
+    assert read_spec("synthbranch", root) == BranchSpec(**BRANCH, hops=4)
+    for argv, message in ((["--dataset", "synthbranch", "--companies", "2"], "exceed the 4 questions of 2 companies"),
+                          (["--dataset", "synthbranch", "--hop-mix", "1", "0", "0"], "have no field hop_mix"),
+                          (["--hops", "3"], "synthhop worlds have no field hops")):
+        with pytest.raises(SystemExit):
+            synthetic_main([str(tmp_path / "bad"), *argv])
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
+
+
+def test_run_refuses_fewer_turns_than_the_worlds_hops_before_ray(tmp_path, capsys):
+    root = write_world(BranchSpec(**BRANCH, hops=4), tmp_path / "world")
+    assert envs.world_hops("SynthBranch-v0", data_dir=root) == 4 and envs.world_hops("HotpotQA-v0") is None
+    with pytest.raises(SystemExit) as caught:
+        run_main(["--env", "SynthBranch-v0", "--data-dir", str(root), "--model", "tiny-random",
+                  "--output", str(tmp_path / "run")])
+    assert caught.value.code == 2 and not ray.is_initialized() and not (tmp_path / "run").exists()
+    err = capsys.readouterr().err
+    assert "--max-turns 3: the SynthBranch-v0 world the run would serve asks 4-hop questions" in err

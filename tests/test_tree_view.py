@@ -161,3 +161,12 @@ def test_html_escapes_text_and_observation():
     assert "&lt;information&gt;x &lt; y &amp; ..." in page and "<information>" not in page
     assert "&lt;answer&gt;Paris&lt;/answer&gt;" in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "<script" not in page.lower()
+
+
+def test_measured_step_entropies_are_shown_and_unmeasured_ones_are_not():
+    trees = make_trees()
+    trees[0].root.children[1].entropy = 0.6125
+    nodes = by_id(trees_to_dicts(trees)[0])
+    assert nodes["5.0.1"]["entropy"] == 0.6125 and "entropy" not in nodes["5.0.0"]
+    page = trees_html(trees_to_dicts(trees))
+    assert "entropy 0.61" in summary(page, "5.0.1") and "entropy" not in summary(page, "5.0.0")

@@ -10,13 +10,15 @@ import pytest
 import torch
 
 import envs  # noqa: F401  (registers the env ids)
-from envs.synthetic import World, WorldSpec, write_world
+import experiments.warmstart as warmstart_module
+from envs.synthetic import BranchSpec, WorldSpec, write_world
 from experiments.warmstart import main as warmstart_main
-from experiments.warmstart import oracle_envs, oracle_trajectory, pad, parse_args, sft_loss, train
+from experiments.warmstart import oracle_data_dirs, oracle_trajectory, pad, parse_args, sft_loss, train, wrong_routes
 from policies.generation import observation_ids, prompt_ids
 from policies.models import build_tiny_random, load_model
 
 WORLD = WorldSpec(people=20, companies=10, cities=6, countries=3, train_questions=20, dev_questions=10)
+BRANCH = BranchSpec(people=20, companies=10, cities=6, countries=3, train_questions=8, dev_questions=4)
 
 
 @pytest.fixture(scope="module")
@@ -65,26 +67,66 @@ def test_a_premature_oracle_answers_a_multi_hop_question_with_its_first_bridge(s
         oracle_trajectory(env, tokenizer, one_hop, 3, tokenizer.eos_token_id)
 
 
-@pytest.mark.parametrize("option", ["--unanswered", "--premature"])
+@pytest.fixture(scope="module")
+def branch(tmp_path_factory):
+    root = write_world(BRANCH, tmp_path_factory.mktemp("branch"))
+    return gym.make("SynthBranch-v0", split="train", data_dir=root), root
+
+
+def test_a_misrouted_oracle_follows_the_other_person_to_a_wrong_answer(branch, setup, tmp_path):
+    env, root = branch
+    tokenizer = setup[1]
+    routes = wrong_routes(env, root)
+    for index, record in enumerate(env.unwrapped.records):
+        route = routes[index]
+        assert route.chain[0] == record.supporting_titles[0] and route.chain[1] != record.supporting_titles[1]
+        ids, generated = oracle_trajectory(env, tokenizer, index, 3, tokenizer.eos_token_id, route=route)
+        text = tokenizer.decode([i for i, g in zip(ids, generated, strict=True) if g])
+        assert [f"<search> {title} </search>" in text for title in route.chain] == [True] * 3
+        assert f"<answer> {route.answer} </answer>" in text and record.answers[0] not in text
+    with pytest.raises(ValueError, match=r"not those of its world\.json"):
+        wrong_routes(env, write_world(replace(BRANCH, seed=1), tmp_path))  # another world's questions
+
+
+def test_warmstart_misroutes_the_share_asked_on_synthbranch(branch, tmp_path, monkeypatch):
+    routed = []
+    real = warmstart_module.oracle_trajectory
+
+    def spy(*args, route=None, **kwargs):
+        routed.append(route is not None)
+        return real(*args, route=route, **kwargs)
+
+    monkeypatch.setattr(warmstart_module, "oracle_trajectory", spy)
+    warmstart_main(["--env", "SynthBranch-v0", "--data-dir", str(branch[1]), "--misroute", "0.75",
+                    "--hidden-size", "32", "--layers", "1", "--heads", "2", "--epochs", "1", "--dev-questions", "0",
+                    "--output", str(tmp_path / "warm")])
+    assert len(routed) == BRANCH.train_questions and sum(routed) == 6
+
+
+@pytest.mark.parametrize("option", ["--unanswered", "--premature", "--misroute"])
 def test_shares_outside_zero_one_are_refused(option, capsys):
     with pytest.raises(SystemExit):
         parse_args([option, "1.5"])
     assert f"{option} must be a share in [0, 1]" in capsys.readouterr().err
 
 
-def test_extra_worlds_have_the_served_worlds_sizes_other_seeds_and_other_names(setup, tmp_path, monkeypatch, capsys):
+def test_extra_worlds_have_the_served_worlds_sizes_other_seeds_and_other_names(setup, branch, tmp_path, monkeypatch,
+                                                                              capsys):
     monkeypatch.setenv("TREEGRPO_CACHE_DIR", str(tmp_path))  # the extra worlds are generated into the cache
-    served = setup[2]
-    args = parse_args(["--extra-worlds", "2", "--data-dir", str(served)])
-    worlds = oracle_envs(args, {"data_dir": str(served), "max_turns": 3, "topk": 3})
-    questions = [[r.question for r in env.unwrapped.records] for env in worlds]
-    expected = [[q.question for q in World(replace(WORLD, seed=seed)).split_questions()["train"]] for seed in (0, 1, 2)]
-    assert questions == expected and len({tuple(q) for q in questions}) == 3
-    for bad in (["--env", "HotpotQA-v0", "--extra-worlds", "1"], ["--extra-worlds", "-1"]):
+    for env_id, served, spec in (("SynthHop-v0", setup[2], WORLD), ("SynthBranch-v0", branch[1], BRANCH)):
+        args = parse_args(["--env", env_id, "--extra-worlds", "2", "--data-dir", str(served)])
+        dirs = oracle_data_dirs(args, {"data_dir": str(served)})
+        questions = [[r.question for r in gym.make(env_id, data_dir=d).unwrapped.records] for d in dirs]
+        expected = [[q.question for q in replace(spec, seed=seed).world().split_questions()["train"]]
+                    for seed in (0, 1, 2)]
+        assert dirs[0] == served and questions == expected and len({tuple(q) for q in questions}) == 3
+    for bad in (["--env", "HotpotQA-v0", "--extra-worlds", "1"], ["--extra-worlds", "-1"],
+                ["--env", "SynthHop-v0", "--misroute", "0.5"]):
         with pytest.raises(SystemExit):
             parse_args(bad)
     err = capsys.readouterr().err
-    assert "--extra-worlds needs --env SynthHop-v0, got --env HotpotQA-v0" in err and "must be >= 0, got -1" in err
+    assert "--extra-worlds needs a generated world (--env SynthHop-v0 or SynthBranch-v0), got --env HotpotQA-v0" in err
+    assert "must be >= 0, got -1" in err and "--misroute needs --env SynthBranch-v0" in err
 
 
 def test_sft_loss_ignores_masked_tokens(setup):

@@ -103,7 +103,8 @@ class TreeSearchEnvRunner(EnvRunner, Checkpointable):
         seed = int(np.random.SeedSequence(entropy).generate_state(1)[0])
         generator = self.step_generator(self.config.sampling)
         on_step = self._print_step if self.config.log_rollout_steps else None
-        rollout = TreeRollout(self.env, generator, self.module.tokenizer, seed=seed, on_step=on_step)
+        rollout = TreeRollout(self.env, generator, self.module.tokenizer, seed=seed, branching=self.config.branching,
+                              on_step=on_step)
         trees = rollout.grow(list(prompt_indices), self.config.tree_shape)
         self._last_trees = trees
         records = leaf_records(trees)

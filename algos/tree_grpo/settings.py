@@ -19,6 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from algos.advantages import ADVANTAGE_MODES
+from algos.branching import BRANCHING, entropy_tokens
 from algos.lr_schedule import LrSchedule, warmup_steps_of
 from algos.rollout import TreeShape
 from policies.generation import GENERATORS, SamplingSettings, default_max_step_tokens
@@ -27,6 +28,7 @@ from policies.logprobs import TREE_MASK_ATTENTION
 from policies.vllm_generation import VLLMSettings, logprobs_mode, vllm_installed
 
 AdvantageMode = Literal[ADVANTAGE_MODES]  # type: ignore[valid-type]
+Branching = Literal[BRANCHING]  # type: ignore[valid-type]
 Generator = Literal[GENERATORS]  # type: ignore[valid-type]
 OldLogprobs = Literal["auto", "sampler", "recompute"]
 LearnerAttention = Literal[TREE_MASK_ATTENTION]  # type: ignore[valid-type]
@@ -69,6 +71,12 @@ class TreeGRPOSettings(BaseModel):
     group_size: int = Field(4, ge=1, description="chains per prompt when algo is grpo (sets M; N = L = 0)")
     advantage_mode: AdvantageMode = Field(
         "tree", description="tree (intra + inter), intra or inter (chain GRPO's group normalisation)")
+    branching: Branching = Field(
+        "uniform", description="which N nodes an expansion round grows from (algos/branching.py): uniform (the "
+                               "paper's: root and non-leaf nodes, uniformly with replacement), entropy (ARPO's: the "
+                               "nodes after tool calls whose next step's first 20 tokens had the highest mean "
+                               "entropy, distinct; needs the hf generator), after_tool (the nodes after tool calls, "
+                               "uniformly with replacement)")
     prompts_per_iteration: int = Field(
         default_factory=_per_device(cpu=4, gpu=32), ge=1,
         description="prompts sampled from the training split per iteration (default: 4 on CPU, 32 with a GPU)")
@@ -176,6 +184,10 @@ class TreeGRPOSettings(BaseModel):
                 logprobs_mode(self.sampling)
             except ValueError as error:
                 raise ValueError(f"temperature, top_p: {error}") from None
+        if self.branching == "entropy" and self.generator_backend == "vllm":
+            raise ValueError("branching: entropy ranks nodes by the entropy of the first tokens after each tool call, "
+                             "which the vllm generator does not measure; use --generator hf with --branching "
+                             "entropy (or another --branching)")
         if self.vllm_sleep and not (self.generator_backend == "vllm" and gpu_visible()):
             raise ValueError("vllm_sleep: frees a vLLM engine's GPU memory during updates; it needs the vllm "
                              "generator and a GPU")
@@ -189,7 +201,8 @@ class TreeGRPOSettings(BaseModel):
     def sampling(self) -> SamplingSettings:
         """How rollouts sample a step."""
         return SamplingSettings(temperature=self.temperature, top_p=self.top_p, max_step_tokens=self.max_step_tokens,
-                                max_context_tokens=self.max_context_tokens)
+                                max_context_tokens=self.max_context_tokens,
+                                entropy_tokens=entropy_tokens(self.branching))
 
     @property
     def vllm(self) -> VLLMSettings:

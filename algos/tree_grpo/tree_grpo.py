@@ -107,6 +107,9 @@ class TreeGRPO(Algorithm):
         records = [record for result in results for record in result.records]
         self._sampled_by = sorted({result.worker_index for result in results})
         self.metrics.aggregate([result.metrics for result in results], key=ENV_RUNNER_RESULTS)
+        # a lifetime sum: checkpointed with the algorithm's metrics, so a resumed run counts on from its checkpoint
+        self.metrics.log_value(M.TOKENS_GENERATED_TOTAL, self.metrics.peek(
+            (ENV_RUNNER_RESULTS, M.TOKENS_GENERATED), default=0), reduce="lifetime_sum")
         self.metrics.log_value(NUM_ENV_STEPS_SAMPLED_LIFETIME, len(records), reduce="sum")
 
         advantages = prompt_advantages(records, mode=self.config.advantage_mode)
@@ -202,6 +205,11 @@ class TreeGRPO(Algorithm):
         evaluation split (``envs.eval_split``), on the training runners. ``train()`` calls it every
         ``evaluation_interval`` iterations and reports it under ``result["evaluation"]``."""
         return self.greedy_eval(envs.eval_split(self.config.env), self.config.evaluation_duration)
+
+    @property
+    def tokens_generated_total(self) -> int:
+        """Tokens the run has generated so far (its iterations before a resume included)."""
+        return round(self.metrics.peek(M.TOKENS_GENERATED_TOTAL, default=0))
 
     def greedy_eval(self, split: str, num_questions: int, env_id: str | None = None) -> dict[str, float]:
         """Greedy single-chain evaluation on the first ``num_questions`` of ``split`` of ``env_id`` (default: the
