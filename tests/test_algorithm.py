@@ -56,6 +56,7 @@ def test_two_tree_grpo_iterations(ray_session, data_dir, tmp_path, monkeypatch):
         assert row["tokens_per_forward_pass"] == row["tokens_generated"] / row["forward_passes"] > 1
         assert row["kv_peak_mib"] > 0
         assert row["sampler_logprob_gap"] < 1e-3  # the trained tokens are the sampled ones
+        assert row["sampled_by"] == [0]  # the local runner (no remote ones)
     # advantages per prompt are exactly the pure function's
     for records, advantages in seen:
         groups = defaultdict(list)

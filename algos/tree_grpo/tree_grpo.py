@@ -75,10 +75,15 @@ class TreeGRPO(Algorithm):
         self._num_questions = min(questions, self.config.train_questions or questions)
 
     @override(Algorithm)
+    def step(self) -> dict:
+        result = super().step()
+        result[M.SAMPLED_BY] = self._sampled_by  # here, not in train(): the callbacks see the result before it returns
+        return result
+
+    @override(Algorithm)
     def train(self) -> dict:
         result = super().train()
         self.mid_update = False  # only now is the update counted (iteration advanced)
-        result[M.SAMPLED_BY] = self._sampled_by
         return result
 
     def _prompts_of(self, iteration: int) -> list[int]:
