@@ -8,9 +8,9 @@ Each checkout grows the same rollouts, tree (2,2,1) and chains G=4, of the same 
 process of its own (``PYTHONPATH`` = that checkout, so its own ``policies`` and ``algos`` run), and the rounds
 alternate between the two checkouts, so a machine's drift hits both. Per rollout: tokens generated, wall seconds,
 tokens/s and forward passes of the model (counted by a forward hook on the model, the same for any engine: one call
-of the model is one pass), and the ratio of this checkout's tokens/s and tokens per pass to the baseline's (median
-over rounds). Sampling differs between engines (their random streams do), so compare rates, not token totals.
-Results replace section ``engine`` of ``--output``.
+of the model is one pass), and the ratio of this checkout's tokens/s and tokens per pass to the baseline's (the
+median of the rounds' ratios). Sampling differs between engines (their random streams do), so compare rates, not
+token totals. Results replace section ``engine`` of ``--output``.
 
 The worker (``--worker``) uses only what both checkouts have: ``load_model``, ``HFStepGenerator``,
 ``SamplingSettings``, ``TreeRollout(...).grow`` and the env ids.
@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[1]
@@ -92,22 +93,31 @@ def median_row(rounds: list[dict], name: str) -> dict[str, float]:
     return row
 
 
+def paired_ratio(results: dict[str, list[dict]], name: str, value: Callable[[dict], float]) -> float:
+    """The median over rounds of this checkout's value over the baseline's in the same round (the two ran one
+    after the other, so a slow spell of the machine hits both)."""
+    return statistics.median(value(this[name]) / value(base[name])
+                             for base, this in zip(results["baseline"], results["this"], strict=True))
+
+
 def report(args: argparse.Namespace, results: dict[str, list[dict]], labels: dict[str, str]) -> str:
     from benchmarks.report import machine_description
 
     lines = [f"Command: `python benchmarks/bench_engine.py {' '.join(sys.argv[1:])}`  ",
              f"Machine: {machine_description()}", "",
-             f"Rounds: {args.rounds}, alternating baseline and this checkout; medians over rounds.", "",
+             f"Rounds: {args.rounds}, alternating baseline and this checkout; medians over rounds; the ratios are "
+             "medians of each round's ratio.", "",
              "| rollout | code | tokens generated | forward passes | tokens per pass | seconds | tokens/s | "
              "tokens/s vs baseline | tokens per pass vs baseline |", "|---|---|---|---|---|---|---|---|---|"]
     for name in SHAPES:
-        base = median_row(results["baseline"], name)
         for side in ("baseline", "this"):
             row = median_row(results[side], name)
+            speed = paired_ratio(results, name, lambda r: r["tokens_per_s"]) if side == "this" else 1.0
+            per_pass = (paired_ratio(results, name, lambda r: r["tokens_generated"] / r["forward_passes"])
+                        if side == "this" else 1.0)
             lines.append(f"| {name} | {labels[side]} | {row['tokens_generated']:.0f} | {row['forward_passes']:.0f} | "
                          f"{row['tokens_per_pass']:.2f} | {row['seconds']:.1f} | {row['tokens_per_s']:.1f} | "
-                         f"{row['tokens_per_s'] / base['tokens_per_s']:.2f}x | "
-                         f"{row['tokens_per_pass'] / base['tokens_per_pass']:.2f}x |")
+                         f"{speed:.2f}x | {per_pass:.2f}x |")
     lines += ["", "Every round (tokens/s, baseline then this checkout):", ""]
     for i in range(args.rounds):
         cells = [f"{name}: {results['baseline'][i][name]['tokens_per_s']:.1f} / "
