@@ -14,8 +14,10 @@ import argparse
 import contextlib
 import fcntl
 import json
+import os
 import shlex
 import shutil
+import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -348,9 +350,6 @@ def run_benchmark(testbed: Testbed, args: argparse.Namespace, warm_start: Callab
     """Every setting x seed of ``args`` from the start policy (``--warm``, else ``warm_start()``), seed-major (an
     interrupted benchmark still compares every setting), the results rewritten after each run; with --report, the
     testbed's section of docs/benchmarks.md and its plot docs/NAME.png. Returns OUTPUT/NAME.md."""
-    import os
-    import sys
-
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)

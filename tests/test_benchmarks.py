@@ -256,3 +256,52 @@ def test_processes_sharing_an_output_take_the_start_lock_in_turn(tmp_path):
         order.append("second enters")
     thread.join()
     assert order == ["first leaves", "second enters"]
+
+
+@pytest.mark.slow
+def test_the_branching_benchmark_at_toy_size_writes_its_report_and_a_resume_reuses_its_runs(tmp_path, monkeypatch):
+    # a tiny-random start on a tiny SynthBranch world, 2 settings x 1 seed, each run stopped by its token budget
+    # after its first iteration; then --resume again: nothing trains or evaluates, the same table comes back
+    import ray
+
+    import benchmarks.bench_branching as bench_branching
+    from envs.synthetic import BranchSpec
+    from policies.models import load_model
+
+    monkeypatch.setenv("TREEGRPO_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(bench_branching, "WORLD", BranchSpec(people=20, companies=10, cities=6, countries=3,
+                                                             train_questions=8, dev_questions=4))
+    monkeypatch.chdir(tmp_path)  # --report writes docs/benchmarks.md and docs/branching.png here
+    model, tokenizer = load_model("tiny-random")
+    model.save_pretrained(tmp_path / "warm")
+    tokenizer.save_pretrained(tmp_path / "warm")
+    argv = ["--warm", str(tmp_path / "warm"), "--settings", bench_branching.UNIFORM, bench_branching.CHAIN_EQUAL,
+            "--seeds", "0", "--chain-group-size", "2", "--token-budget", "40", "--iterations", "3",
+            "--prompts-per-iter", "2", "--eval-every", "1", "--curve-questions", "2", "--eval-questions", "4",
+            "--max-step-tokens", "8", "--output", "out", "--resume", "--report"]
+    try:
+        first = bench_branching.main(argv)
+    finally:
+        ray.shutdown()
+    table = first.read_text(encoding="utf-8")
+    assert first == Path("out") / "branching.md" and (tmp_path / "out" / "branching.png").is_file()
+    saved = json.loads((tmp_path / "out" / "branching.json").read_text(encoding="utf-8"))
+    for setting, budget in ((bench_branching.UNIFORM, 4), (bench_branching.CHAIN_EQUAL, 2)):
+        summary = saved["summary"][setting]
+        assert summary["budget"] == budget and summary["iterations_per_seed"] == [1]  # 40 tokens: one iteration
+        assert summary["tokens_generated_per_seed"][0] >= 40 and set(summary["routing_before"]) >= {"routed_right"}
+        assert f"| {setting} | {budget} | {summary['tokens_generated_per_seed'][0]:,} |" in table
+    difference = saved["differences"][f"{bench_branching.UNIFORM} - {bench_branching.CHAIN_EQUAL}"]
+    assert difference["cells"] == 4 and "sd_paired" in difference
+    assert "Start point: routed right on" in table and "| routed right (after) |" in table
+    docs = (tmp_path / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    assert "<!-- branching:begin -->" in docs and table in docs and (tmp_path / "docs" / "branching.png").is_file()
+
+    def nothing_runs(*args, **kwargs):
+        raise AssertionError("a finished run was trained or evaluated again")
+
+    monkeypatch.setattr(learning_runs, "train_run", nothing_runs)
+    monkeypatch.setattr(learning_runs, "held_out_scores", nothing_runs)
+    again = bench_branching.main([*argv[:-1]])  # without --report
+    # the same runs and scores; only the invocation's own minutes may differ
+    assert again.read_text(encoding="utf-8").split("\n", 1)[1] == table.split("\n", 1)[1]
