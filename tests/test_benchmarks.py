@@ -305,3 +305,24 @@ def test_the_branching_benchmark_at_toy_size_writes_its_report_and_a_resume_reus
     again = bench_branching.main([*argv[:-1]])  # without --report
     # the same runs and scores; only the invocation's own minutes may differ
     assert again.read_text(encoding="utf-8").split("\n", 1)[1] == table.split("\n", 1)[1]
+
+
+def test_branching_settings_share_one_token_budget_and_the_pilot_its_own_sizes(capsys):
+    import benchmarks.bench_branching as bench_branching
+
+    args = bench_branching.parse_args(["--token-budget", "1000", "--chain-group-size", "5"])
+    testbed = bench_branching.testbed(args)
+    budgets = {name: options[options.index("--token-budget") + 1] for name, (_, options) in testbed.settings.items()}
+    assert budgets == {name: "4000" if name == bench_branching.CHAIN_16 else "1000" for name in budgets}
+    assert testbed.settings[bench_branching.CHAIN_EQUAL] == (5, ["--algo", "grpo", "--group-size", "5",
+                                                                 "--token-budget", "1000"])
+    assert set(testbed.settings) == {name for pair in bench_branching.COMPARISONS for name in pair}
+    assert args.seeds == [0, 1, 2, 3, 4] and testbed.name == "branching" and args.output == "outputs/bench_branching"
+    pilot = bench_branching.parse_args(["--pilot"])
+    assert (pilot.seeds, pilot.eval_questions, pilot.output) == ([0, 1], 100, "outputs/bench_branching_pilot")
+    assert bench_branching.parse_args(["--pilot", "--seeds", "1"]).seeds == [1]  # a pilot split over processes
+    assert bench_branching.testbed(pilot).name == "branching-pilot"
+    for bad in (["--token-budget", "0"], ["--chain-group-size", "0"], ["--eval-questions", "301"]):
+        with pytest.raises(SystemExit):
+            bench_branching.parse_args(bad)
+    assert "--token-budget must be >= 1" in capsys.readouterr().err
