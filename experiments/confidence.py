@@ -5,6 +5,10 @@ Per-question scores (EM, answered, tool calls) are the unit: a mean over n quest
 of its n values; a before/after change on the same questions has the interval of the per-question differences
 (pairing removes the questions' difficulty from the noise). Several seeds add the run's own noise: the
 bootstrap resamples seeds, then questions, so both sources are in the interval.
+
+Before a comparison is run, ``seeds_for_power`` sizes it from a pilot's paired differences (the seeds x questions
+a paired test needs to see a difference at a given power), and ``detectable_difference`` says what a given size
+can see.
 """
 
 from __future__ import annotations

@@ -15,6 +15,8 @@ is fine-tuned. Deliberately weaker starts: ``--unanswered`` (never answers), ``-
 short), ``--misroute`` (SynthBranch-v0: follows the other person named by the first search, so the start policy
 copies names well and routes wrong that often). Writes OUTPUT/model (a directory ``--model`` accepts) and
 OUTPUT/warmstart.json (settings, loss curve, greedy dev EM before and after).
+``cached_warm_start`` trains a recipe once per generated world and caches it: the CPU demo's start policy and the
+benchmarks' testbeds.
 """
 
 from __future__ import annotations
