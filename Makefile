@@ -15,7 +15,7 @@ TREEGRPO_DATA_DIR ?= $(firstword $(wildcard $(CURDIR)/data) $(wildcard $(abspath
 export TREEGRPO_DATA_DIR
 export RAY_AUTH_MODE ?= disabled
 
-.PHONY: setup setup-vllm run run-hotpotqa run-demo baselines test test-slow test-vllm lint bench-retrieval bench-generation bench-rollout bench-prefix-sharing bench-update bench-learning check-data
+.PHONY: setup setup-vllm run run-hotpotqa run-demo baselines test test-slow test-vllm lint bench-retrieval bench-generation bench-rollout bench-prefix-sharing bench-update bench-learning bench-branching check-data
 
 setup: $(VENV)/.installed
 
@@ -99,3 +99,7 @@ bench-update: setup
 
 bench-learning: setup check-data
 	$(PY) benchmarks/bench_learning.py --report $(BENCH_ARGS)
+
+# generated worlds only: no data directory needed
+bench-branching: setup
+	$(PY) benchmarks/bench_branching.py --report $(BENCH_ARGS)

@@ -1,7 +1,7 @@
 """The rollout engine against another checkout of the code (an older commit in a git worktree), side by side.
 
     git worktree add --detach ../old a86a703
-    python benchmarks/bench_engine.py --baseline ../old --model ~/.cache/tree-grpo/demo/KEY/model \\
+    python benchmarks/bench_engine.py --baseline ../old --model ~/.cache/tree-grpo/warm_starts/KEY/model \\
         --data-dir ~/.cache/tree-grpo/synthhop/WORLD --topk 1 --max-step-tokens 48 --questions 8
 
 Each checkout grows the same rollouts, tree (2,2,1) and chains G=4, of the same questions with the same model in a

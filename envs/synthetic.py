@@ -28,7 +28,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar
@@ -365,6 +365,16 @@ def write_world(spec: WorldSpec | BranchSpec, directory: str | os.PathLike) -> P
 def read_spec(dataset: str, data_dir: str | os.PathLike) -> WorldSpec | BranchSpec:
     """The spec of the ``dataset`` world written in ``data_dir`` (its ``DATASET/world.json``)."""
     return spec_from_fields(dataset, json.loads((Path(data_dir) / dataset / "world.json").read_text()))
+
+
+def branch_questions(data_dir: str | os.PathLike, split: str, served: Sequence[str]) -> list[SynthQuestion]:
+    """The questions of ``split`` of the SynthBranch world written in ``data_dir``, each with its decoy (the wrong
+    route), for an env that serves the question texts ``served`` (in order); a ``ValueError`` when they are not
+    the questions of ``data_dir``'s ``world.json``."""
+    questions = read_spec("synthbranch", data_dir).world().split_questions()[split]
+    if [q.question for q in questions] != list(served):
+        raise ValueError(f"{data_dir}: the synthbranch {split} questions are not those of its world.json")
+    return questions
 
 
 def world_data_dir(spec: WorldSpec | BranchSpec, cache_dir: str | os.PathLike | None = None) -> Path:

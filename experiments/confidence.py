@@ -5,6 +5,10 @@ Per-question scores (EM, answered, tool calls) are the unit: a mean over n quest
 of its n values; a before/after change on the same questions has the interval of the per-question differences
 (pairing removes the questions' difficulty from the noise). Several seeds add the run's own noise: the
 bootstrap resamples seeds, then questions, so both sources are in the interval.
+
+Before a comparison is run, ``seeds_for_power`` sizes it from a pilot's paired differences (the seeds x questions
+a paired test needs to see a difference at a given power), and ``detectable_difference`` says what a given size
+can see.
 """
 
 from __future__ import annotations
@@ -84,3 +88,36 @@ def _bootstrap(scores: np.ndarray, confidence: float, resamples: int, seed: int)
     tail = (1 - confidence) / 2 * 100
     low, high = np.percentile(statistic, [tail, 100 - tail])
     return Interval(float(scores.mean(axis=(1, 2)).sum()), float(low), float(high))
+
+
+def paired_cells_for_power(sd_paired: float, delta: float, *, alpha: float = 0.05, power: float = 0.8) -> int:
+    """The number of paired cells (seed x question pairs of two settings) a two-sided paired test at level
+    ``alpha`` needs to detect a mean difference ``delta`` with probability ``power``, when the cells' paired
+    differences have standard deviation ``sd_paired``: n = ((z_{1-alpha/2} + z_power) sd / delta)^2, rounded up
+    (the normal approximation; at the hundreds of cells a benchmark needs, the t correction is below one cell).
+    Cells are counted as independent: the seed's own noise, shared by its questions, makes the true need larger,
+    which ``seeds_for_power``'s caller checks with the spread of the per-seed differences."""
+    if sd_paired < 0 or delta <= 0 or not 0 < alpha < 1 or not 0 < power < 1:
+        raise ValueError(f"need sd_paired >= 0, delta > 0 and alpha, power in (0, 1); got sd_paired {sd_paired}, "
+                         f"delta {delta}, alpha {alpha}, power {power}")
+    z = stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power)
+    return max(1, int(np.ceil((z * sd_paired / delta) ** 2 - 1e-9)))
+
+
+def seeds_for_power(sd_paired: float, delta: float, *, questions: int, alpha: float = 0.05,
+                    power: float = 0.8) -> int:
+    """The seeds, each evaluated on the same ``questions`` held-out questions, that ``paired_cells_for_power``
+    cells take (at least 2, so the seeds' spread is measured)."""
+    if questions < 1:
+        raise ValueError(f"questions must be >= 1, got {questions}")
+    cells = paired_cells_for_power(sd_paired, delta, alpha=alpha, power=power)
+    return max(2, -(-cells // questions))
+
+
+def detectable_difference(sd_paired: float, cells: int, *, alpha: float = 0.05, power: float = 0.8) -> float:
+    """The smallest mean difference that ``cells`` paired cells detect at level ``alpha`` with probability
+    ``power`` (``paired_cells_for_power`` solved for delta): what a run of that size can rule out."""
+    if cells < 1:
+        raise ValueError(f"cells must be >= 1, got {cells}")
+    z = stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power)
+    return float(z * sd_paired / np.sqrt(cells))

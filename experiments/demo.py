@@ -31,18 +31,18 @@ import argparse
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from algos.evaluation import FAILURES, failure_mix, mean_results
+from algos.evaluation import failure_mix, mean_results, occurring_failures
 from algos.tree_grpo import metrics as M
 from envs.retrieval.corpus import default_cache_dir
 from envs.synthetic import WorldSpec, world_data_dir
 from experiments.confidence import Interval, mean_interval, paired_difference_interval
-from experiments.evaluate import synthhop_held_out
+from experiments.evaluate import world_held_out
+from experiments.warmstart import cached_warm_start
 
 WORLD = WorldSpec(seed=0, people=60, companies=30, cities=12, countries=5, train_questions=240, dev_questions=60,
                   hop_mix=(0.5, 0.5, 0.0))
@@ -53,31 +53,6 @@ MAX_STEP_TOKENS = 48
 WARM_START = ("--extra-worlds", "9", "--epochs", "4", "--premature", "0.5", "--batch-size", "8", "--lr", "3e-3",
               "--seed", "0")
 SUMMARY_METRICS = {"em": "exact match", "answered": "answer rate", "reward": "reward", "tool_calls": "tool calls"}
-
-
-def warm_start(data_dir: Path, cache_dir: Path) -> Path:
-    """The demo's warm-start model directory, trained once per (world, recipe) and cached."""
-    from experiments.warmstart import main as warmstart
-
-    key = f"{WORLD.key}-topk{TOPK}-{'-'.join(WARM_START).replace('--', '')}"
-    model = cache_dir / "demo" / key / "model"
-    if (model / "config.json").exists():
-        print(f"warm start: cached at {model}")
-        return model
-    print("warm start: training the start policy (once; cached) ...", flush=True)
-    (cache_dir / "demo").mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f"{key}.tmp", dir=cache_dir / "demo"))
-    try:
-        warmstart(["--env", "SynthHop-v0", "--data-dir", str(data_dir), "--topk", str(TOPK),
-                   "--max-step-tokens", str(MAX_STEP_TOKENS), "--dev-questions", "0", *WARM_START,
-                   "--output", str(staging)])
-        os.replace(staging, model.parent)  # published whole, or not at all
-    except OSError:
-        if not (model / "config.json").exists():  # not another process's finished copy: a real failure
-            raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return model
 
 
 def compare(before: Sequence[Mapping[str, float]], after: Sequence[Mapping[str, float]]) -> dict[str, Any]:
@@ -105,7 +80,7 @@ def summary_text(comparison: Mapping[str, Any], run_dir: Path, rows: Sequence[Ma
     lines += ["", "| outcome | before | after |", "|---|---|---|"]
     mix = comparison["failures"]
     lines += [f"| {kind} | {mix['before'].get(kind, 0.0):.0%} | {mix['after'].get(kind, 0.0):.0%} |"
-              for kind in FAILURES]
+              for kind in occurring_failures(mix["before"], mix["after"])]
     tokens = sum(row.get(M.TOKENS_GENERATED) or 0 for row in rows)
     tool_calls = sum(row.get(M.TOOL_CALLS) or 0 for row in rows)
     trees = sorted((run_dir / "trees").glob("*.html"))
@@ -149,9 +124,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     cache_dir = default_cache_dir()
     data_dir = world_data_dir(WORLD, cache_dir)
-    model = warm_start(data_dir, cache_dir)
+    model = cached_warm_start(WORLD, WARM_START, topk=TOPK, cache_dir=cache_dir)
     print(f"held-out questions: evaluating the start policy on {args.questions} ...", flush=True)
-    before = synthhop_held_out(model, data_dir, args.questions, MAX_STEP_TOKENS, TOPK)
+    before = world_held_out(model, data_dir, args.questions, MAX_STEP_TOKENS, TOPK)
     output = Path(args.output).resolve()
     if (output / "demo.json").exists() or (output / METRICS_FILE).exists():
         shutil.rmtree(output)  # a demo's own earlier run: the demo always starts fresh
@@ -162,7 +137,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                   "--trees-every", str(args.iterations), "--trees-count", "2", "--quiet", "--output", str(output),
                   *(["--no-mlflow"] if args.no_mlflow else []), *args.run_args])
     print(f"held-out questions: evaluating the trained policy on {args.questions} ...", flush=True)
-    after = synthhop_held_out(latest, data_dir, args.questions, MAX_STEP_TOKENS, TOPK)
+    after = world_held_out(latest, data_dir, args.questions, MAX_STEP_TOKENS, TOPK)
     comparison = compare(before, after)
     text = summary_text(comparison, output, load_metrics(output / METRICS_FILE), (time.perf_counter() - start) / 60)
     payload = {"settings": vars(args), "world": asdict(WORLD), "warm_start": str(model),

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import envs
-from algos.evaluation import EVAL_COLUMNS, greedy_chains, mean_results
+from algos.evaluation import EVAL_COLUMNS, QUERIES, greedy_chains, mean_results, route_taken
 from envs.datasets import resolve_data_dir
 from experiments.checkpoints import RLLIB_MARKER, restore_errors, verify_checkpoint
 from policies.generation import GENERATORS
@@ -104,7 +104,7 @@ def load_policy(model: str, dtype: str = "float32"):
 
 
 def evaluate_env(env_id: str, generator, tokenizer, *, split: str, limit: int | None, batch_size: int,
-                 env_kwargs: Mapping[str, Any], progress=None) -> list[dict[str, float]]:
+                 env_kwargs: Mapping[str, Any], progress=None) -> list[dict[str, Any]]:
     """Per-question results of greedy chains over the first ``limit`` questions of ``env_id``'s ``split``."""
     import gymnasium as gym
 
@@ -112,7 +112,7 @@ def evaluate_env(env_id: str, generator, tokenizer, *, split: str, limit: int | 
     count = len(env.unwrapped.records) if limit is None else min(limit, len(env.unwrapped.records))
     if progress is not None:
         progress.reset(total=count)
-    rows: list[dict[str, float]] = []
+    rows: list[dict[str, Any]] = []
     for start in range(0, count, batch_size):
         indices = list(range(start, min(start + batch_size, count)))
         rows += greedy_chains(env, generator, tokenizer, indices)
@@ -122,21 +122,30 @@ def evaluate_env(env_id: str, generator, tokenizer, *, split: str, limit: int | 
     return rows
 
 
-def synthhop_held_out(policy: str | Path, data_dir: Path, questions: int, max_step_tokens: int,
-                      topk: int) -> list[dict[str, float]]:
+def world_held_out(policy: str | Path, data_dir: Path, questions: int, max_step_tokens: int, topk: int,
+                   env_id: str = "SynthHop-v0") -> list[dict[str, Any]]:
     """Greedy per-question results of ``policy`` (a ``--model`` name, model directory or checkpoint) on the first
-    ``questions`` held-out questions of the SynthHop world in ``data_dir`` (``topk`` passages per search), each
-    with its hop count (``hops``)."""
+    ``questions`` held-out questions of the generated world in ``data_dir`` served by ``env_id`` (SynthHop-v0 or
+    SynthBranch-v0; ``topk`` passages per search), each with its hop count (``hops``) and, on SynthBranch, the
+    route its chain took at the decision (``route``: ``algos.evaluation.route_taken`` of its queries against the
+    question's route and its decoy's)."""
+    from envs.synthetic import branch_questions
     from policies.generation import SamplingSettings
     from policies.generators import step_generator
 
     model, tokenizer = load_policy(str(policy))
     generator = step_generator("hf", model, tokenizer, SamplingSettings(greedy=True, max_step_tokens=max_step_tokens))
-    rows = evaluate_env("SynthHop-v0", generator, tokenizer, split=envs.eval_split("SynthHop-v0"), limit=questions,
-                        batch_size=32, env_kwargs={"data_dir": str(data_dir), "topk": topk})
-    facts = json.loads((Path(data_dir) / "synthhop" / "dev.json").read_text(encoding="utf-8"))
-    return [{**row, "hops": float(len(question["supporting_facts"]))} for row, question in zip(rows, facts,
+    split, dataset = envs.eval_split(env_id), envs.ENV_IDS[env_id][0]
+    rows = evaluate_env(env_id, generator, tokenizer, split=split, limit=questions, batch_size=32,
+                        env_kwargs={"data_dir": str(data_dir), "topk": topk})
+    facts = json.loads((Path(data_dir) / dataset / f"{split}.json").read_text(encoding="utf-8"))
+    rows = [{**row, "hops": float(len(question["supporting_facts"]))} for row, question in zip(rows, facts,
                                                                                              strict=False)]
+    if dataset != "synthbranch":
+        return rows
+    routes = branch_questions(data_dir, split, [question["question"] for question in facts])
+    return [{**row, "route": route_taken(row[QUERIES], question.chain, question.decoy.chain)}
+            for row, question in zip(rows, routes, strict=False)]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -15,6 +15,8 @@ is fine-tuned. Deliberately weaker starts: ``--unanswered`` (never answers), ``-
 short), ``--misroute`` (SynthBranch-v0: follows the other person named by the first search, so the start policy
 copies names well and routes wrong that often). Writes OUTPUT/model (a directory ``--model`` accepts) and
 OUTPUT/warmstart.json (settings, loss curve, greedy dev EM before and after).
+``cached_warm_start`` trains a recipe once per generated world and caches it: the CPU demo's start policy and the
+benchmarks' testbeds.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
+import shutil
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,7 +37,17 @@ import torch
 
 import envs
 from envs.datasets import resolve_data_dir
-from envs.synthetic import SPECS, SynthQuestion, read_spec, world_data_dir, world_dir
+from envs.retrieval.corpus import default_cache_dir
+from envs.synthetic import (
+    SPECS,
+    BranchSpec,
+    SynthQuestion,
+    WorldSpec,
+    branch_questions,
+    read_spec,
+    world_data_dir,
+    world_dir,
+)
 from experiments.baselines import OracleAgent, in_format
 from experiments.evaluate import evaluate_env
 from policies.generation import SamplingSettings, end_of_turn_ids, observation_ids, prompt_ids
@@ -172,10 +187,35 @@ def oracle_data_dirs(args: argparse.Namespace, env_kwargs: dict) -> list[Path]:
 
 def wrong_routes(env: gym.Env, data_dir: Path) -> list[SynthQuestion]:
     """Per train question of a SynthBranch env serving ``data_dir``: its wrong route (the other person's)."""
-    questions = read_spec("synthbranch", data_dir).world().split_questions()["train"]
-    if [q.question for q in questions] != [r.question for r in env.unwrapped.records]:
-        raise ValueError(f"{data_dir}: the synthbranch questions are not those of its world.json")
-    return [q.decoy for q in questions]
+    return [q.decoy for q in branch_questions(data_dir, "train", [r.question for r in env.unwrapped.records])]
+
+
+def cached_warm_start(world: WorldSpec | BranchSpec, recipe: Sequence[str], *, topk: int,
+                      cache_dir: str | os.PathLike | None = None) -> Path:
+    """The model directory of the warm start of ``recipe`` (this script's options: model, extra worlds, epochs,
+    strategy shares, seed...) on ``world``'s generated world with ``topk`` passages per search, trained once per
+    (world, topk, recipe) into the cache (``$TREEGRPO_CACHE_DIR``, default ``~/.cache/tree-grpo``) and reused
+    after: the demo's start policy and the benchmarks' testbeds. Published whole, so concurrent processes agree."""
+    cache_dir = Path(cache_dir or default_cache_dir())
+    key = f"{world.key}-topk{topk}-{'-'.join(recipe).replace('--', '')}"
+    model = cache_dir / "warm_starts" / key / "model"
+    if (model / "config.json").exists():
+        print(f"warm start: cached at {model}")
+        return model
+    print(f"warm start: training the start policy (once; cached at {model}) ...", flush=True)
+    model.parent.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f"{key}.tmp", dir=model.parent.parent))
+    env_id = next(env_id for env_id, (dataset, *_) in envs.ENV_IDS.items() if dataset == world.DATASET)
+    try:
+        main(["--env", env_id, "--data-dir", str(world_data_dir(world, cache_dir)), "--topk", str(topk),
+              "--dev-questions", "0", *recipe, "--output", str(staging)])
+        os.replace(staging, model.parent)
+    except OSError:
+        if not (model / "config.json").exists():  # not another process's finished copy: a real failure
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return model
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -16,12 +16,16 @@ import numpy as np
 import pytest
 
 import benchmarks.bench_learning as bench_learning
+import benchmarks.learning_runs as learning_runs
 import experiments.run
-from benchmarks.bench_learning import COMPARISONS, SETTINGS, compare, mean_rows, summarize, train_run, verdict
+from benchmarks.bench_learning import COMPARISONS, SETTINGS, TESTBED
+from benchmarks.learning_runs import compare, mean_rows, summarize, train_run, verdict
+from experiments.confidence import detectable_difference, seeds_for_power
 from policies.generation import default_max_step_tokens
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = ("bench_device", "bench_generation", "bench_learning", "bench_retrieval", "bench_rollout", "bench_update")
+SCRIPTS = ("bench_branching", "bench_device", "bench_generation", "bench_learning", "bench_retrieval", "bench_rollout",
+           "bench_update")
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
@@ -60,10 +64,10 @@ def test_a_rerun_of_a_setting_starts_a_fresh_run(tmp_path, monkeypatch):
     monkeypatch.setattr(experiments.run, "main", planned_run)
     args = argparse.Namespace(iterations=1, prompts_per_iter=2, lr=1e-4, max_step_tokens=8, eval_every=1,
                               curve_questions=2)
-    first = train_run("chain G=4", 0, "tiny-random", args, tmp_path)
+    first = train_run(TESTBED, "chain G=4", 0, "tiny-random", args, tmp_path)
     (first.parent / "checkpoints").mkdir()
     (first.parent / "checkpoints" / "stale").write_text("from the first run")
-    again = train_run("chain G=4", 0, "tiny-random", args, tmp_path)
+    again = train_run(TESTBED, "chain G=4", 0, "tiny-random", args, tmp_path)
     assert again == first == tmp_path / "chain_G=4" / "seed0" / experiments.run.METRICS_FILE
     assert not (first.parent / "checkpoints").exists()
 
@@ -71,33 +75,33 @@ def test_a_rerun_of_a_setting_starts_a_fresh_run(tmp_path, monkeypatch):
 def test_resume_reuses_finished_runs_whose_options_match_and_reruns_the_others(tmp_path, monkeypatch):
     trained, evaluated = [], []
 
-    def fake_run(setting, seed, model_dir, args, output):
-        directory = bench_learning.run_directory(setting, seed, output)
+    def fake_run(testbed, setting, seed, model_dir, args, output):
+        directory = learning_runs.run_directory(setting, seed, output)
         directory.mkdir(parents=True, exist_ok=True)
         (directory / "metrics.jsonl").write_text(f'{{"iteration": {args.iterations}}}\n')
         trained.append((setting, seed))
 
-    def fake_scores(policy, args):
+    def fake_scores(testbed, policy, args):
         evaluated.append(policy)
         return scores(len(evaluated))
 
-    monkeypatch.setattr(bench_learning, "train_run", fake_run)
-    monkeypatch.setattr(bench_learning, "held_out_scores", fake_scores)
+    monkeypatch.setattr(learning_runs, "train_run", fake_run)
+    monkeypatch.setattr(learning_runs, "held_out_scores", fake_scores)
     args = bench_learning.parse_args(["--resume", "--iterations", "2", "--output", str(tmp_path)])
-    first = bench_learning.finished_run("chain G=4", 1, "warm", args, tmp_path)
+    first = learning_runs.finished_run(TESTBED, "chain G=4", 1, "warm", args, tmp_path)
     assert first == ([{"iteration": 2}], scores(1)) and trained == [("chain G=4", 1)]
-    assert bench_learning.finished_run("chain G=4", 1, "warm", args, tmp_path) == first  # reused: nothing ran
+    assert learning_runs.finished_run(TESTBED, "chain G=4", 1, "warm", args, tmp_path) == first  # reused: nothing ran
     assert len(trained) == 1 and len(evaluated) == 1
     for changed in (["--iterations", "3"], ["--eval-questions", "10"]):  # other options: a run of its own
         other = bench_learning.parse_args(["--resume", *changed, "--output", str(tmp_path)])
-        bench_learning.finished_run("chain G=4", 1, "warm", other, tmp_path)
+        learning_runs.finished_run(TESTBED, "chain G=4", 1, "warm", other, tmp_path)
     assert len(trained) == 3
-    bench_learning.finished_run("chain G=4", 1, "warm", bench_learning.parse_args(["--output", str(tmp_path)]),
+    learning_runs.finished_run(TESTBED, "chain G=4", 1, "warm", bench_learning.parse_args(["--output", str(tmp_path)]),
                                 tmp_path)
     assert len(trained) == 4  # without --resume every run is fresh
-    assert bench_learning.start_point_scores("warm", args, tmp_path) == scores(5)
-    assert bench_learning.start_point_scores("warm", args, tmp_path) == scores(5) and len(evaluated) == 5
-    assert bench_learning.start_point_scores("other", args, tmp_path) == scores(6)
+    assert learning_runs.start_point_scores(TESTBED, "warm", args, tmp_path) == scores(5)
+    assert learning_runs.start_point_scores(TESTBED, "warm", args, tmp_path) == scores(5) and len(evaluated) == 5
+    assert learning_runs.start_point_scores(TESTBED, "other", args, tmp_path) == scores(6)
 
 
 def scores(*ems: float) -> list[dict[str, float]]:
@@ -117,7 +121,7 @@ def two_seed_runs() -> tuple[dict[str, list[list[dict]]], dict[str, list[list[di
 
 def test_learning_summary_and_plot_rows():
     runs, finals = two_seed_runs()
-    s = summarize(runs, finals, before=scores(0, 0, 1, 0))["tree (2,2,1)"]
+    s = summarize(TESTBED, runs, finals, before=scores(0, 0, 1, 0))["tree (2,2,1)"]
     assert s["budget"] == SETTINGS["tree (2,2,1)"][0] == 4 and s["dev_em"]["mean"] == pytest.approx(0.75)
     assert s["dev_em_per_seed"] == [0.5, 1.0] and s["dev_em_before"]["mean"] == 0.25
     assert s["dev_em"]["low"] < 0.75 < s["dev_em"]["high"] <= 1.0
@@ -134,30 +138,38 @@ def test_learning_summary_and_plot_rows():
 
 def test_results_are_written_and_the_curves_start_on_the_curve_questions(tmp_path, monkeypatch):
     plotted = {}
-    monkeypatch.setattr(bench_learning, "plot_runs", lambda runs, path, metrics: plotted.update(runs) or Path(path))
+    monkeypatch.setattr(learning_runs, "plot_runs", lambda runs, path, metrics: plotted.update(runs) or Path(path))
     args = bench_learning.parse_args(["--curve-questions", "2", "--output", str(tmp_path)])
     runs, finals = two_seed_runs()
-    table, plot = bench_learning.write_results(runs, finals, scores(1, 1, 0, 0), args, "W", 120.0, tmp_path)
+    table, plot = learning_runs.write_results(TESTBED, runs, finals, scores(1, 1, 0, 0), args, "W", 120.0, tmp_path)
     # the curves' dev EM is on the first 2 held-out questions: so is their start point (1.0, not 0.5 over all 4)
     assert plotted["tree (2,2,1)"][0]["dev_em"] == 1.0 and plot == tmp_path / "learning.png"
     saved = json.loads((tmp_path / "learning.json").read_text(encoding="utf-8"))
     assert saved["summary"]["tree (2,2,1)"]["dev_em_before"]["mean"] == 0.5
     assert (tmp_path / "learning.md").read_text(encoding="utf-8") == table
-    assert "| tree (2,2,1) | 4 | 0.500" in table and "this invocation: 2 min" in table
+    # nominal budget, measured tokens per run, tokens per prompt (the rows count no prompts), iterations, EM before
+    assert "| tree (2,2,1) | 4 | 150 | - | 2.0 | 0.500" in table and "this invocation: 2 min" in table
+    assert "| start point | 0.50 | 0.50 |" in table and "wrong route" not in table  # the kinds that occur
 
 
 def test_comparisons_pair_seeds_and_questions_and_read_the_direction():
     assert set(SETTINGS) == {name for pair in COMPARISONS for name in pair}  # the 7 settings, every one compared
     finals = {"tree (2,2,1)": [scores(1, 1, 0), scores(1, 0, 1)], "chain G=4": [scores(0, 1, 0), scores(0, 0, 1)],
               "chain G=16": [scores(1, 1, 0), scores(1, 0, 1)], "tree (1,2,1)": [scores(1, 1, 1)]}
-    differences = compare(finals)
+    differences = compare(TESTBED, finals)
     # tree - chain G=4: question 0 gains 1 on both seeds, nothing else moves -> 1/3 on every resample with q0 once
     tree_vs_chain4 = differences["tree (2,2,1) - chain G=4"]
     assert tree_vs_chain4["mean"] == pytest.approx(1 / 3) and tree_vs_chain4["low"] >= 0
+    # the paired differences 1, 0, 0 on both seeds: sample std sqrt(4/15) over the 6 cells, equal seed means
+    assert tree_vs_chain4["sd_paired"] == pytest.approx(np.sqrt(4 / 15)) and tree_vs_chain4["sd_seed_means"] == 0
+    assert tree_vs_chain4["cells"] == 6
+    assert tree_vs_chain4["detectable"] == pytest.approx(detectable_difference(np.sqrt(4 / 15), 6))
+    assert tree_vs_chain4["seeds_for_delta"] == seeds_for_power(np.sqrt(4 / 15), 0.03, questions=3)
     same = differences["tree (2,2,1) - chain G=16"]
-    assert same == {"mean": 0.0, "low": 0.0, "high": 0.0} and verdict(same).startswith("inside the noise")
+    assert {k: same[k] for k in ("mean", "low", "high")} == {"mean": 0.0, "low": 0.0, "high": 0.0}
+    assert verdict(same).startswith("inside the noise") and same["seeds_for_delta"] is None
     assert "tree (1,2,1) - chain G=2" not in differences  # chain G=2 did not run
-    assert verdict({"mean": 0.2, "low": 0.1, "high": 0.3}).endswith("the paper's direction holds")
+    assert verdict({"mean": 0.2, "low": 0.1, "high": 0.3}).endswith("the expected direction holds")
     assert verdict({"mean": -0.2, "low": -0.3, "high": -0.1}).endswith("does not hold here")
 
 
@@ -232,7 +244,7 @@ def test_processes_sharing_an_output_take_the_start_lock_in_turn(tmp_path):
     order, inside = [], threading.Event()
 
     def first() -> None:
-        with bench_learning.exclusive(tmp_path / "start.lock"):
+        with learning_runs.exclusive(tmp_path / "start.lock"):
             inside.set()
             time.sleep(0.3)  # long enough for the second to reach the lock, were it free
             order.append("first leaves")
@@ -240,7 +252,77 @@ def test_processes_sharing_an_output_take_the_start_lock_in_turn(tmp_path):
     thread = threading.Thread(target=first)
     thread.start()
     assert inside.wait(10)
-    with bench_learning.exclusive(tmp_path / "start.lock"):
+    with learning_runs.exclusive(tmp_path / "start.lock"):
         order.append("second enters")
     thread.join()
     assert order == ["first leaves", "second enters"]
+
+
+@pytest.mark.slow
+def test_the_branching_benchmark_at_toy_size_writes_its_report_and_a_resume_reuses_its_runs(tmp_path, monkeypatch):
+    # a tiny-random start on a tiny SynthBranch world, 2 settings x 1 seed, each run stopped by its token budget
+    # after its first iteration; then --resume again: nothing trains or evaluates, the same table comes back
+    import ray
+
+    import benchmarks.bench_branching as bench_branching
+    from envs.synthetic import BranchSpec
+    from policies.models import load_model
+
+    monkeypatch.setenv("TREEGRPO_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(bench_branching, "WORLD", BranchSpec(people=20, companies=10, cities=6, countries=3,
+                                                             train_questions=8, dev_questions=4))
+    monkeypatch.chdir(tmp_path)  # --report writes docs/benchmarks.md and docs/branching.png here
+    model, tokenizer = load_model("tiny-random")
+    model.save_pretrained(tmp_path / "warm")
+    tokenizer.save_pretrained(tmp_path / "warm")
+    argv = ["--warm", str(tmp_path / "warm"), "--settings", bench_branching.UNIFORM, bench_branching.CHAIN_EQUAL,
+            "--seeds", "0", "--chain-group-size", "2", "--token-budget", "40", "--iterations", "3",
+            "--prompts-per-iter", "2", "--eval-every", "1", "--curve-questions", "2", "--eval-questions", "4",
+            "--max-step-tokens", "8", "--output", "out", "--resume", "--report"]
+    try:
+        first = bench_branching.main(argv)
+    finally:
+        ray.shutdown()
+    table = first.read_text(encoding="utf-8")
+    assert first == Path("out") / "branching.md" and (tmp_path / "out" / "branching.png").is_file()
+    saved = json.loads((tmp_path / "out" / "branching.json").read_text(encoding="utf-8"))
+    for setting, budget in ((bench_branching.UNIFORM, 4), (bench_branching.CHAIN_EQUAL, 2)):
+        summary = saved["summary"][setting]
+        assert summary["budget"] == budget and summary["iterations_per_seed"] == [1]  # 40 tokens: one iteration
+        assert summary["tokens_generated_per_seed"][0] >= 40 and set(summary["routing_before"]) >= {"routed_right"}
+        assert f"| {setting} | {budget} | {summary['tokens_generated_per_seed'][0]:,} |" in table
+    difference = saved["differences"][f"{bench_branching.UNIFORM} - {bench_branching.CHAIN_EQUAL}"]
+    assert difference["cells"] == 4 and "sd_paired" in difference
+    assert "Start point: routed right on" in table and "| routed right (after) |" in table
+    docs = (tmp_path / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    assert "<!-- branching:begin -->" in docs and table in docs and (tmp_path / "docs" / "branching.png").is_file()
+
+    def nothing_runs(*args, **kwargs):
+        raise AssertionError("a finished run was trained or evaluated again")
+
+    monkeypatch.setattr(learning_runs, "train_run", nothing_runs)
+    monkeypatch.setattr(learning_runs, "held_out_scores", nothing_runs)
+    again = bench_branching.main([*argv[:-1]])  # without --report
+    # the same runs and scores; only the invocation's own minutes may differ
+    assert again.read_text(encoding="utf-8").split("\n", 1)[1] == table.split("\n", 1)[1]
+
+
+def test_branching_settings_share_one_token_budget_and_the_pilot_its_own_sizes(capsys):
+    import benchmarks.bench_branching as bench_branching
+
+    args = bench_branching.parse_args(["--token-budget", "1000", "--chain-group-size", "5"])
+    testbed = bench_branching.testbed(args)
+    budgets = {name: options[options.index("--token-budget") + 1] for name, (_, options) in testbed.settings.items()}
+    assert budgets == {name: "4000" if name == bench_branching.CHAIN_16 else "1000" for name in budgets}
+    assert testbed.settings[bench_branching.CHAIN_EQUAL] == (5, ["--algo", "grpo", "--group-size", "5",
+                                                                 "--token-budget", "1000"])
+    assert set(testbed.settings) == {name for pair in bench_branching.COMPARISONS for name in pair}
+    assert args.seeds == [0, 1, 2, 3, 4] and testbed.name == "branching" and args.output == "outputs/bench_branching"
+    pilot = bench_branching.parse_args(["--pilot"])
+    assert (pilot.seeds, pilot.eval_questions, pilot.output) == ([0, 1], 100, "outputs/bench_branching_pilot")
+    assert bench_branching.parse_args(["--pilot", "--seeds", "1"]).seeds == [1]  # a pilot split over processes
+    assert bench_branching.testbed(pilot).name == "branching-pilot"
+    for bad in (["--token-budget", "0"], ["--chain-group-size", "0"], ["--eval-questions", "301"]):
+        with pytest.raises(SystemExit):
+            bench_branching.parse_args(bad)
+    assert "--token-budget must be >= 1" in capsys.readouterr().err

@@ -8,9 +8,12 @@ import pytest
 from experiments.confidence import (
     Interval,
     bootstrap_interval,
+    detectable_difference,
     mean_interval,
     paired_bootstrap_interval,
+    paired_cells_for_power,
     paired_difference_interval,
+    seeds_for_power,
 )
 
 
@@ -81,3 +84,20 @@ def test_paired_bootstrap_sees_a_shift_that_the_noise_hides_unpaired():
     assert unpaired_a.low < unpaired_b.high  # the two intervals overlap: only pairing separates them
     with pytest.raises(ValueError, match="equal shapes"):
         paired_bootstrap_interval(a, b[:2])
+
+
+def test_the_cells_and_seeds_a_paired_test_needs():
+    # (z_0.975 + z_0.8)^2 = (1.959964 + 0.841621)^2 = 7.848879; sd 0.5, delta 0.05: 7.848879 * 100 = 784.9 -> 785
+    assert paired_cells_for_power(0.5, 0.05) == 785
+    assert seeds_for_power(0.5, 0.05, questions=300) == 3  # 785 / 300 = 2.6
+    assert seeds_for_power(0.5, 0.05, questions=1000) == 2  # one seed would do: two, so the seeds' spread shows
+    # sd 0.4, delta 0.03: 7.848879 * 0.16 / 0.0009 = 1395.4 -> 1396 cells, 5 seeds of 300 questions
+    assert seeds_for_power(0.4, 0.03, questions=300) == 5
+    assert paired_cells_for_power(0.5, 0.05, power=0.9) > 785 and paired_cells_for_power(0.5, 0.05, alpha=0.01) > 785
+    assert detectable_difference(0.5, 785) == pytest.approx(0.05, abs=1e-4)  # the inverse
+    assert detectable_difference(0.4, 1500) == pytest.approx(2.801585 * 0.4 / np.sqrt(1500), abs=1e-6)
+    for bad in ({"sd_paired": -0.1, "delta": 0.03}, {"sd_paired": 0.4, "delta": 0.0}):
+        with pytest.raises(ValueError, match="sd_paired"):
+            paired_cells_for_power(**bad)
+    with pytest.raises(ValueError, match="questions"):
+        seeds_for_power(0.4, 0.03, questions=0)

@@ -12,6 +12,7 @@ import pytest
 import envs  # noqa: F401  (registers the env ids)
 from algos.batch import leaf_records
 from algos.branching import ENTROPY_TOKENS
+from algos.evaluation import QUERIES, greedy_chains
 from algos.rollout import TreeRollout, TreeShape
 from algos.tree import Node
 from envs.retrieval import Retriever, get_retriever
@@ -289,6 +290,18 @@ def test_tree_costs_less_per_leaf_than_chains(tiny, data_dir):
     chain_tokens, chain_tools = per_leaf(TreeShape(6, 0, 0))
     assert chain_tools == 2.0  # every chain searches twice, then answers
     assert tree_tokens < chain_tokens and tree_tools < chain_tools
+
+
+def test_a_greedy_chain_keeps_its_search_queries_in_order(tiny, data_dir):
+    # what the routing check reads: the queries the chain searched, one per tool call, as its steps wrote them
+    _, tokenizer = tiny
+    generator = ScriptedGenerator(tokenizer, seed=0)
+    rows = greedy_chains(gym.make("HotpotQA-v0", split="dev"), generator, tokenizer, [0, 1, 2])
+    generator.rng = np.random.default_rng(0)  # the same draws again: the words the three chains searched
+    drawn = [generator.words[generator.rng.integers(len(generator.words))] for _ in range(6)]
+    # the chains advance together: step 1 of chains 0, 1, 2, then step 2 of each
+    assert [row[QUERIES] for row in rows] == [[drawn[i], drawn[3 + i]] for i in range(3)]
+    assert [row["tool_calls"] for row in rows] == [2.0] * 3
 
 
 class CountingRetriever(Retriever):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import gymnasium as gym
 import pytest
@@ -12,8 +13,17 @@ import torch
 import envs  # noqa: F401  (registers the env ids)
 import experiments.warmstart as warmstart_module
 from envs.synthetic import BranchSpec, WorldSpec, write_world
+from experiments.warmstart import (
+    cached_warm_start,
+    oracle_data_dirs,
+    oracle_trajectory,
+    pad,
+    parse_args,
+    sft_loss,
+    train,
+    wrong_routes,
+)
 from experiments.warmstart import main as warmstart_main
-from experiments.warmstart import oracle_data_dirs, oracle_trajectory, pad, parse_args, sft_loss, train, wrong_routes
 from policies.generation import observation_ids, prompt_ids
 from policies.models import build_tiny_random, load_model
 
@@ -174,3 +184,27 @@ def test_warmstart_without_dev_questions_prints_no_dev_line(setup, tmp_path, cap
     assert "nan" not in out and "dev before" not in out and "dev after" not in out  # the demo's warm start
     summary = json.loads((tmp_path / "warm" / "warmstart.json").read_text())
     assert summary["dev_before"] is None and summary["dev_after"] is None
+
+
+def test_a_cached_warm_start_trains_once_per_world_topk_and_recipe(tmp_path, monkeypatch, capsys):
+    trained = []
+
+    def fake_warmstart(argv: list[str]) -> None:
+        output = argv[argv.index("--output") + 1]
+        (Path(output) / "model").mkdir(parents=True)
+        (Path(output) / "model" / "config.json").write_text("{}")
+        trained.append(" ".join(argv))
+
+    monkeypatch.setattr(warmstart_module, "main", fake_warmstart)
+    recipe = ("--misroute", "0.7", "--seed", "0")
+    model = cached_warm_start(BRANCH, recipe, topk=1, cache_dir=tmp_path)
+    assert (model / "config.json").is_file() and model.parent.parent == tmp_path / "warm_starts"
+    assert "--env SynthBranch-v0" in trained[0] and "--misroute 0.7 --seed 0" in trained[0]
+    assert "--topk 1" in trained[0] and "--dev-questions 0" in trained[0]
+    assert cached_warm_start(BRANCH, recipe, topk=1, cache_dir=tmp_path) == model and len(trained) == 1  # cached
+    assert "cached at" in capsys.readouterr().out
+    assert cached_warm_start(BRANCH, ("--misroute", "0.5"), topk=1, cache_dir=tmp_path) != model
+    assert cached_warm_start(BRANCH, recipe, topk=2, cache_dir=tmp_path) != model
+    cached_warm_start(WORLD, (), topk=1, cache_dir=tmp_path)
+    assert len(trained) == 4 and "--env SynthHop-v0" in trained[-1]
+    assert not list((tmp_path / "warm_starts").glob("*.tmp*"))  # staging directories are published or removed

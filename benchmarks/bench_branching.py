@@ -1,0 +1,116 @@
+"""Branching benchmark on SynthBranch-v0 (issue 27): where trees should win. Tree (2,2,1) against chains at equal
+generated tokens and at 4x, and the branching strategies against each other, every run stopped by a token budget;
+the protocol (comparisons, metric, sizes, decision rule) is docs/protocol_branching.md, fixed before the runs.
+
+    python benchmarks/bench_branching.py --pilot --resume     # 2 seeds, 100 questions: what the power analysis needs
+    # the benchmark, split over processes sharing --output (the first trains the cached warm start, the others
+    # wait for it), then the report
+    OMP_NUM_THREADS=1 python benchmarks/bench_branching.py --resume --seeds 0 1 2 &
+    OMP_NUM_THREADS=1 python benchmarks/bench_branching.py --resume --seeds 3 4 &
+    wait; python benchmarks/bench_branching.py --resume --report
+    python benchmarks/bench_branching.py --warm DIR --settings "tree (2,2,1) uniform" --seeds 0   # one run
+
+The testbed (``WORLD``, ``TOPK``): 3-hop SynthBranch questions, each turning on one decision after the first
+search (follow the company's founder or its chair), 300 held out; one passage per search. The start policy
+(``WARM_START``, trained once and cached: ``experiments.warmstart.cached_warm_start``) copies names from oracle
+trajectories of 8 worlds, 70% of which follow the wrong person: it copies well and routes wrong most of the time,
+so the decision is rare in its samples and differs between questions. The report checks the copying: EM on the
+held-out questions it routes right (``algos.evaluation.routing``), which the issue asks to be >= 0.9.
+
+Settings: the tree (2,2,1) with the paper's uniform branching; a chain group at equal tokens (--chain-group-size,
+default 4; set it to the tree's measured tokens per prompt over a chain's, from the pilot's table); chain G=16 at
+4x the tokens; the tree with ``entropy`` and ``after_tool`` branching (``algos/branching.py``). Every run stops
+after the iteration in which it has generated --token-budget tokens (4x for G=16), so the settings are compared
+at equal measured cost; --iterations is only a cap. Final dev EM on --eval-questions held-out questions, paired
+differences with bootstrap intervals, the std of the per-question paired differences and the seeds a
+--delta EM difference needs at 80% power (``experiments.confidence.seeds_for_power``), the failure mix (with
+"wrong route"), routing, and curves of dev EM against tokens generated and tool calls. Writes OUTPUT/branching.md,
+branching.json, branching.png and, with --report, section ``branching`` of docs/benchmarks.md (the pilot:
+``branching-pilot``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from benchmarks.learning_runs import Testbed, add_run_options, check_eval_questions, run_benchmark
+from envs.synthetic import BranchSpec
+
+TREE = ["--algo", "tree_grpo", "--M", "2", "--N", "2", "--L", "1"]
+UNIFORM, ENTROPY, AFTER_TOOL = "tree (2,2,1) uniform", "tree (2,2,1) entropy", "tree (2,2,1) after_tool"
+CHAIN_EQUAL, CHAIN_16 = "chain at equal tokens", "chain G=16 at 4x tokens"
+SETTING_NAMES = (UNIFORM, CHAIN_EQUAL, CHAIN_16, ENTROPY, AFTER_TOOL)
+# (a, b): the paired difference a - b, the first three the protocol's primary comparisons (a >= b expected)
+COMPARISONS: tuple[tuple[str, str], ...] = (
+    (UNIFORM, CHAIN_EQUAL), (UNIFORM, CHAIN_16), (ENTROPY, UNIFORM), (AFTER_TOOL, UNIFORM), (ENTROPY, AFTER_TOOL),
+)
+# a small world: 80 people, 300 companies (each asks its founder's and its chair's question: 600, 300 held out),
+# 3 hops (company, person, birth city; answer the country), so a branch after the first search saves half a chain
+WORLD = BranchSpec(seed=0, people=80, companies=300, cities=20, countries=8, train_questions=300, dev_questions=300,
+                   hops=3)
+TOPK = 1  # one passage per search: a short context, in which a 10M-parameter model trained for minutes copies names
+# Oracle SFT of a 10M-parameter Llama from scratch on the train questions of WORLD and 7 other worlds (other names:
+# copying is learned, not memorised), 70% of the trajectories following the wrong person (--misroute)
+WARM_START = ("--model", "scratch", "--extra-worlds", "7", "--misroute", "0.7", "--epochs", "4", "--batch-size", "8",
+              "--lr", "3e-3", "--seed", "0")
+SEEDS = [0, 1, 2, 3, 4]  # the default until the pilot sizes the benchmark (docs/protocol_branching.md)
+PILOT = {"seeds": [0, 1], "eval_questions": 100, "curve_questions": 50}
+
+
+def settings(token_budget: int, chain_group_size: int) -> dict[str, tuple[int, list[str]]]:
+    """name -> (nominal budget in full chains, run.py options), each with its token budget."""
+    def budget(multiple: int) -> list[str]:
+        return ["--token-budget", str(multiple * token_budget)]
+
+    return {
+        UNIFORM: (4, [*TREE, "--branching", "uniform", *budget(1)]),
+        CHAIN_EQUAL: (chain_group_size, ["--algo", "grpo", "--group-size", str(chain_group_size), *budget(1)]),
+        CHAIN_16: (16, ["--algo", "grpo", "--group-size", "16", *budget(4)]),
+        ENTROPY: (4, [*TREE, "--branching", "entropy", *budget(1)]),
+        AFTER_TOOL: (4, [*TREE, "--branching", "after_tool", *budget(1)]),
+    }
+
+
+def testbed(args: argparse.Namespace) -> Testbed:
+    name, title = "branching", "Branching: tree vs chain at equal tokens on SynthBranch-v0 (issue 27)"
+    if args.pilot:
+        name, title = "branching-pilot", "Branching: the pilot (issue 27; sizes the benchmark)"
+    return Testbed(name, title, "SynthBranch-v0", WORLD, TOPK, settings(args.token_budget, args.chain_group_size),
+                   COMPARISONS)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_run_options(p, list(SETTING_NAMES), seeds=None, iterations=60, eval_every=3, output=None,
+                    section="branching (with --pilot: branching-pilot)")
+    p.add_argument("--token-budget", type=int, default=40_000,
+                   help="T: each run stops after the iteration in which it has generated T tokens (4T for G=16)")
+    p.add_argument("--chain-group-size", type=int, default=4,
+                   help="G of the chain at equal tokens (the tree's measured tokens per prompt over a chain's)")
+    p.add_argument("--pilot", action="store_true",
+                   help=f"seeds {PILOT['seeds']} (unless --seeds), {PILOT['eval_questions']} held-out questions, "
+                        f"{PILOT['curve_questions']} per curve point, into outputs/bench_branching_pilot: the "
+                        f"paired differences' spread that sizes the benchmark")
+    args = p.parse_args(argv)
+    for name in ("token_budget", "chain_group_size", "iterations"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.pilot:
+        vars(args).update({**PILOT, "seeds": args.seeds or PILOT["seeds"]})  # --seeds splits a pilot over processes
+    args.seeds = args.seeds or SEEDS
+    args.output = args.output or ("outputs/bench_branching_pilot" if args.pilot else "outputs/bench_branching")
+    check_eval_questions(p, args, testbed(args))
+    return args
+
+
+def main(argv: list[str] | None = None) -> Path:
+    from experiments.warmstart import cached_warm_start
+
+    args = parse_args(argv)
+    return run_benchmark(testbed(args), args, lambda: cached_warm_start(WORLD, WARM_START, topk=TOPK), argv,
+                         "benchmarks/bench_branching.py")
+
+
+if __name__ == "__main__":
+    main()
