@@ -126,11 +126,13 @@ def test_two_trial_grid_is_tracked_in_mlflow(data_dir, tmp_path):
             assert (trial / "metrics.jsonl").is_file(), trial
 
 
-def test_a_one_valued_grid_key_is_what_the_trial_trains(data_dir, tmp_path):
+def test_a_one_valued_grid_key_is_what_the_trial_trains_and_a_token_budget_stops_it(data_dir, tmp_path):
     main(["--model", "tiny-random", "--max-step-tokens", "8", "--prompts-per-iter", "2", "--micro-batch-size", "6",
-          "--grid", "M=1", "--grid", "lr=1e-5", "--iterations", "1", "--no-mlflow", "--output", str(tmp_path)])
+          "--grid", "M=1", "--grid", "lr=1e-5", "--iterations", "3", "--token-budget", "1", "--no-mlflow",
+          "--output", str(tmp_path)])
     ray.shutdown()
     (params,) = [json.loads(path.read_text()) for path in (tmp_path / "sweep").glob("*/params.json")]
     assert (params["M"], params["lr"]) == (1, 1e-5)  # not the defaults (2, 1e-6)
     (trial,) = json.loads((tmp_path / "tune_results.json").read_text())["trials"]
-    assert trial["M"] == 1 and trial["error"] is None
+    # the first iteration generates more than 1 token: the trial stops after it, as run.py's runs do
+    assert trial["M"] == 1 and trial["error"] is None and trial["iterations"] == 1

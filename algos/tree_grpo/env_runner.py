@@ -150,7 +150,8 @@ class TreeSearchEnvRunner(EnvRunner, Checkpointable):
             self._eval_envs[env_id, split] = gym.make(env_id, **settings)
         env = self._eval_envs[env_id, split]
         indices = [i for i in prompt_indices if i < len(env.unwrapped.records)]
-        generator = self.step_generator(dataclasses.replace(self.config.sampling, greedy=True))
+        # greedy chains are never branched: no entropy to measure
+        generator = self.step_generator(dataclasses.replace(self.config.sampling, greedy=True, entropy_tokens=0))
         return greedy_chains(env, generator, self.module.tokenizer, indices) if indices else []
 
     def export_trees(self, limit: int) -> list[dict[str, Any]]:
