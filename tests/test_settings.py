@@ -193,8 +193,10 @@ def test_resume_refuses_changes_to_the_experiment_and_lists_them(tmp_path):
 
 def test_resume_applies_options_that_may_change_and_keeps_the_rest(tmp_path):
     run = fake_run(tmp_path, M=3, iterations=5)
-    resumed = plan(["--resume", str(run / "checkpoints" / "latest"), "--iterations", "9", "--eval-every", "2"])
+    resumed = plan(["--resume", str(run / "checkpoints" / "latest"), "--iterations", "9", "--eval-every", "2",
+                    "--num-cpus-per-env-runner", "2"])  # placement: a run resumed on another machine
     assert (resumed.settings.iterations, resumed.settings.eval_every, resumed.settings.M) == (9, 2, 3)
+    assert resumed.settings.num_cpus_per_env_runner == 2
     assert Path(resumed.settings.output) == run.resolve()  # the run's own directory, not ./outputs/run
     assert resumed.checkpoint.name == "iter_000001"
     assert {"iterations", "eval_every"} <= MAY_CHANGE_ON_RESUME
