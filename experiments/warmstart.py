@@ -210,6 +210,7 @@ def cached_warm_start(world: WorldSpec | BranchSpec, recipe: Sequence[str], *, t
         main(["--env", env_id, "--data-dir", str(world_data_dir(world, cache_dir)), "--topk", str(topk),
               "--dev-questions", "0", *recipe, "--output", str(staging)])
         os.replace(staging, model.parent)
+        print(f"warm start: moved into the cache: {model} (use --model {model})")
     except OSError:
         if not (model / "config.json").exists():  # not another process's finished copy: a real failure
             raise
