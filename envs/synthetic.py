@@ -167,6 +167,7 @@ class SynthQuestion:
     answer: str
     chain: tuple[str, ...]  # the entity searched at each hop, in order (its passage holds the next link)
     decoy: SynthQuestion | None = None  # SynthBranch: the same question's wrong route (its chain and answer)
+    role: str | None = None  # SynthBranch: the person the question asks about (one of BRANCH_ROLES)
 
     @property
     def hops(self) -> int:
@@ -280,7 +281,8 @@ class BranchWorld(World):
             for role, other in zip(BRANCH_ROLES, BRANCH_ROLES[::-1], strict=True):
                 question = template.format(role, name)
                 wrong = SynthQuestion(question, *self.answer(name, (other, *tail)))
-                by_role[role].append(SynthQuestion(question, *self.answer(name, (role, *tail)), decoy=wrong))
+                by_role[role].append(SynthQuestion(question, *self.answer(name, (role, *tail)), decoy=wrong,
+                                                   role=role))
         return by_role
 
     def split_questions(self) -> dict[str, list[SynthQuestion]]:

@@ -39,6 +39,7 @@ import envs
 from envs.datasets import resolve_data_dir
 from envs.retrieval.corpus import default_cache_dir
 from envs.synthetic import (
+    BRANCH_ROLES,
     SPECS,
     BranchSpec,
     SynthQuestion,
@@ -185,9 +186,19 @@ def oracle_data_dirs(args: argparse.Namespace, env_kwargs: dict) -> list[Path]:
                       for k in range(1, args.extra_worlds + 1))]
 
 
-def wrong_routes(env: gym.Env, data_dir: Path) -> list[SynthQuestion]:
-    """Per train question of a SynthBranch env serving ``data_dir``: its wrong route (the other person's)."""
-    return [q.decoy for q in branch_questions(data_dir, "train", [r.question for r in env.unwrapped.records])]
+def train_branch_questions(env: gym.Env, data_dir: Path) -> list[SynthQuestion]:
+    """The train questions of a SynthBranch env serving ``data_dir``, in its order, each with its wrong route
+    (``decoy``: the other person's) and the role it asks about."""
+    return branch_questions(data_dir, "train", [r.question for r in env.unwrapped.records])
+
+
+def misrouted_questions(questions: Sequence[SynthQuestion], share: float, role: str | None,
+                        seed: int) -> set[int]:
+    """The positions of ``questions`` whose oracle follows the wrong person: ``share`` of them, drawn at random
+    (``seed``) among those asking about ``role`` (every question without one)."""
+    eligible = [i for i, q in enumerate(questions) if role is None or q.role == role]
+    order = np.random.default_rng([seed, 1]).permutation(len(eligible))
+    return {eligible[i] for i in order[: round(share * len(eligible))]}
 
 
 def cached_warm_start(world: WorldSpec | BranchSpec, recipe: Sequence[str], *, topk: int,
@@ -241,6 +252,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="SynthBranch-v0: share of oracle trajectories that follow the wrong person after the first "
                         "search (the chair for a founder question, and the other way round) to a wrong answer in "
                         "the right format: a start policy that copies names well and routes wrong that often")
+    p.add_argument("--misroute-role", choices=BRANCH_ROLES, default=None,
+                   help="SynthBranch-v0: draw the --misroute share among the questions about this person only (with "
+                        "--misroute 1: a start policy that always follows the other person on those questions, a "
+                        "rule rather than a coin, and routes right on the rest)")
     p.add_argument("--epochs", type=int, default=6)
     p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (use ~1e-5 to fine-tune smollm2)")
     p.add_argument("--batch-size", type=int, default=16)
@@ -264,6 +279,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     synthetic = [env_id for env_id, (dataset, *_) in envs.ENV_IDS.items() if dataset in SPECS]
     if args.extra_worlds and args.env not in synthetic:
         p.error(f"--extra-worlds needs a generated world (--env {' or '.join(synthetic)}), got --env {args.env}")
+    if args.misroute_role and not args.misroute:
+        p.error("--misroute-role needs --misroute (the share of those questions to misroute)")
     if args.misroute and args.env != "SynthBranch-v0":
         p.error(f"--misroute needs --env SynthBranch-v0 (the env with a wrong route to follow), got --env {args.env}")
     return args
@@ -286,10 +303,10 @@ def main(argv: list[str] | None = None) -> Path:
         # drawn from the other end of the permutation, so the two kinds overlap only when their shares sum past 1
         premature = set(order[::-1][: round(args.premature * count)])
         # a draw of its own: a misrouted trajectory may also be unanswered or premature, as the shares say
-        misrouted = set(np.random.default_rng([args.seed, 1]).permutation(count)[: round(args.misroute * count)])
-        routes = wrong_routes(env, data_dir) if misrouted else []
+        questions = train_branch_questions(env, data_dir)[:count] if args.misroute else []
+        misrouted = misrouted_questions(questions, args.misroute, args.misroute_role, args.seed)
         data += [oracle_trajectory(env, tokenizer, i, args.max_turns, end_of_turn, answer=i not in unanswered,
-                                   premature=i in premature, route=routes[i] if i in misrouted else None)
+                                   premature=i in premature, route=questions[i].decoy if i in misrouted else None)
                  for i in range(count)]
         env.close()
     tokens = sum(len(ids) for ids, _ in data)

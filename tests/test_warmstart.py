@@ -15,13 +15,14 @@ import experiments.warmstart as warmstart_module
 from envs.synthetic import BranchSpec, WorldSpec, write_world
 from experiments.warmstart import (
     cached_warm_start,
+    misrouted_questions,
     oracle_data_dirs,
     oracle_trajectory,
     pad,
     parse_args,
     sft_loss,
     train,
-    wrong_routes,
+    train_branch_questions,
 )
 from experiments.warmstart import main as warmstart_main
 from policies.generation import observation_ids, prompt_ids
@@ -86,16 +87,17 @@ def branch(tmp_path_factory):
 def test_a_misrouted_oracle_follows_the_other_person_to_a_wrong_answer(branch, setup, tmp_path):
     env, root = branch
     tokenizer = setup[1]
-    routes = wrong_routes(env, root)
+    questions = train_branch_questions(env, root)
     for index, record in enumerate(env.unwrapped.records):
-        route = routes[index]
+        route = questions[index].decoy
+        assert questions[index].role in record.question and route.role is None  # the role asked; a decoy asks none
         assert route.chain[0] == record.supporting_titles[0] and route.chain[1] != record.supporting_titles[1]
         ids, generated = oracle_trajectory(env, tokenizer, index, 3, tokenizer.eos_token_id, route=route)
         text = tokenizer.decode([i for i, g in zip(ids, generated, strict=True) if g])
         assert [f"<search> {title} </search>" in text for title in route.chain] == [True] * 3
         assert f"<answer> {route.answer} </answer>" in text and record.answers[0] not in text
     with pytest.raises(ValueError, match=r"not those of its world\.json"):
-        wrong_routes(env, write_world(replace(BRANCH, seed=1), tmp_path))  # another world's questions
+        train_branch_questions(env, write_world(replace(BRANCH, seed=1), tmp_path))  # another world's questions
 
 
 def test_warmstart_misroutes_the_share_asked_on_synthbranch(branch, tmp_path, monkeypatch):
@@ -111,6 +113,24 @@ def test_warmstart_misroutes_the_share_asked_on_synthbranch(branch, tmp_path, mo
                     "--hidden-size", "32", "--layers", "1", "--heads", "2", "--epochs", "1", "--dev-questions", "0",
                     "--output", str(tmp_path / "warm")])
     assert len(routed) == BRANCH.train_questions and sum(routed) == 6
+
+
+def test_a_misroute_role_draws_its_share_among_that_roles_questions_alone(branch):
+    questions = train_branch_questions(*branch)
+    chairs = {i for i, q in enumerate(questions) if q.role == "chair"}
+    assert 0 < len(chairs) < len(questions)  # the fixture has both kinds
+    assert misrouted_questions(questions, 1.0, "chair", seed=0) == chairs  # a rule: every chair question
+    half = misrouted_questions(questions, 0.5, "chair", seed=0)
+    assert half < chairs and len(half) == round(0.5 * len(chairs))
+    assert misrouted_questions(questions, 0.5, "chair", seed=1) != half or len(chairs) < 3  # seeded
+    assert len(misrouted_questions(questions, 0.5, None, seed=0)) == round(0.5 * len(questions))
+    assert misrouted_questions(questions, 0.0, "founder", seed=0) == set()
+
+
+def test_a_misroute_role_without_a_share_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--env", "SynthBranch-v0", "--misroute-role", "chair"])
+    assert "--misroute-role needs --misroute" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("option", ["--unanswered", "--premature", "--misroute"])
