@@ -85,11 +85,14 @@ def commit_of(checkout: Path) -> str:
                           text=True).stdout.strip() or "?"
 
 
+def tokens_per_pass(measured: dict) -> float:
+    return measured["tokens_generated"] / measured["forward_passes"]
+
+
 def median_row(rounds: list[dict], name: str) -> dict[str, float]:
     keys = ("tokens_generated", "seconds", "forward_passes", "tokens_per_s")
     row = {key: statistics.median(r[name][key] for r in rounds) for key in keys}
-    row["tokens_per_pass"] = statistics.median(r[name]["tokens_generated"] / r[name]["forward_passes"]
-                                               for r in rounds)
+    row["tokens_per_pass"] = statistics.median(tokens_per_pass(r[name]) for r in rounds)
     return row
 
 
@@ -113,8 +116,7 @@ def report(args: argparse.Namespace, results: dict[str, list[dict]], labels: dic
         for side in ("baseline", "this"):
             row = median_row(results[side], name)
             speed = paired_ratio(results, name, lambda r: r["tokens_per_s"]) if side == "this" else 1.0
-            per_pass = (paired_ratio(results, name, lambda r: r["tokens_generated"] / r["forward_passes"])
-                        if side == "this" else 1.0)
+            per_pass = paired_ratio(results, name, tokens_per_pass) if side == "this" else 1.0
             lines.append(f"| {name} | {labels[side]} | {row['tokens_generated']:.0f} | {row['forward_passes']:.0f} | "
                          f"{row['tokens_per_pass']:.2f} | {row['seconds']:.1f} | {row['tokens_per_s']:.1f} | "
                          f"{speed:.2f}x | {per_pass:.2f}x |")
