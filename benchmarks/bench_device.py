@@ -8,9 +8,10 @@ shared prefixes under each attention kernel.
 
 SynthHop-v0 questions (a small world generated in-process), trees (2,2,1), 32 prompts, 128-token steps by default.
 Per model (one column each) it reports:
-- the rollout: tokens generated and prefilled, LLM calls, seconds, generation tokens/s, the GPU's busy share of the
-  rollout (the union of its kernels' intervals over the rollout's wall time, from torch.profiler; not measured on
-  the CPU) and the peak memory;
+- the rollout: tokens generated and prefilled, LLM calls, seconds, generation tokens/s, the decode passes run in
+  static shapes (``--static-decode``: replayed as CUDA graphs on a GPU, ``policies.static_decode``), the GPU's busy
+  share of the rollout (the union of its kernels' intervals over the rollout's wall time, from torch.profiler; not
+  measured on the CPU) and the peak memory;
 - the sampler/learner log-prob gap (the learner's recomputed log-probs of the sampled tokens against the
   sampler's: mean |gap|, the ratio's mean, p99 and share outside [0.9, 1.1]);
 - the learner, per row (sdpa) and with shared prefixes under each ``--attention`` kernel: the packing's seconds
@@ -183,7 +184,9 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, str]:
     dtype = getattr(torch, args.dtype)
     model, tokenizer = build_policy(name, dtype, args.device)
     env = gym.make("SynthHop-v0", split="train", data_dir=str(world_data_dir(WORLD)))
-    generator = HFStepGenerator(model, tokenizer, SamplingSettings(max_step_tokens=args.max_step_tokens))
+    static = {"auto": None, "on": True, "off": False}[args.static_decode]
+    generator = HFStepGenerator(model, tokenizer, SamplingSettings(max_step_tokens=args.max_step_tokens),
+                                static_decode=static)
     rollout = TreeRollout(env, generator, tokenizer, seed=args.seed)
     profiler = profiled(args.device)
     reset_peak_memory(args.device)
@@ -224,6 +227,9 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, str]:
         "tool calls": f"{rollout.counters.tool_calls:,}",
         "rollout seconds": f"{rollout_s:.1f}",
         "generation tokens/s": f"{counters['tokens_generated'] / rollout_s:,.0f}",
+        "decode passes in static shapes / CUDA graphs captured / all passes": "0 / 0 / "
+        f"{counters['forward_passes']:,}" if generator.static_decode is None else
+        f"{generator.static_decode.passes:,} / {generator.static_decode.captures} / {counters['forward_passes']:,}",
         "GPU busy share of the rollout (profiler)": "not measured (no GPU)" if profiler is None
         else busy_share(profiler, rollout_s),
         "rollout peak GiB": f"{rollout_peak:.2f}",
@@ -259,6 +265,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--attention", nargs="+", choices=("sdpa", "eager", FLEX_ATTENTION), default=None,
                    help="kernels of the shared-prefix learner passes (default: sdpa and flex_attention on cuda, "
                         "sdpa on the CPU, where flex_attention compiles per shape and has no backward)")
+    p.add_argument("--static-decode", choices=("auto", "on", "off"), default="auto",
+                   help="decode-only passes in static shapes, replayed as CUDA graphs on a GPU "
+                        "(HFStepGenerator static_decode; auto: on a GPU only)")
     p.add_argument("--quick", action="store_true",
                    help="a smoke run in seconds on the CPU: " + ", ".join(f"--{k.replace('_', '-')} {v}"
                                                                            for k, v in QUICK.items()))
@@ -277,7 +286,8 @@ def main(argv: list[str] | None = None) -> str:
     table = run(args)
     text = (f"`python benchmarks/bench_device.py --model {' '.join(args.model)} --device {args.device} "
             f"--dtype {args.dtype} --prompts {args.prompts} --max-step-tokens {args.max_step_tokens} "
-            f"--attention {' '.join(args.attention)}` on {machine_description()}\n\n" + table + "\n")
+            f"--attention {' '.join(args.attention)} --static-decode {args.static_decode}` on "
+            f"{machine_description()}\n\n" + table + "\n")
     print(text)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as handle:

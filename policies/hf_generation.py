@@ -36,6 +36,7 @@ from policies.generation import (
 from policies.kv_cache import KVPool, KVSegment
 from policies.ragged_attention import PrefillRow, RaggedPlan, prefill_mask, ragged_attention_for
 from policies.sampling import CANDIDATES, sample_tokens, sample_tokens_exact
+from policies.static_decode import StaticDecode
 from policies.stops import StopStrings
 
 
@@ -77,7 +78,7 @@ class HFStepGenerator:
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
                  settings: SamplingSettings | None = None, *, keep_cache: bool = True,
-                 limits: EngineLimits | None = None):
+                 limits: EngineLimits | None = None, static_decode: bool | None = None):
         self.model, self.tokenizer = model, tokenizer
         self.settings = settings or SamplingSettings()
         self.keep_cache = keep_cache
@@ -92,6 +93,10 @@ class HFStepGenerator:
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.pool = KVPool(config.num_hidden_layers, config.num_key_value_heads, head_dim,
                            next(model.parameters()).dtype, model.device)
+        # decode-only passes in static shapes, replayed as CUDA graphs on a GPU (default: on a GPU only)
+        on_gpu = model.device.type == "cuda"
+        self.static_decode = (StaticDecode(model, self.pool, self.limits.max_rows, capture=on_gpu)
+                              if (on_gpu if static_decode is None else static_decode) else None)
         self._waiting: deque[tuple[Branch, Hashable]] = deque()
         self._rows: list[_Row] = []
 
@@ -117,7 +122,10 @@ class HFStepGenerator:
         done: list[tuple[Hashable, StepOutput]] = []
         admitted = self._admit(done)
         if self._rows or admitted:
-            self._forward(self._rows, admitted)
+            if self.static_decode is not None and not admitted:
+                self._decode_static(self._rows)
+            else:
+                self._forward(self._rows, admitted)
             self._rows += admitted
             done += self._retire()
         self.counters.kv_peak_bytes = self.pool.peak_bytes
@@ -207,8 +215,18 @@ class HFStepGenerator:
                                 ragged_plan=plan).logits[0]
         self.counters.forward_passes += 1
         if sample:
-            drawn, logprobs, entropies = self._sample(logits, streams, at)
-            self._record(rows, drawn, logprobs, entropies)
+            self._record(rows, *self._sample(logits, streams, at))
+
+    def _decode_static(self, rows: list[_Row]) -> None:
+        """The pass of :meth:`_forward` when every row only decodes, in :attr:`static_decode`'s static shapes."""
+        host = torch.tensor([*(r.pending for r in rows), *(r.length for r in rows), *(r.length + 1 for r in rows),
+                             *(r.stream for r in rows)], dtype=torch.long)
+        for r in rows:
+            r.length += 1
+        inputs = host.to(self.model.device).view(4, len(rows))
+        logits = self.static_decode.logits(inputs[:3])
+        self.counters.forward_passes += 1
+        self._record(rows, *self._sample(logits, inputs[3], inputs[2]))
 
     def _sample(self, logits: torch.Tensor, streams: torch.Tensor,
                 positions: torch.Tensor) -> tuple[list[int], list[float], list[float] | None]:

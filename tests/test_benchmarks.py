@@ -201,16 +201,20 @@ def test_no_script_folder_module_shadows_the_standard_library():
 
 def test_the_device_check_runs_on_the_cpu_and_finds_no_fp32_gap(tmp_path, monkeypatch):
     # the Ray-free rollout + learner passes that run on a lent GPU: on the CPU in fp32 the learner's log-probs of
-    # the sampled tokens are the sampler's
+    # the sampled tokens are the sampler's, with the rollout's decode passes in static shapes (as on a GPU, where
+    # they are replayed as CUDA graphs)
     from benchmarks.bench_device import main as device_check
 
     monkeypatch.setenv("TREEGRPO_CACHE_DIR", str(tmp_path / "cache"))
-    text = device_check(["--quick", "--output", str(tmp_path / "device.md")])
+    text = device_check(["--quick", "--static-decode", "on", "--output", str(tmp_path / "device.md")])
     rows = dict((cell.strip() for cell in line.strip("|").split("|", 1)) for line in text.splitlines()
                 if line.startswith("| "))
     assert rows["leaves / prompts"] == "6 / 1"
     assert float(rows["sampler/learner mean abs log-prob gap"]) < 1e-4
     assert rows["GPU busy share of the rollout (profiler)"] == "not measured (no GPU)"
+    static, captured, passes = (int(v.replace(",", "")) for v in
+                                rows["decode passes in static shapes / CUDA graphs captured / all passes"].split(" / "))
+    assert 0 < static < passes and captured == 0
     for measure in ("log-prob pass seconds, no gradients", "step seconds", "step peak GiB"):
         per_row, shared = map(float, rows[f"learner {measure} (per row / shared sdpa)"].split(" / "))
         assert per_row > 0 and shared > 0
