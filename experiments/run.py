@@ -222,8 +222,11 @@ def start_ray(settings: RunSettings) -> None:
              include_dashboard=settings.ray_dashboard, log_to_driver=settings.log_rollout_steps)
 
 
-def check_resources(settings: RunSettings, available: dict[str, float]) -> None:
-    """Fail fast, naming the options, when the actors cannot all be placed (Ray would wait forever)."""
+def check_resources(settings: RunSettings, available: dict[str, float],
+                    nodes: list[dict[str, float]] | None = None) -> None:
+    """Fail fast, naming the options, when the actors cannot all be placed (Ray would wait forever): the
+    cluster's totals (``available``) must cover every actor, and each actor must fit on one of ``nodes`` (their
+    resources, when known: a GPU split over two nodes does not host a one-GPU learner)."""
     gpus = settings.num_learners * settings.num_gpus_per_learner
     gpus += settings.num_env_runners * settings.num_gpus_per_env_runner
     cpus = settings.num_env_runners * settings.num_cpus_per_env_runner
@@ -241,6 +244,37 @@ def check_resources(settings: RunSettings, available: dict[str, float]) -> None:
                 f"--env-runner-resources {name}={amount:g}: {settings.num_env_runners} env runner(s) need {needed:g} "
                 f"{name} but Ray has {available.get(name, 0):g} (a node offers it with ray start --resources "
                 f"'{{\"{name}\": N}}', and only a cluster joined with --ray-address has such nodes)")
+    for actor, demand, options in actor_demands(settings):
+        if nodes is not None and not any(all(node.get(k, 0) >= v for k, v in demand.items()) for node in nodes):
+            largest = ", ".join(f"{k} {max(node.get(k, 0) for node in nodes):g}" for k in demand)
+            raise SettingsError(
+                f"one {actor} needs {_resources_text(demand)} on a single node, but no node of the cluster has that "
+                f"(the most any node has: {largest}): lower {options}")
+
+
+def node_resources() -> list[dict[str, float]]:
+    """The resources of each live node of the Ray cluster this process is connected to."""
+    import ray
+
+    return [node["Resources"] for node in ray.nodes() if node.get("Alive")]
+
+
+def actor_demands(settings: RunSettings) -> list[tuple[str, dict[str, float], str]]:
+    """(actor kind, the resources one such actor asks Ray for, the options that set them), for the kinds the run
+    starts (an actor's demand must fit on one node)."""
+    runner = {"CPU": settings.num_cpus_per_env_runner, "GPU": settings.num_gpus_per_env_runner,
+              **(settings.env_runner_resources or {})}
+    learner = ({"GPU": settings.num_gpus_per_learner} if settings.num_gpus_per_learner
+               else {"CPU": settings.num_cpus_per_learner})
+    kinds = [("env runner", runner, "--num-cpus-per-env-runner / --num-gpus-per-env-runner / --env-runner-resources",
+              settings.num_env_runners), ("learner", learner, "--num-cpus-per-learner / --num-gpus-per-learner",
+                                          settings.num_learners)]
+    return [(actor, {k: v for k, v in demand.items() if v}, options) for actor, demand, options, count in kinds
+            if count and any(demand.values())]
+
+
+def _resources_text(demand: dict[str, float]) -> str:
+    return ", ".join(f"{v:g} {k}" for k, v in demand.items())
 
 
 def progress_line(row: dict[str, Any], total: int) -> str:
@@ -316,7 +350,7 @@ def train(run: RunPlan) -> tuple[Path | None, int]:
         print(f"warning: training on {settings.env}'s evaluation split ({settings.training_split}); its "
               f"evaluations score questions the policy trained on", file=sys.stderr)
     start_ray(settings)
-    check_resources(settings, ray.cluster_resources())  # again: a cluster joined through RAY_ADDRESS has its own
+    check_resources(settings, ray.cluster_resources(), node_resources())  # again: a joined cluster has its own
     output.mkdir(parents=True, exist_ok=True)
     algo = build_algorithm(run)
     settings_file = record_settings(run, algo.iteration + 1)

@@ -34,7 +34,7 @@ from algos.tree_grpo import TreeGRPO
 from algos.tree_grpo import metrics as M
 from algos.tree_grpo.settings import ALGORITHM_FIELDS
 from experiments.cli import SettingsError, build_parser, given_options, validate, yaml_scalar
-from experiments.run import check_before_ray, check_resources, start_ray
+from experiments.run import check_before_ray, check_resources, node_resources, start_ray
 from experiments.settings import CLI_ALIASES, RunSettings, build_config, help_sections, tracked_params
 from experiments.tracking import METRICS_FILE, RunTracker, default_tracking_uri, ensure_experiment, read_rows
 
@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> Path:
         for trial in trials:  # as run.py checks a run
             check_before_ray(trial)
         start_ray(base)
-        check_resources(base, ray.cluster_resources())
+        check_resources(base, ray.cluster_resources(), node_resources())
     except SettingsError as error:
         tune_parser().exit(2, f"tune.py: error: {error}\n")
     from ray import tune

@@ -119,6 +119,19 @@ def test_actors_that_cannot_be_placed_are_an_error_not_a_hang(data_dir, tmp_path
     with pytest.raises(SettingsError, match="need 2 rollout_node but Ray has 0"):
         check_resources(placed, {"CPU": 2.0})  # a local Ray has no custom resources
     check_resources(placed, {"CPU": 2.0, "rollout_node": 2.0})
+    # the totals suffice, but each actor must fit on one node: half a GPU on each of two nodes hosts no
+    # one-GPU engine; a node with one GPU and the other's CPUs hosts both runners
+    one_engine = plan(["--num-env-runners", "1", "--num-gpus-per-env-runner", "1", "--num-cpus-per-env-runner", "1",
+                       "--output", str(tmp_path)]).settings
+    halves = [{"CPU": 2.0, "GPU": 0.5}, {"CPU": 2.0, "GPU": 0.5}]
+    with pytest.raises(SettingsError, match=r"one env runner needs 1 CPU, 1 GPU on a single node, but no node .* "
+                                            r"\(the most any node has: CPU 2, GPU 0.5\): lower --num-cpus-per-env"):
+        check_resources(one_engine, {"CPU": 4.0, "GPU": 1.0}, halves)
+    check_resources(one_engine, {"CPU": 4.0, "GPU": 1.0}, [{"CPU": 2.0}, {"CPU": 2.0, "GPU": 1.0}])
+    learners = plan(["--num-env-runners", "1", "--num-learners", "1", "--num-gpus-per-learner", "2",
+                     "--output", str(tmp_path)]).settings
+    with pytest.raises(SettingsError, match="one learner needs 2 GPU on a single node"):
+        check_resources(learners, {"CPU": 4.0, "GPU": 2.0}, [{"CPU": 2.0, "GPU": 1.0}] * 2)
 
 
 def test_invalid_config_names_the_field():
