@@ -26,6 +26,7 @@ from experiments.cli import SettingsError
 from experiments.run import RunPlan, plan, start_ray, train
 from experiments.settings import RunSettings
 from experiments.tracking import read_rows
+from tests.ports import free_port
 from tests.test_resume import FAST, wait_for_rows
 
 
@@ -87,12 +88,6 @@ def stop_processes(processes: list[psutil.Process]) -> None:
         with contextlib.suppress(psutil.NoSuchProcess):
             process.kill()
     psutil.wait_procs(processes, timeout=30)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def ray_start(*options: str) -> None:

@@ -22,15 +22,10 @@ from envs.datasets import corpus_path, load_dataset
 from envs.retrieval import RemoteRetriever, RetrievalError, get_retriever
 from envs.retrieval.corpus import CACHE_DIR_ENV
 from envs.retrieval.serve import parse_args
+from tests.ports import free_port, refused_port
 
 ROOT = Path(__file__).resolve().parents[1]
 PASSAGES = 3000
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -172,9 +167,9 @@ ONE_HIT = json.dumps({"result": [[{"document": {"id": "7", "contents": '"T"\nbod
 
 
 def test_a_refused_connection_is_retried_then_named() -> None:
-    url = f"http://127.0.0.1:{free_port()}/retrieve"  # nothing listens there
-    retriever = RemoteRetriever(url, retries=2, backoff_s=0.01)
-    with pytest.raises(RetrievalError, match=f"{url}.*ConnectionRefusedError.*after 3 attempts"):
+    with refused_port() as port, pytest.raises(RetrievalError, match=f"{port}/retrieve.*ConnectionRefusedError.*"
+                                                                    "after 3 attempts"):
+        retriever = RemoteRetriever(f"http://127.0.0.1:{port}/retrieve", retries=2, backoff_s=0.01)
         retriever.search(["q"], k=3)
     assert retriever.retries == 2
 
@@ -239,13 +234,14 @@ def test_plain_documents_are_read_without_scores(scripted_server) -> None:
 
 
 def test_a_failed_search_is_an_error_not_an_empty_observation(data_dir: Path) -> None:
-    url = f"http://127.0.0.1:{free_port()}"
-    env = gym.make("HotpotQA-v0", split="dev", retriever=url).unwrapped
-    env.retriever.backoff_s = 0.0
-    env.reset(options={"index": 0})
-    with pytest.raises(RetrievalError, match=f"{url}/retrieve"):
-        env.step("<search> anything </search>")
-    assert env.step("<answer> x </answer>")[2]  # the failed step changed nothing: the episode goes on
+    with refused_port() as port:
+        url = f"http://127.0.0.1:{port}"
+        env = gym.make("HotpotQA-v0", split="dev", retriever=url).unwrapped
+        env.retriever.backoff_s = 0.0
+        env.reset(options={"index": 0})
+        with pytest.raises(RetrievalError, match=f"{url}/retrieve"):
+            env.step("<search> anything </search>")
+        assert env.step("<answer> x </answer>")[2]  # the failed step changed nothing: the episode goes on
 
 
 def test_bad_urls_and_server_options_are_refused(tmp_path: Path) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from experiments.evaluate import load_policy
 from experiments.run import main
 from experiments.tracking import MLflowRun, flatten, metrics_row, numeric_metrics, read_rows, truncate_rows
 from policies.models import load_model
+from tests.ports import free_port, refused_port
 
 FAST = ["--model", "tiny-random", "--max-step-tokens", "8", "--prompts-per-iter", "2", "--micro-batch-size", "6",
         "--checkpoint-every", "0", "--quiet"]
@@ -109,12 +109,6 @@ def test_evaluate_loads_the_trained_policy_from_a_checkpoint(tracked_run):
     assert any(not torch.equal(trained[k], initial[k]) for k in trained)  # two updates moved the weights
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def get_json(url: str) -> dict:
     with urllib.request.urlopen(url, timeout=10) as response:
         return json.loads(response.read())
@@ -151,9 +145,9 @@ def test_mlflow_server_serves_the_run_over_rest(tracked_run):
 
 
 def test_unreachable_tracking_uri_only_warns(data_dir, tmp_path):
-    with pytest.warns(RuntimeWarning, match="MLflow tracking at http://127.0.0.1:.* failed"):
-        main([*FAST, "--iterations", "1", "--output", str(tmp_path), "--mlflow-uri",
-              f"http://127.0.0.1:{free_port()}"])
+    # the port stays refused while Ray starts its servers on ports of its choosing
+    with refused_port() as port, pytest.warns(RuntimeWarning, match="MLflow tracking at http://127.0.0.1:.* failed"):
+        main([*FAST, "--iterations", "1", "--output", str(tmp_path), "--mlflow-uri", f"http://127.0.0.1:{port}"])
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 1
     assert not (tmp_path / "mlflow_run_id").exists()
     ray.shutdown()
