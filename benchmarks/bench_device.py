@@ -199,6 +199,8 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, str]:
             torch.cuda.synchronize()
     rollout_s, rollout_peak = time.perf_counter() - start, peak_memory_gib(args.device)
     counters = generator.counters.as_dict()
+    static_passes, captures = ((generator.static_decode.passes, generator.static_decode.captures)
+                               if generator.static_decode is not None else (0, 0))
     arrays = pad_batch(records, prompt_advantages(records), tokenizer.pad_token_id)
     batch = {k: torch.as_tensor(v, device=args.device) for k, v in arrays.items()}
     with torch.no_grad():
@@ -227,9 +229,8 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, str]:
         "tool calls": f"{rollout.counters.tool_calls:,}",
         "rollout seconds": f"{rollout_s:.1f}",
         "generation tokens/s": f"{counters['tokens_generated'] / rollout_s:,.0f}",
-        "decode passes in static shapes / CUDA graphs captured / all passes": "0 / 0 / "
-        f"{counters['forward_passes']:,}" if generator.static_decode is None else
-        f"{generator.static_decode.passes:,} / {generator.static_decode.captures} / {counters['forward_passes']:,}",
+        "decode passes in static shapes / CUDA graphs captured / all passes":
+            f"{static_passes:,} / {captures} / {counters['forward_passes']:,}",
         "GPU busy share of the rollout (profiler)": "not measured (no GPU)" if profiler is None
         else busy_share(profiler, rollout_s),
         "rollout peak GiB": f"{rollout_peak:.2f}",

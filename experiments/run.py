@@ -227,10 +227,8 @@ def check_resources(settings: RunSettings, available: dict[str, float],
     """Fail fast, naming the options, when the actors cannot all be placed (Ray would wait forever): the
     cluster's totals (``available``) must cover every actor, and each actor must fit on one of ``nodes`` (their
     resources, when known: a GPU split over two nodes does not host a one-GPU learner)."""
-    gpus = settings.num_learners * settings.num_gpus_per_learner
-    gpus += settings.num_env_runners * settings.num_gpus_per_env_runner
-    cpus = settings.num_env_runners * settings.num_cpus_per_env_runner
-    cpus += settings.num_learners * (settings.num_cpus_per_learner if not settings.num_gpus_per_learner else 0)
+    demands = actor_demands(settings)
+    cpus, gpus = (sum(count * demand.get(key, 0) for _, count, demand, _ in demands) for key in ("CPU", "GPU"))
     if cpus > available.get("CPU", 0) or gpus > available.get("GPU", 0):
         raise SettingsError(
             f"the requested actors need {cpus:g} CPUs and {gpus:g} GPUs but Ray has {available.get('CPU', 0):g} "
@@ -244,12 +242,12 @@ def check_resources(settings: RunSettings, available: dict[str, float],
                 f"--env-runner-resources {name}={amount:g}: {settings.num_env_runners} env runner(s) need {needed:g} "
                 f"{name} but Ray has {available.get(name, 0):g} (a node offers it with ray start --resources "
                 f"'{{\"{name}\": N}}', and only a cluster joined with --ray-address has such nodes)")
-    for actor, demand, options in actor_demands(settings):
+    for actor, _, demand, options in demands:
         if nodes is not None and not any(all(node.get(k, 0) >= v for k, v in demand.items()) for node in nodes):
             largest = ", ".join(f"{k} {max(node.get(k, 0) for node in nodes):g}" for k in demand)
             raise SettingsError(
-                f"one {actor} needs {_resources_text(demand)} on a single node, but no node of the cluster has that "
-                f"(the most any node has: {largest}): lower {options}")
+                f"one {actor} needs {', '.join(f'{v:g} {k}' for k, v in demand.items())} on a single node, but no "
+                f"node of the cluster has that (the most any node has: {largest}): lower {options}")
 
 
 def node_resources() -> list[dict[str, float]]:
@@ -259,22 +257,18 @@ def node_resources() -> list[dict[str, float]]:
     return [node["Resources"] for node in ray.nodes() if node.get("Alive")]
 
 
-def actor_demands(settings: RunSettings) -> list[tuple[str, dict[str, float], str]]:
-    """(actor kind, the resources one such actor asks Ray for, the options that set them), for the kinds the run
-    starts (an actor's demand must fit on one node)."""
+def actor_demands(settings: RunSettings) -> list[tuple[str, int, dict[str, float], str]]:
+    """(actor kind, how many the run starts, the resources one asks Ray for, the options that set them), for the
+    kinds the run starts with a demand (a learner on a GPU asks for no CPU)."""
     runner = {"CPU": settings.num_cpus_per_env_runner, "GPU": settings.num_gpus_per_env_runner,
               **(settings.env_runner_resources or {})}
     learner = ({"GPU": settings.num_gpus_per_learner} if settings.num_gpus_per_learner
                else {"CPU": settings.num_cpus_per_learner})
-    kinds = [("env runner", runner, "--num-cpus-per-env-runner / --num-gpus-per-env-runner / --env-runner-resources",
-              settings.num_env_runners), ("learner", learner, "--num-cpus-per-learner / --num-gpus-per-learner",
-                                          settings.num_learners)]
-    return [(actor, {k: v for k, v in demand.items() if v}, options) for actor, demand, options, count in kinds
+    kinds = [("env runner", settings.num_env_runners, runner,
+              "--num-cpus-per-env-runner / --num-gpus-per-env-runner / --env-runner-resources"),
+             ("learner", settings.num_learners, learner, "--num-cpus-per-learner / --num-gpus-per-learner")]
+    return [(actor, count, {k: v for k, v in demand.items() if v}, options) for actor, count, demand, options in kinds
             if count and any(demand.values())]
-
-
-def _resources_text(demand: dict[str, float]) -> str:
-    return ", ".join(f"{v:g} {k}" for k, v in demand.items())
 
 
 def progress_line(row: dict[str, Any], total: int) -> str:
