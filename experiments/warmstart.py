@@ -327,9 +327,10 @@ def main(argv: list[str] | None = None) -> Path:
     summary = {"settings": vars(args), "trajectories": len(data), "tokens": tokens, "loss_per_epoch": curve,
                "dev_before": before, "dev_after": after}
     (output / "warmstart.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
-    print(f"model: {output / 'model'} (use --model {output / 'model'})")
     return output / "model"
 
 
 if __name__ == "__main__":
-    main()
+    # printed here, not in main: cached_warm_start trains in a staging directory and names the final one itself
+    trained = main()
+    print(f"model: {trained} (use --model {trained})")
