@@ -9,7 +9,9 @@ trajectories, so that RL starts from a policy that follows the search/answer for
 The oracle searches each hop's gold query (a question's supporting titles, in order) and answers with the gold
 answer. Its steps are run through the env, so the observations are the real retrieved passages, and the
 trajectory is laid out token for token as the RL rollouts are (chat-templated prompt, step ids, observation
-ids, the end-of-turn token after the answer). Only the generated tokens are trained; observations are masked.
+ids, the end-of-turn token after the answer). The generated tokens are trained; the observations are masked, or
+trained as language modelling at ``--observation-weight`` (a copying curriculum: a passage's title repeats the query
+and its text the title, the skill a policy needs to name what it read).
 ``--model scratch`` is a small Llama (SmolLM2's tokenizer) trained from random weights; any ``run.py --model``
 is fine-tuned. Deliberately weaker starts: ``--unanswered`` (never answers), ``--premature`` (answers a hop
 short), ``--misroute`` (SynthBranch-v0: follows the other person named by the first search, so the start policy
@@ -96,28 +98,39 @@ def oracle_trajectory(env: gym.Env, tokenizer, index: int, max_searches: int, en
     return ids, generated
 
 
-def sft_loss(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, generated: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy of the generated tokens; the LM head runs on their positions only (the head of a
-    small model with a 49k vocabulary costs more than the rest of it)."""
+def loss_weights(generated: Sequence[int], observation_weight: float) -> list[float]:
+    """Per-token weights of the SFT loss: 1 on the generated tokens, ``observation_weight`` on the observations
+    (every token after the first generated one that the policy did not generate), 0 on the prompt."""
+    first = next((t for t, g in enumerate(generated) if g), len(generated))
+    return [1.0 if g else observation_weight if t > first else 0.0 for t, g in enumerate(generated)]
+
+
+def sft_loss(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of the tokens with a positive weight, their weighted mean; the LM head runs on their
+    positions only (the head of a small model with a 49k vocabulary costs more than the rest of it). With 0/1
+    weights (the generated-token mask), the mean cross-entropy of the generated tokens."""
     hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-    select = generated[:, 1:].bool()  # position t predicts token t + 1
+    target_weights = weights[:, 1:].float()  # position t predicts token t + 1
+    select = target_weights > 0
     logits = model.get_output_embeddings()(hidden[:, :-1][select]).float()
-    return torch.nn.functional.cross_entropy(logits, input_ids[:, 1:][select])
+    losses = torch.nn.functional.cross_entropy(logits, input_ids[:, 1:][select], reduction="none")
+    return (losses * target_weights[select]).sum() / target_weights[select].sum()
 
 
-def pad(rows: Sequence[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, ...]:
+def pad(rows: Sequence[tuple[list[int], Sequence[float]]], pad_id: int) -> tuple[torch.Tensor, ...]:
+    """(ids, attention mask, loss weights) of ``rows`` of (ids, per-token weights), right-padded."""
     width = max(len(ids) for ids, _ in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     attention = torch.zeros((len(rows), width), dtype=torch.long)
-    generated = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, (row_ids, row_mask) in enumerate(rows):
+    weights = torch.zeros((len(rows), width), dtype=torch.float)
+    for i, (row_ids, row_weights) in enumerate(rows):
         ids[i, :len(row_ids)] = torch.tensor(row_ids)
         attention[i, :len(row_ids)] = 1
-        generated[i, :len(row_ids)] = torch.tensor(row_mask)
-    return ids, attention, generated
+        weights[i, :len(row_ids)] = torch.tensor(row_weights, dtype=torch.float)
+    return ids, attention, weights
 
 
-def train(model, data: list[tuple[list[int], list[int]]], *, epochs: int, lr: float, batch_size: int, seed: int,
+def train(model, data: list[tuple[list[int], Sequence[float]]], *, epochs: int, lr: float, batch_size: int, seed: int,
           pad_id: int, max_minutes: float | None = None, log=print) -> list[float]:
     """AdamW over shuffled batches, linear warm-up then cosine decay; the mean loss of each epoch."""
     rng = np.random.default_rng(seed)
@@ -133,8 +146,8 @@ def train(model, data: list[tuple[list[int], list[int]]], *, epochs: int, lr: fl
         batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
         losses = []
         for batch in batches:
-            ids, attention, generated = pad([data[i] for i in batch], pad_id)
-            loss = sft_loss(model, ids, attention, generated)
+            ids, attention, weights = pad([data[i] for i in batch], pad_id)
+            loss = sft_loss(model, ids, attention, weights)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -256,6 +269,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="SynthBranch-v0: draw the --misroute share among the questions about this person only (with "
                         "--misroute 1: a start policy that always follows the other person on those questions, a "
                         "rule rather than a coin, and routes right on the rest)")
+    p.add_argument("--observation-weight", type=float, default=0.0,
+                   help="loss weight of the observations' tokens (language modelling on the retrieved passages: their "
+                        "titles repeat the query and their text repeats the title, so predicting them trains copying; "
+                        "0: the generated tokens only)")
     p.add_argument("--epochs", type=int, default=6)
     p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (use ~1e-5 to fine-tune smollm2)")
     p.add_argument("--batch-size", type=int, default=16)
@@ -274,6 +291,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("unanswered", "premature", "misroute"):
         if not 0.0 <= getattr(args, name) <= 1.0:
             p.error(f"--{name} must be a share in [0, 1], got {getattr(args, name)}")
+    if args.observation_weight < 0:
+        p.error(f"--observation-weight must be >= 0, got {args.observation_weight}")
     if args.questions is not None and args.questions < 1:
         p.error(f"--questions must be >= 1, got {args.questions}")
     synthetic = [env_id for env_id, (dataset, *_) in envs.ENV_IDS.items() if dataset in SPECS]
@@ -310,8 +329,9 @@ def main(argv: list[str] | None = None) -> Path:
                  for i in range(count)]
         env.close()
     tokens = sum(len(ids) for ids, _ in data)
-    print(f"{len(data)} oracle trajectories, {tokens} tokens ({sum(sum(m) for _, m in data)} trained); "
+    print(f"{len(data)} oracle trajectories, {tokens} tokens ({sum(sum(m) for _, m in data)} generated); "
           f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters")
+    data = [(ids, loss_weights(generated, args.observation_weight)) for ids, generated in data]
     before = dev_em(model, tokenizer, args, env_kwargs) if args.dev_questions else None  # 0: no dev evaluation
     if before is not None:
         print(f"dev before: EM {before['em']:.3f}, reward {before['reward']:.3f}, answer rate "

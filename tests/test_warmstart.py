@@ -7,6 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 
@@ -15,6 +16,7 @@ import experiments.warmstart as warmstart_module
 from envs.synthetic import BranchSpec, WorldSpec, write_world
 from experiments.warmstart import (
     cached_warm_start,
+    loss_weights,
     misrouted_questions,
     oracle_data_dirs,
     oracle_trajectory,
@@ -151,12 +153,13 @@ def test_extra_worlds_have_the_served_worlds_sizes_other_seeds_and_other_names(s
                     for seed in (0, 1, 2)]
         assert dirs[0] == served and questions == expected and len({tuple(q) for q in questions}) == 3
     for bad in (["--env", "HotpotQA-v0", "--extra-worlds", "1"], ["--extra-worlds", "-1"],
-                ["--env", "SynthHop-v0", "--misroute", "0.5"]):
+                ["--env", "SynthHop-v0", "--misroute", "0.5"], ["--observation-weight", "-0.1"]):
         with pytest.raises(SystemExit):
             parse_args(bad)
     err = capsys.readouterr().err
     assert "--extra-worlds needs a generated world (--env SynthHop-v0 or SynthBranch-v0), got --env HotpotQA-v0" in err
     assert "must be >= 0, got -1" in err and "--misroute needs --env SynthBranch-v0" in err
+    assert "--observation-weight must be >= 0, got -0.1" in err
 
 
 def test_sft_loss_ignores_masked_tokens(setup):
@@ -169,6 +172,26 @@ def test_sft_loss_ignores_masked_tokens(setup):
         loss = sft_loss(model, ids, attention, generated)
         logp = torch.log_softmax(model(ids).logits[0].float(), -1)
     expected = -(logp[2, 8] + logp[3, 9]) / 2  # tokens 3 and 4 are predicted at positions 2 and 3
+    torch.testing.assert_close(loss, expected, atol=1e-5, rtol=0)
+
+
+def test_loss_weights_train_observations_after_the_first_step_only():
+    # prompt (3 tokens), a step (2), an observation (2), a step (1), an observation (1)
+    generated = [0, 0, 0, 1, 1, 0, 0, 1, 0]
+    assert loss_weights(generated, 0.0) == [0, 0, 0, 1, 1, 0, 0, 1, 0]
+    assert loss_weights(generated, 0.25) == [0, 0, 0, 1, 1, 0.25, 0.25, 1, 0.25]
+    assert loss_weights([0, 0], 0.5) == [0.0, 0.0]  # nothing generated: nothing trained
+
+
+def test_sft_loss_weighs_observation_tokens(setup):
+    _, tokenizer, _ = setup
+    model = build_tiny_random(tokenizer, hidden_size=32, layers=1, heads=2)
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    weights = torch.tensor([[0, 0, 0, 1, 0.5, 0]])
+    with torch.no_grad():
+        loss = sft_loss(model, ids, torch.ones_like(ids), weights)
+        logp = torch.log_softmax(model(ids).logits[0].float(), -1)
+    expected = -(logp[2, 8] + 0.5 * logp[3, 9]) / 1.5  # the weighted mean over the trained tokens
     torch.testing.assert_close(loss, expected, atol=1e-5, rtol=0)
 
 
@@ -189,9 +212,11 @@ def test_warmstart_main_trains_on_extra_worlds_and_saves_a_loadable_model(setup,
     monkeypatch.setenv("TREEGRPO_CACHE_DIR", str(tmp_path / "cache"))
     model_dir = warmstart_main(["--data-dir", str(setup[2]), "--extra-worlds", "1", "--hidden-size", "32",
                                 "--layers", "1", "--heads", "2", "--epochs", "1", "--dev-questions", "2",
+                                "--observation-weight", "0.5",
                                 "--max-step-tokens", "8", "--output", str(tmp_path / "warm")])
     summary = json.loads((tmp_path / "warm" / "warmstart.json").read_text())
     assert summary["trajectories"] == 2 * WORLD.train_questions and len(summary["loss_per_epoch"]) == 1
+    assert summary["settings"]["observation_weight"] == 0.5 and np.isfinite(summary["loss_per_epoch"][0])
     assert set(summary["dev_after"]) >= {"em", "answered"}
     model, _ = load_model(str(model_dir))
     assert model.config.hidden_size == 32
