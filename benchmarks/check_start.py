@@ -1,0 +1,74 @@
+"""The copying check of a SynthBranch start policy (docs/protocol_branching.md), run before any pilot from it.
+
+    python benchmarks/check_start.py MODEL                  # the branching testbed's world, 100 held-out questions
+    python benchmarks/check_start.py MODEL --questions 300 --split train
+
+Greedy, on the first --questions questions: dev EM, the route each chain took at the decision (right, wrong,
+neither person; ``algos.evaluation.route_taken``) and the EM of each route. Teacher-forced on the right route's
+oracle trajectory (``experiments.warmstart.oracle_trajectory``): the probability of the person's first name token
+at the decision (a choice) and of the surname's first token after it (copying: the passage names several people
+with that first name across the world, so only the token after the chosen name in the passage predicts it).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+import envs  # noqa: F401  (registers the env ids)
+from algos.evaluation import routing
+from benchmarks.bench_branching import TOPK, WORLD
+from envs.synthetic import world_data_dir
+from experiments.evaluate import load_policy, world_held_out
+from experiments.warmstart import oracle_trajectory
+from policies.generation import end_of_turn_ids
+
+
+def name_token_probabilities(model, tokenizer, env: gym.Env, indices: list[int]) -> list[tuple[float, float]]:
+    """Per question (``env``'s records at ``indices``): the model's probability of the decision's person's first
+    token, and of its surname's first token, teacher-forced on the right route's oracle trajectory."""
+    end_of_turn = min(end_of_turn_ids(tokenizer, model))
+    rows = []
+    for index in indices:
+        ids, generated = oracle_trajectory(env, tokenizer, index, 3, end_of_turn)
+        person = env.unwrapped.record.supporting_titles[1]
+        name = tokenizer(f" {person}", add_special_tokens=False)["input_ids"]
+        start = next(t for t in range(len(ids)) if generated[t] and ids[t:t + len(name)] == name)
+        surname = start + len(tokenizer(f" {person.split()[0]}", add_special_tokens=False)["input_ids"])
+        with torch.no_grad():
+            logits = model(torch.tensor([ids])).logits[0].float()
+        # position t - 1 predicts token t
+        rows.append(tuple(torch.softmax(logits[t - 1], -1)[ids[t]].item() for t in (start, surname)))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("model", help="the start policy: a model directory or --model name")
+    p.add_argument("--questions", type=int, default=100)
+    p.add_argument("--split", choices=["dev", "train"], default="dev", help="teacher-forced part: which split")
+    args = p.parse_args(argv)
+    data_dir = world_data_dir(WORLD)
+    rows = world_held_out(args.model, data_dir, args.questions, 64, TOPK, env_id="SynthBranch-v0")
+    routes = Counter(row["route"] for row in rows)
+    summary = {"em": float(np.mean([row["em"] for row in rows])), **routing(rows),
+               **{f"share_{route}": count / len(rows) for route, count in routes.items()}}
+    for route in routes:
+        summary[f"em_{route}"] = float(np.mean([row["em"] for row in rows if row["route"] == route]))
+    model, tokenizer = load_policy(args.model)
+    env = gym.make("SynthBranch-v0", data_dir=str(data_dir), split=args.split, topk=TOPK)
+    probabilities = np.array(name_token_probabilities(model, tokenizer, env,
+                                                      list(range(min(args.questions, len(env.unwrapped.records))))))
+    summary.update(first_name_p=float(probabilities[:, 0].mean()), surname_p=float(probabilities[:, 1].mean()),
+                   surname_p_above_half=float((probabilities[:, 1] > 0.5).mean()))
+    for key, value in summary.items():
+        print(f"{key}: {value:.3f}")
+    return summary
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""The start-policy check of the branching testbed: the teacher-forced probabilities read the decision's tokens."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import gymnasium as gym
+import pytest
+import torch
+
+from benchmarks.check_start import name_token_probabilities
+from envs.synthetic import BranchSpec, write_world
+from policies.models import load_model
+
+BRANCH = BranchSpec(people=20, companies=10, cities=6, countries=3, train_questions=8, dev_questions=4)
+
+
+class Peeking(torch.nn.Module):
+    """A "model" whose logits at position t put all mass on the token at t + 1 (or, with ``shift``, t + 1 + shift),
+    so a probability read at the right position is 1 and one read a position off is 0."""
+
+    def __init__(self, vocab: int, eos: int, shift: int = 0):
+        super().__init__()
+        self.vocab, self.shift = vocab, shift
+        self.generation_config = SimpleNamespace(eos_token_id=eos)
+
+    def forward(self, input_ids: torch.Tensor) -> SimpleNamespace:
+        following = torch.roll(input_ids, -1 - self.shift, dims=1)
+        return SimpleNamespace(logits=100.0 * torch.nn.functional.one_hot(following, self.vocab).float())
+
+
+@pytest.fixture(scope="module")
+def branch_env(tmp_path_factory):
+    root = write_world(BRANCH, tmp_path_factory.mktemp("branch"))
+    _, tokenizer = load_model("tiny-random")
+    return gym.make("SynthBranch-v0", split="train", data_dir=root, topk=1), tokenizer
+
+
+def test_name_token_probabilities_read_the_decisions_first_name_and_surname(branch_env):
+    env, tokenizer = branch_env
+    vocab = len(tokenizer)
+    right = name_token_probabilities(Peeking(vocab, tokenizer.eos_token_id), tokenizer, env, [0, 1, 2])
+    assert len(right) == 3 and all(p == pytest.approx((1.0, 1.0)) for p in right)
+    off_by_one = name_token_probabilities(Peeking(vocab, tokenizer.eos_token_id, shift=1), tokenizer, env, [0, 1])
+    assert all(max(p) < 1e-6 for p in off_by_one)
