@@ -1,10 +1,10 @@
 """Learning benchmark on SynthHop-v0 (issue 15): tree vs chain at matched budgets and the advantage ablation,
 from the same warm start, several seeds, with bootstrap intervals.
 
-    python benchmarks/bench_learning.py --report             # warm start (18 min) + 7 settings x 5 seeds: 1.5-2.5 h
+    python benchmarks/bench_learning.py --report             # warm start (18-26 min) + 7 settings x 5 seeds: about 1 h
     python benchmarks/bench_learning.py --resume --report    # go on after an interruption, reusing finished runs
     # or split the runs over processes sharing --output (the first trains the warm start, the others wait for it;
-    # about 1.5 h in all on 2 cores: docs/benchmarks.md)
+    # 48 min in all on 2 cores: docs/benchmarks.md)
     OMP_NUM_THREADS=1 python benchmarks/bench_learning.py --resume --seeds 0 1 2 &
     OMP_NUM_THREADS=1 python benchmarks/bench_learning.py --resume --seeds 3 4 &
     wait; python benchmarks/bench_learning.py --resume --report
