@@ -25,10 +25,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import fcntl
 import json
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -131,17 +130,32 @@ def pad(rows: Sequence[tuple[list[int], Sequence[float]]], pad_id: int) -> tuple
 
 
 def train(model, data: list[tuple[list[int], Sequence[float]]], *, epochs: int, lr: float, batch_size: int, seed: int,
-          pad_id: int, max_minutes: float | None = None, log=print) -> list[float]:
-    """AdamW over shuffled batches, linear warm-up then cosine decay; the mean loss of each epoch."""
+          pad_id: int, max_minutes: float | None = None, checkpoint: Path | None = None, log=print) -> list[float]:
+    """AdamW over shuffled batches, linear warm-up then cosine decay; the mean loss of each epoch.
+
+    With ``checkpoint``, the whole training state (weights, optimizer, schedule, shuffling and torch generators, loss
+    curve) is written there after every epoch and, when the file exists, training resumes after its last epoch: a
+    killed run continues where it stopped and ends as an uninterrupted one would. ``max_minutes`` counts this
+    process's time only."""
     rng = np.random.default_rng(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     steps = epochs * -(-len(data) // batch_size)
     warmup = max(1, steps // 20)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + np.cos(np.pi * min(s, steps) / steps)))
+    curve: list[float] = []
+    if checkpoint is not None and checkpoint.exists():
+        state = torch.load(checkpoint, weights_only=False)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        schedule.load_state_dict(state["schedule"])
+        rng.bit_generator.state = state["shuffle_rng"]
+        torch.set_rng_state(state["torch_rng"])
+        curve = state["curve"]
+        log(f"resuming after epoch {len(curve)}/{epochs} from {checkpoint}")
     model.train()
-    start, curve = time.perf_counter(), []
-    for epoch in range(epochs):
+    start = time.perf_counter()
+    for epoch in range(len(curve), epochs):
         order = rng.permutation(len(data))
         batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
         losses = []
@@ -156,6 +170,10 @@ def train(model, data: list[tuple[list[int], Sequence[float]]], *, epochs: int, 
             losses.append(loss.item())
         curve.append(float(np.mean(losses)))
         log(f"epoch {epoch + 1}/{epochs}: loss {curve[-1]:.4f}  ({time.perf_counter() - start:.0f} s)")
+        if checkpoint is not None:
+            save_atomically({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                             "schedule": schedule.state_dict(), "shuffle_rng": rng.bit_generator.state,
+                             "torch_rng": torch.get_rng_state(), "curve": curve}, checkpoint)
         if max_minutes is not None and time.perf_counter() - start > 60 * max_minutes:
             log(f"stopping: --max-minutes {max_minutes} reached")
             break
@@ -214,33 +232,54 @@ def misrouted_questions(questions: Sequence[SynthQuestion], share: float, role: 
     return {eligible[i] for i in order[: round(share * len(eligible))]}
 
 
+def save_atomically(state: dict, path: Path) -> None:
+    """``torch.save`` to a sibling file, then renamed over ``path``: a kill mid-write leaves the previous state."""
+    partial = path.with_name(path.name + ".partial")
+    torch.save(state, partial)
+    os.replace(partial, path)
+
+
 def cached_warm_start(world: WorldSpec | BranchSpec, recipe: Sequence[str], *, topk: int,
                       cache_dir: str | os.PathLike | None = None) -> Path:
     """The model directory of the warm start of ``recipe`` (this script's options: model, extra worlds, epochs,
     strategy shares, seed...) on ``world``'s generated world with ``topk`` passages per search, trained once per
     (world, topk, recipe) into the cache (``$TREEGRPO_CACHE_DIR``, default ``~/.cache/tree-grpo``) and reused
-    after: the demo's start policy and the benchmarks' testbeds. Published whole, so concurrent processes agree."""
+    after: the demo's start policy and the benchmarks' testbeds. One process trains a recipe at a time (a lock
+    file; the others wait, then find it cached) in a staging directory published whole when done; a killed training
+    leaves its staging directory and checkpoint, and the next call resumes it."""
     cache_dir = Path(cache_dir or default_cache_dir())
     key = f"{world.key}-topk{topk}-{'-'.join(recipe).replace('--', '')}"
     model = cache_dir / "warm_starts" / key / "model"
-    if (model / "config.json").exists():
-        print(f"warm start: cached at {model}")
-        return model
-    print(f"warm start: training the start policy (once; cached at {model}) ...", flush=True)
     model.parent.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f"{key}.tmp", dir=model.parent.parent))
-    env_id = next(env_id for env_id, (dataset, *_) in envs.ENV_IDS.items() if dataset == world.DATASET)
-    try:
+    with open(model.parent.parent / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also when the process dies
+        if (model / "config.json").exists():
+            print(f"warm start: cached at {model}")
+            return model
+        staging = model.parent.parent / f"{key}.partial"
+        print(f"warm start: training the start policy (once; cached at {model}; staged in {staging}) ...",
+              flush=True)
+        env_id = next(env_id for env_id, (dataset, *_) in envs.ENV_IDS.items() if dataset == world.DATASET)
         main(["--env", env_id, "--data-dir", str(world_data_dir(world, cache_dir)), "--topk", str(topk),
               "--dev-questions", "0", *recipe, "--output", str(staging)])
         os.replace(staging, model.parent)
-        print(f"warm start: moved into the cache: {model} (use --model {model})")
-    except OSError:
-        if not (model / "config.json").exists():  # not another process's finished copy: a real failure
-            raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    print(f"warm start: moved into the cache: {model} (use --model {model})")
     return model
+
+
+def claim_output(output: Path, args: argparse.Namespace) -> tuple[Path, Path]:
+    """The training checkpoint in ``output`` and the file recording the settings it was written with; a checkpoint
+    left by other settings is refused (resuming it would train a mixture), naming both."""
+    checkpoint, settings = output / "checkpoint.pt", output / "checkpoint_settings.json"
+    wanted = {k: v for k, v in vars(args).items() if k not in ("output", "max_minutes", "dev_questions")}
+    if checkpoint.exists():
+        found = json.loads(settings.read_text(encoding="utf-8")) if settings.exists() else None
+        if found != wanted:
+            raise SystemExit(f"{checkpoint} was written by other settings ({found}, now {wanted}): remove it "
+                             f"to train afresh, or pass --output elsewhere")
+    output.mkdir(parents=True, exist_ok=True)
+    settings.write_text(json.dumps(wanted, indent=1), encoding="utf-8")
+    return checkpoint, settings
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -309,6 +348,7 @@ def main(argv: list[str] | None = None) -> Path:
     args = parse_args(argv)
     torch.manual_seed(args.seed)
     output = Path(args.output)
+    checkpoint, settings = claim_output(output, args)
     env_kwargs = {"data_dir": str(resolve_data_dir(args.data_dir).resolve()), "max_turns": args.max_turns,
                   "topk": args.topk}
     model, tokenizer = build_model(args)
@@ -337,7 +377,7 @@ def main(argv: list[str] | None = None) -> Path:
         print(f"dev before: EM {before['em']:.3f}, reward {before['reward']:.3f}, answer rate "
               f"{before['answered']:.2f}")
     curve = train(model, data, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, seed=args.seed,
-                  pad_id=tokenizer.pad_token_id, max_minutes=args.max_minutes)
+                  pad_id=tokenizer.pad_token_id, max_minutes=args.max_minutes, checkpoint=checkpoint)
     after = dev_em(model, tokenizer, args, env_kwargs) if args.dev_questions else None
     if after is not None:
         print(f"dev after: EM {after['em']:.3f}, reward {after['reward']:.3f}, answer rate {after['answered']:.2f}, "
@@ -347,6 +387,8 @@ def main(argv: list[str] | None = None) -> Path:
     summary = {"settings": vars(args), "trajectories": len(data), "tokens": tokens, "loss_per_epoch": curve,
                "dev_before": before, "dev_after": after}
     (output / "warmstart.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
+    checkpoint.unlink(missing_ok=True)  # the model is saved: the optimizer's state is not worth its disk
+    settings.unlink(missing_ok=True)
     return output / "model"
 
 

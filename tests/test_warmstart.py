@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -208,6 +211,44 @@ def test_sft_fits_a_few_oracle_trajectories(setup):
     assert after < 0.5 * before
 
 
+def test_a_training_killed_after_an_epoch_resumes_and_ends_as_an_uninterrupted_one(setup, tmp_path):
+    env, tokenizer, _ = setup
+    data = [oracle_trajectory(env, tokenizer, i, 3, tokenizer.eos_token_id) for i in range(6)]
+    settings = {"epochs": 3, "lr": 3e-3, "batch_size": 4, "seed": 0, "pad_id": tokenizer.pad_token_id,
+                "log": lambda _: None}
+
+    def fresh_model():
+        torch.manual_seed(0)
+        return build_tiny_random(tokenizer, hidden_size=32, layers=1, heads=2)
+
+    whole = fresh_model()
+    whole_curve = train(whole, data, **settings)
+    checkpoint = tmp_path / "checkpoint.pt"
+    first = fresh_model()
+    assert len(train(first, data, **settings, max_minutes=0, checkpoint=checkpoint)) == 1  # "killed" after epoch 1
+    resumed = fresh_model()  # a new process: fresh weights and generators, restored from the checkpoint
+    torch.manual_seed(123)
+    lines = []
+    resumed_curve = train(resumed, data, **{**settings, "log": lines.append}, checkpoint=checkpoint)
+    assert lines[0].startswith("resuming after epoch 1/3") and len(lines) == 3
+    assert resumed_curve == whole_curve
+    for a, b in zip(whole.parameters(), resumed.parameters(), strict=True):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+def test_a_checkpoint_left_by_other_settings_is_refused_naming_it(tmp_path):
+    def options(epochs: str) -> argparse.Namespace:
+        return parse_args(["--epochs", epochs, "--output", str(tmp_path)])
+
+    checkpoint, _ = warmstart_module.claim_output(tmp_path, options("2"))
+    checkpoint.write_bytes(b"the state after epoch 1")  # as a killed training leaves it
+    assert warmstart_module.claim_output(tmp_path, options("2"))[0] == checkpoint  # the same settings resume
+    assert warmstart_module.claim_output(tmp_path, parse_args(["--epochs", "2", "--output", str(tmp_path),
+                                                               "--max-minutes", "5"]))[0] == checkpoint
+    with pytest.raises(SystemExit, match=r"checkpoint.pt was written by other settings.*'epochs': 2"):
+        warmstart_module.claim_output(tmp_path, options("3"))
+
+
 def test_warmstart_main_trains_on_extra_worlds_and_saves_a_loadable_model(setup, tmp_path, monkeypatch):
     monkeypatch.setenv("TREEGRPO_CACHE_DIR", str(tmp_path / "cache"))
     model_dir = warmstart_main(["--data-dir", str(setup[2]), "--extra-worlds", "1", "--hidden-size", "32",
@@ -220,6 +261,7 @@ def test_warmstart_main_trains_on_extra_worlds_and_saves_a_loadable_model(setup,
     assert set(summary["dev_after"]) >= {"em", "answered"}
     model, _ = load_model(str(model_dir))
     assert model.config.hidden_size == 32
+    assert not list((tmp_path / "warm").glob("checkpoint*"))  # the model is saved: the training state is dropped
 
 
 def test_warmstart_without_dev_questions_prints_no_dev_line(setup, tmp_path, capsys):
@@ -252,4 +294,51 @@ def test_a_cached_warm_start_trains_once_per_world_topk_and_recipe(tmp_path, mon
     assert cached_warm_start(BRANCH, recipe, topk=2, cache_dir=tmp_path) != model
     cached_warm_start(WORLD, (), topk=1, cache_dir=tmp_path)
     assert len(trained) == 4 and "--env SynthHop-v0" in trained[-1]
-    assert not list((tmp_path / "warm_starts").glob("*.tmp*"))  # staging directories are published or removed
+    assert not list((tmp_path / "warm_starts").glob("*.partial"))  # staging directories are published
+
+
+def test_a_killed_cached_warm_start_resumes_in_its_staging_directory(tmp_path, monkeypatch):
+    outputs = []
+
+    def killed_warmstart(argv: list[str]) -> None:
+        outputs.append(argv[argv.index("--output") + 1])
+        (Path(outputs[-1]) / "checkpoint.pt").parent.mkdir(parents=True, exist_ok=True)
+        (Path(outputs[-1]) / "checkpoint.pt").write_bytes(b"epoch 1")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(warmstart_module, "main", killed_warmstart)
+    with pytest.raises(KeyboardInterrupt):
+        cached_warm_start(BRANCH, ("--seed", "0"), topk=1, cache_dir=tmp_path)
+
+    def finishing_warmstart(argv: list[str]) -> None:
+        output = Path(argv[argv.index("--output") + 1])
+        assert (output / "checkpoint.pt").read_bytes() == b"epoch 1"  # what the killed run left is there to resume
+        outputs.append(str(output))
+        (output / "model").mkdir()
+        (output / "model" / "config.json").write_text("{}")
+
+    monkeypatch.setattr(warmstart_module, "main", finishing_warmstart)
+    model = cached_warm_start(BRANCH, ("--seed", "0"), topk=1, cache_dir=tmp_path)
+    assert outputs[0] == outputs[1] and (model / "config.json").is_file()
+
+
+def test_concurrent_cached_warm_starts_train_a_recipe_once(tmp_path, monkeypatch):
+    trained = []
+
+    def slow_warmstart(argv: list[str]) -> None:
+        trained.append(argv)
+        time.sleep(0.3)  # long enough for the other thread to reach the lock
+        output = Path(argv[argv.index("--output") + 1])
+        (output / "model").mkdir(parents=True)
+        (output / "model" / "config.json").write_text("{}")
+
+    monkeypatch.setattr(warmstart_module, "main", slow_warmstart)
+    models = []
+    threads = [threading.Thread(target=lambda: models.append(cached_warm_start(BRANCH, (), topk=1,
+                                                                                cache_dir=tmp_path)))
+               for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(trained) == 1 and len(models) == 2 and models[0] == models[1]
