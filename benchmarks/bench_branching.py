@@ -14,8 +14,9 @@ The testbed (``WORLD``, ``TOPK``): 3-hop SynthBranch questions, each turning on 
 search (follow the company's founder or its chair), 300 held out; one passage per search. The start policy
 (``WARM_START``, trained once and cached: ``experiments.warmstart.cached_warm_start``) copies names from oracle
 trajectories of 20 worlds, 70% of which follow the wrong person, with the retrieved passages trained as language
-modelling (a copying curriculum): it copies the name it chooses, and the choice differs between questions. The report checks the copying: EM on the
-held-out questions it routes right (``algos.evaluation.routing``), which the issue asks to be >= 0.9.
+modelling (a copying curriculum): it copies the name it chooses, and the choice differs between questions. The
+report checks the copying: EM on the held-out questions it routes right (``algos.evaluation.routing``), which the
+issue asks to be >= 0.9.
 
 Settings: the tree (2,2,1) with the paper's uniform branching; a chain group at equal tokens (--chain-group-size,
 default 4; set it to the tree's measured tokens per prompt over a chain's, from the pilot's table); chain G=16 at
