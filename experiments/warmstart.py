@@ -17,6 +17,8 @@ is fine-tuned. Deliberately weaker starts: ``--unanswered`` (never answers), ``-
 short), ``--misroute`` (SynthBranch-v0: follows the other person named by the first search, so the start policy
 copies names well and routes wrong that often). Writes OUTPUT/model (a directory ``--model`` accepts) and
 OUTPUT/warmstart.json (settings, loss curve, greedy dev EM before and after).
+The training state is saved to OUTPUT/checkpoint.pt after every epoch: the same command after a kill resumes
+there and ends as an uninterrupted run would (the file is removed once the model is saved).
 ``cached_warm_start`` trains a recipe once per generated world and caches it: the CPU demo's start policy and the
 benchmarks' testbeds.
 """
