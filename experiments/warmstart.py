@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import fcntl
+import functools
 import json
 import os
 import time
@@ -40,7 +41,7 @@ import torch
 
 import envs
 from envs.datasets import resolve_data_dir
-from envs.retrieval.corpus import default_cache_dir
+from envs.retrieval.corpus import default_cache_dir, replace_atomically
 from envs.synthetic import (
     BRANCH_ROLES,
     SPECS,
@@ -173,9 +174,10 @@ def train(model, data: list[tuple[list[int], Sequence[float]]], *, epochs: int, 
         curve.append(float(np.mean(losses)))
         log(f"epoch {epoch + 1}/{epochs}: loss {curve[-1]:.4f}  ({time.perf_counter() - start:.0f} s)")
         if checkpoint is not None:
-            save_atomically({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                             "schedule": schedule.state_dict(), "shuffle_rng": rng.bit_generator.state,
-                             "torch_rng": torch.get_rng_state(), "curve": curve}, checkpoint)
+            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                     "schedule": schedule.state_dict(), "shuffle_rng": rng.bit_generator.state,
+                     "torch_rng": torch.get_rng_state(), "curve": curve}
+            replace_atomically(checkpoint, functools.partial(torch.save, state))  # a kill mid-write keeps the last
         if max_minutes is not None and time.perf_counter() - start > 60 * max_minutes:
             log(f"stopping: --max-minutes {max_minutes} reached")
             break
@@ -232,13 +234,6 @@ def misrouted_questions(questions: Sequence[SynthQuestion], share: float, role: 
     eligible = [i for i, q in enumerate(questions) if role is None or q.role == role]
     order = np.random.default_rng([seed, 1]).permutation(len(eligible))
     return {eligible[i] for i in order[: round(share * len(eligible))]}
-
-
-def save_atomically(state: dict, path: Path) -> None:
-    """``torch.save`` to a sibling file, then renamed over ``path``: a kill mid-write leaves the previous state."""
-    partial = path.with_name(path.name + ".partial")
-    torch.save(state, partial)
-    os.replace(partial, path)
 
 
 def cached_warm_start(world: WorldSpec | BranchSpec, recipe: Sequence[str], *, topk: int,
