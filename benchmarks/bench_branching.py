@@ -11,7 +11,8 @@ the protocol (comparisons, metric, sizes, decision rule) is docs/protocol_branch
     python benchmarks/bench_branching.py --warm DIR --settings "tree (2,2,1) uniform" --seeds 0   # one run
 
 The testbed (``WORLD``, ``TOPK``): 3-hop SynthBranch questions, each turning on one decision after the first
-search (follow the company's founder or its chair), 300 held out; one passage per search. The start policy
+search (follow the company's founder or its chair), 300 held out; one passage per search; people named by one
+given name each, one token for SmolLM2's tokenizer, so the decision is one token. The start policy
 (``WARM_START``, trained once and cached: ``experiments.warmstart.cached_warm_start``) copies names from oracle
 trajectories of 20 worlds, 70% of which follow the wrong person, with the retrieved passages trained as language
 modelling (a copying curriculum): it copies the name it chooses, and the choice differs between questions. The
@@ -47,9 +48,10 @@ COMPARISONS: tuple[tuple[str, str], ...] = (
     (UNIFORM, CHAIN_EQUAL), (UNIFORM, CHAIN_16), (ENTROPY, UNIFORM), (AFTER_TOOL, UNIFORM), (ENTROPY, AFTER_TOOL),
 )
 # a small world: 80 people, 300 companies (each asks its founder's and its chair's question: 600, 300 held out),
-# 3 hops (company, person, birth city; answer the country), so a branch after the first search saves half a chain
+# 3 hops (company, person, birth city; answer the country), so a branch after the first search saves half a chain;
+# one-word names (the decision is one token: no blend of the two names to reinforce; docs/protocol_branching.md)
 WORLD = BranchSpec(seed=0, people=80, companies=300, cities=20, countries=8, train_questions=300, dev_questions=300,
-                   hops=3)
+                   hops=3, names="given")
 TOPK = 1  # one passage per search: a short context, in which a 10M-parameter model trained for minutes copies names
 # Oracle SFT of a 10M-parameter Llama from scratch on the train questions of WORLD and 19 other worlds (other names:
 # copying is learned, not memorised), 70% of the trajectories following the wrong person (--misroute), the passages

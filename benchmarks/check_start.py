@@ -7,7 +7,8 @@ Greedy, on the first --questions questions: dev EM, the route each chain took at
 neither person; ``algos.evaluation.route_taken``) and the EM of each route. Teacher-forced on the right route's
 oracle trajectory (``experiments.warmstart.oracle_trajectory``): the probability of the person's first name token
 at the decision (a choice) and of the surname's first token after it (copying: the passage names several people
-with that first name across the world, so only the token after the chosen name in the passage predicts it).
+with that first name across the world, so only the token after the chosen name in the passage predicts it). In a
+world of one-word names (``names="given"``) the first token is the whole name: no surname is reported.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from policies.generation import end_of_turn_ids
 
 def name_token_probabilities(model, tokenizer, env: gym.Env, indices: list[int]) -> list[tuple[float, float]]:
     """Per question (``env``'s records at ``indices``): the model's probability of the decision's person's first
-    token, and of its surname's first token, teacher-forced on the right route's oracle trajectory."""
+    token, and of its surname's first token (NaN for a one-word name), teacher-forced on the right route's oracle
+    trajectory."""
     end_of_turn = min(end_of_turn_ids(tokenizer, model))
     rows = []
     for index in indices:
@@ -41,7 +43,8 @@ def name_token_probabilities(model, tokenizer, env: gym.Env, indices: list[int])
         with torch.no_grad():
             logits = model(torch.tensor([ids])).logits[0].float()
         # position t - 1 predicts token t
-        rows.append(tuple(torch.softmax(logits[t - 1], -1)[ids[t]].item() for t in (start, surname)))
+        first, after = (torch.softmax(logits[t - 1], -1)[ids[t]].item() for t in (start, surname))
+        rows.append((first, after if " " in person else float("nan")))
     return rows
 
 
@@ -62,8 +65,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     env = gym.make("SynthBranch-v0", data_dir=str(data_dir), split=args.split, topk=TOPK)
     probabilities = np.array(name_token_probabilities(model, tokenizer, env,
                                                       list(range(min(args.questions, len(env.unwrapped.records))))))
-    summary.update(first_name_p=float(probabilities[:, 0].mean()), surname_p=float(probabilities[:, 1].mean()),
-                   surname_p_above_half=float((probabilities[:, 1] > 0.5).mean()))
+    summary["first_name_p"] = float(probabilities[:, 0].mean())
+    if not np.isnan(probabilities[:, 1]).all():
+        summary.update(surname_p=float(probabilities[:, 1].mean()),
+                       surname_p_above_half=float((probabilities[:, 1] > 0.5).mean()))
     for key, value in summary.items():
         print(f"{key}: {value:.3f}")
     return summary

@@ -39,6 +39,31 @@ from envs.retrieval.corpus import default_cache_dir
 
 SYLLABLES = ("ka", "ren", "vo", "mi", "tal", "dor", "sa", "lin", "bra", "nu", "kel", "ta", "vi", "mor", "el",
              "an", "is", "ga", "ru", "fen", "lo", "quin", "ze", "har", "to", "wyn", "bel", "cor", "da", "ith")
+# Common given names that SmolLM2's tokenizer encodes as one token after a space (tests/test_synthetic.py checks
+# each), none spelled by SYLLABLES: ``names="given"`` names each person by one of them, so choosing a person is
+# one token and no blend of two names can be written
+GIVEN_NAMES = (
+    "James", "Mary", "John", "Patricia", "Robert", "Jennifer", "Michael", "William", "Elizabeth", "David",
+    "Barbara", "Richard", "Susan", "Joseph", "Jessica", "Thomas", "Sarah", "Charles", "Christopher", "Nancy",
+    "Daniel", "Lisa", "Matthew", "Betty", "Anthony", "Margaret", "Mark", "Sandra", "Donald", "Ashley", "Steven",
+    "Paul", "Emily", "Andrew", "Joshua", "Michelle", "Kenneth", "Dorothy", "Kevin", "Carol", "Brian", "Amanda",
+    "George", "Melissa", "Edward", "Deborah", "Ronald", "Stephanie", "Timothy", "Rebecca", "Jason", "Sharon",
+    "Jeffrey", "Laura", "Ryan", "Jacob", "Kathleen", "Gary", "Amy", "Nicholas", "Shirley", "Eric", "Angela",
+    "Jonathan", "Helen", "Stephen", "Anna", "Larry", "Justin", "Scott", "Nicole", "Emma", "Benjamin",
+    "Samantha", "Samuel", "Katherine", "Gregory", "Christine", "Frank", "Alexander", "Rachel", "Raymond",
+    "Catherine", "Patrick", "Jack", "Janet", "Dennis", "Ruth", "Jerry", "Maria", "Tyler", "Heather", "Aaron",
+    "Diane", "Jose", "Virginia", "Adam", "Julie", "Henry", "Joyce", "Nathan", "Victoria", "Douglas", "Olivia",
+    "Kelly", "Peter", "Christina", "Lauren", "Walter", "Joan", "Ethan", "Jeremy", "Judith", "Harold", "Keith",
+    "Christian", "Andrea", "Roger", "Hannah", "Noah", "Martha", "Gerald", "Carl", "Frances", "Terry", "Sean",
+    "Ann", "Austin", "Teresa", "Arthur", "Lawrence", "Sara", "Jesse", "Jean", "Bryan", "Alice", "Joe",
+    "Madison", "Jordan", "Billy", "Abigail", "Bruce", "Julia", "Albert", "Judy", "Grace", "Gabriel", "Logan",
+    "Alan", "Juan", "Wayne", "Roy", "Ralph", "Sophia", "Marie", "Eugene", "Diana", "Vincent", "Russell",
+    "Elijah", "Isabella", "Louis", "Charlotte", "Bobby", "Rose", "Philip", "Johnny", "Oscar", "Leo", "Max",
+    "Felix", "Hugo", "Victor", "Oliver", "Lucas", "Simon", "Martin", "Hans", "Karl", "Otto", "Anton", "Ivan",
+    "Boris", "Pierre", "Marco", "Pablo", "Carlos", "Luis", "Miguel", "Ahmed", "Omar", "Ali", "Hassan", "Raj",
+    "Kim", "Lee", "Chen", "Anne", "Clara", "Sofia", "Nina", "Eva", "Vera", "Lucy", "Ella", "Lily", "Ruby",
+    "Iris", "Daisy", "Holly", "Ivy", "Jane", "Kate", "Ellen", "Edith", "Agnes", "Alma",
+)
 COMPANY_WORDS = ("Guild", "Works", "Mills", "Foundry", "Trading", "Press", "Shipping", "Labs", "Brewery", "Bank")
 COMPANY_KINDS = ("guild", "manufacturer", "mill", "foundry", "trading house", "publisher", "shipping firm",
                  "laboratory", "brewery", "bank")
@@ -61,6 +86,8 @@ TEMPLATES: tuple[tuple[str, tuple[str, ...], str], ...] = (
 )
 
 
+PERSON_NAMES = ("syllables", "given")  # the ways a world names its people (``_WorldSizes.names``)
+
 # SynthBranch: the relations after the routing decision (founder or chair) by hop count, and the question
 BRANCH_ROLES = ("founder", "chair")
 BRANCH_TAILS: dict[int, tuple[tuple[str, ...], str]] = {
@@ -72,7 +99,9 @@ BRANCH_TAILS: dict[int, tuple[tuple[str, ...], str]] = {
 
 @dataclass(frozen=True)
 class _WorldSizes:
-    """The seed and sizes every generated world has (its entities and its two splits)."""
+    """The seed and sizes every generated world has (its entities and its two splits), and how people are named
+    (``names``: ``syllables``, first and last names made of SYLLABLES, which people share; ``given``, one word
+    each from GIVEN_NAMES, at most that many people)."""
 
     seed: int = 0
     people: int = 200
@@ -81,18 +110,26 @@ class _WorldSizes:
     countries: int = 12
     train_questions: int = 800
     dev_questions: int = 150
+    names: str = "syllables"
 
     def __post_init__(self) -> None:
         if self.people < 2 or self.people % 2:
             raise ValueError(f"people must be an even number >= 2 (they marry in pairs), got {self.people}")
+        if self.names not in PERSON_NAMES:
+            raise ValueError(f"names must be one of {', '.join(PERSON_NAMES)}, got {self.names!r}")
+        if self.names == "given" and self.people > len(GIVEN_NAMES):
+            raise ValueError(f"people must be <= {len(GIVEN_NAMES)} with names 'given' (one given name each), got "
+                             f"{self.people}")
         for name in ("companies", "cities", "countries", "train_questions", "dev_questions"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
     @property
     def key(self) -> str:
-        """A short hash naming this world's files in the cache."""
-        return hashlib.sha1(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+        """A short hash naming this world's files in the cache (``names`` at its default left out, so worlds
+        cached before it existed keep their key)."""
+        values = {k: v for k, v in asdict(self).items() if (k, v) != ("names", "syllables")}
+        return hashlib.sha1(json.dumps(values, sort_keys=True).encode()).hexdigest()[:12]
 
 
 @dataclass(frozen=True)
@@ -182,7 +219,8 @@ class World:
         rng = np.random.default_rng(spec.seed)
         countries = _unique_names(rng, spec.countries, lambda: _word(rng, 2, 3))
         cities = _unique_names(rng, spec.cities, lambda: _place(rng))
-        people = _unique_names(rng, spec.people, lambda: None, pool=_person_names(rng, spec.people))
+        pool = _person_names(rng, spec.people) if spec.names == "syllables" else rng.permutation(GIVEN_NAMES).tolist()
+        people = _unique_names(rng, spec.people, lambda: None, pool=pool)
         companies = _unique_names(rng, spec.companies, lambda: f"{_word(rng, 2, 3)} {rng.choice(COMPANY_WORDS)}")
         self.entities: dict[str, Entity] = {}
         for name in countries:
@@ -246,7 +284,8 @@ class BranchWorld(World):
     founder's. Every question asks about the founder or the chair; its decoy is the other one's route."""
 
     def __init__(self, spec: BranchSpec):
-        super().__init__(WorldSpec(spec.seed, spec.people, spec.companies, spec.cities, spec.countries))
+        super().__init__(WorldSpec(spec.seed, spec.people, spec.companies, spec.cities, spec.countries,
+                                   names=spec.names))
         self.spec = spec
         tail = BRANCH_TAILS[spec.hops][0]
         rng = np.random.default_rng([spec.seed, 2])
@@ -472,9 +511,10 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("output")
     parser.add_argument("--dataset", choices=list(SPECS), default="synthhop")
     for name in dict.fromkeys(f.name for spec in SPECS.values() for f in fields(spec)):
-        if name != "hop_mix":
+        if name not in ("hop_mix", "names"):
             parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=None)
     parser.add_argument("--hop-mix", type=float, nargs=3, default=None)
+    parser.add_argument("--names", choices=PERSON_NAMES, default=None, help="how people are named")
     args = vars(parser.parse_args(argv))
     output, dataset = args.pop("output"), args.pop("dataset")
     try:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
 from types import SimpleNamespace
 
 import gymnasium as gym
@@ -43,3 +45,11 @@ def test_name_token_probabilities_read_the_decisions_first_name_and_surname(bran
     assert len(right) == 3 and all(p == pytest.approx((1.0, 1.0)) for p in right)
     off_by_one = name_token_probabilities(Peeking(vocab, tokenizer.eos_token_id, shift=1), tokenizer, env, [0, 1])
     assert all(max(p) < 1e-6 for p in off_by_one)
+
+
+def test_a_one_word_name_is_read_whole_and_has_no_surname(tmp_path):
+    root = write_world(replace(BRANCH, names="given"), tmp_path)
+    _, tokenizer = load_model("tiny-random")
+    env = gym.make("SynthBranch-v0", split="train", data_dir=root, topk=1)
+    rows = name_token_probabilities(Peeking(len(tokenizer), tokenizer.eos_token_id), tokenizer, env, [0, 1])
+    assert [p[0] for p in rows] == pytest.approx([1.0, 1.0]) and all(math.isnan(p[1]) for p in rows)

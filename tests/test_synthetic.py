@@ -12,10 +12,21 @@ import pytest
 import ray
 
 import envs
-from envs.synthetic import TEMPLATES, BranchSpec, World, WorldSpec, read_spec, write_world
+from envs.synthetic import (
+    GIVEN_NAMES,
+    PERSON_NAMES,
+    SYLLABLES,
+    TEMPLATES,
+    BranchSpec,
+    World,
+    WorldSpec,
+    read_spec,
+    write_world,
+)
 from envs.synthetic import main as synthetic_main
 from experiments.baselines import OracleAgent, run_episode
 from experiments.run import main as run_main
+from policies.models import load_model
 
 SMALL = {"people": 40, "companies": 20, "cities": 10, "countries": 4, "train_questions": 60, "dev_questions": 30}
 
@@ -122,6 +133,25 @@ def test_every_branch_question_turns_on_which_person_the_first_passage_names(hop
             assert q.answer != q.decoy.answer  # the wrong route ends elsewhere
 
 
+def test_every_given_name_is_one_token_after_a_space_and_no_other_entitys_word():
+    _, tokenizer = load_model("tiny-random")  # SmolLM2's tokenizer
+    longer = [name for name in GIVEN_NAMES if len(tokenizer(f" {name}", add_special_tokens=False)["input_ids"]) != 1]
+    assert not longer
+    spelled = {"".join(parts).capitalize() for k in (2, 3) for parts in itertools.product(SYLLABLES, repeat=k)}
+    assert len(set(GIVEN_NAMES)) == len(GIVEN_NAMES) and not spelled & set(GIVEN_NAMES)
+
+
+@pytest.mark.parametrize("spec", [WorldSpec, BranchSpec])
+def test_given_names_name_each_person_by_one_distinct_word_and_leave_the_default_key(spec):
+    world = spec(**BRANCH, names="given").world()
+    people = [name for name, e in world.entities.items() if e.kind == "person"]
+    assert len(set(people)) == BRANCH["people"] and set(people) <= set(GIVEN_NAMES)
+    assert people != [name for name, e in spec(**BRANCH, names="given", seed=1).world().entities.items()
+                      if e.kind == "person"]  # another world draws other names
+    assert spec(**BRANCH).key == spec(**BRANCH, names="syllables").key != spec(**BRANCH, names="given").key
+    assert WorldSpec().key == "a9e55e48e87d"  # the key the default world was cached under before names existed
+
+
 def test_a_branch_world_shares_the_synthhop_worlds_entities():
     sizes = {k: SMALL[k] for k in ("people", "companies", "cities", "countries")}
     hop, branch = WorldSpec(**sizes).world(), BranchSpec(**sizes, train_questions=10, dev_questions=4).world()
@@ -129,10 +159,11 @@ def test_a_branch_world_shares_the_synthhop_worlds_entities():
     assert all(branch.passage(name) == hop.passage(name) for name, e in hop.entities.items() if e.kind != "company")
 
 
-def test_the_oracle_answers_every_branch_question_and_the_wrong_route_answers_wrongly_in_format(tmp_path):
-    root = write_world(BranchSpec(**BRANCH), tmp_path / "world")
+@pytest.mark.parametrize("names", PERSON_NAMES)
+def test_the_oracle_answers_every_branch_question_and_the_wrong_route_answers_wrongly_in_format(tmp_path, names):
+    root = write_world(BranchSpec(**BRANCH, names=names), tmp_path / "world")
     env = gym.make("SynthBranch-v0", split="train", data_dir=root, max_turns=3)
-    questions = BranchSpec(**BRANCH).world().split_questions()["train"]
+    questions = BranchSpec(**BRANCH, names=names).world().split_questions()["train"]
     assert [r.question for r in env.unwrapped.records] == [q.question for q in questions]
     for index, q in enumerate(questions):
         info, reward = run_episode(env, OracleAgent(max_searches=3), index)
@@ -155,6 +186,8 @@ def test_the_oracle_answers_every_branch_question_and_the_wrong_route_answers_wr
     ({"hops": 5}, "hops must be one of [2, 3, 4]"),
     ({"train_questions": 20}, "train_questions + dev_questions (28) exceed the 24 questions of 12 companies"),
     ({"people": 3}, "people must be an even number"),
+    ({"names": "nicknames"}, "names must be one of syllables, given, got 'nicknames'"),
+    ({"names": "given", "people": 2 * len(GIVEN_NAMES)}, f"people must be <= {len(GIVEN_NAMES)} with names 'given'"),
 ])
 def test_a_branch_world_too_small_names_the_field(fields, message):
     with pytest.raises(ValueError) as caught:
@@ -164,8 +197,8 @@ def test_a_branch_world_too_small_names_the_field(fields, message):
 
 def test_the_world_cli_writes_either_world_and_names_what_is_wrong(tmp_path, capsys):
     root = synthetic_main([str(tmp_path / "b"), "--dataset", "synthbranch", *itertools.chain.from_iterable(
-        (f"--{k.replace('_', '-')}", str(v)) for k, v in BRANCH.items()), "--hops", "4"])
-    assert read_spec("synthbranch", root) == BranchSpec(**BRANCH, hops=4)
+        (f"--{k.replace('_', '-')}", str(v)) for k, v in BRANCH.items()), "--hops", "4", "--names", "given"])
+    assert read_spec("synthbranch", root) == BranchSpec(**BRANCH, hops=4, names="given")
     for argv, message in ((["--dataset", "synthbranch", "--companies", "2"], "exceed the 4 questions of 2 companies"),
                           (["--dataset", "synthbranch", "--hop-mix", "1", "0", "0"], "have no field hop_mix"),
                           (["--hops", "3"], "synthhop worlds have no field hops")):
