@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import fcntl
 import json
+import math
 import os
 import shlex
 import shutil
@@ -185,11 +186,20 @@ def em_matrix(scores: list[list[dict[str, Any]]]) -> np.ndarray:
     return np.array([[row["em"] for row in seed] for seed in scores], dtype=float)
 
 
+def reward_first_and_last(rows: list[dict], share: float = 0.1) -> tuple[float, float]:
+    """The mean training reward (sampled, the policy's own) of a run's first and last ``share`` of iterations
+    (at least one each): whether the policy improved on what it trains on, which a threshold metric like greedy
+    EM can hide."""
+    count = max(1, math.ceil(share * len(rows)))
+    rewards = [row["reward_mean"] for row in rows]
+    return float(np.mean(rewards[:count])), float(np.mean(rewards[-count:]))
+
+
 def summarize(testbed: Testbed, runs: dict[str, list[list[dict]]], finals: dict[str, list[list[dict]]],
               before: list[dict[str, Any]]) -> dict[str, dict]:
     """Per setting: the final dev EM over seeds x questions with its bootstrap interval, per-seed means, the
     failure mix and routing (where the world has routes), tool calls, tokens (per run and per prompt) and seconds
-    per seed."""
+    per seed, the training reward of the first and last tenth of iterations (means over seeds)."""
     summary = {}
     for setting, seeds in runs.items():
         em, pooled = em_matrix(finals[setting]), [row for seed in finals[setting] for row in seed]
@@ -210,6 +220,7 @@ def summarize(testbed: Testbed, runs: dict[str, list[list[dict]]], finals: dict[
             "iterations_per_seed": [len(rows) for rows in seeds],
             "tool_calls_per_seed": [int(sum(r["tool_calls"] or 0 for r in rows)) for rows in seeds],
             "seconds_per_seed": [float(sum(r["time_s"] or 0 for r in rows)) for rows in seeds],
+            "reward_first_last": [float(v) for v in np.mean([reward_first_and_last(rows) for rows in seeds], axis=0)],
         }
     return summary
 
@@ -299,17 +310,20 @@ def markdown(summary: dict[str, dict], differences: dict[str, dict], args: argpa
     header = ("| setting | budget (chains, nominal) | tokens generated per run (measured) | tokens per prompt | "
               "iterations per run | dev EM before | dev EM after [95% interval] | per seed | "
               + ("routed right (after) | EM on routed right (after) | " if routed else "")
-              + "tool calls per question (after) | tool calls per run | minutes per run |")
+              + "tool calls per question (after) | tool calls per run | training reward (first -> last tenth) | "
+              "minutes per run |")
     lines += [header, "|---" * (header.count("|") - 1) + "|"]
     for setting, s in summary.items():
         seeds = ", ".join(f"{v:.3f}" for v in s["dev_em_per_seed"])
         per_prompt = "-" if s["tokens_per_prompt"] is None else f"{s['tokens_per_prompt']:,.0f}"
+        reward_first, reward_last = s["reward_first_last"]
         routing_cells = (f"{_share(s['routing'].get('routed_right'))} | "
                          f"{_share(s['routing'].get('em_routed_right'))} | " if routed else "")
         lines.append(f"| {setting} | {s['budget']} | {np.mean(s['tokens_generated_per_seed']):,.0f} | {per_prompt} | "
                      f"{np.mean(s['iterations_per_seed']):.1f} | {_interval(s['dev_em_before'])} | "
                      f"{_interval(s['dev_em'])} | {seeds} | {routing_cells}{s['tool_calls']:.2f} | "
-                     f"{np.mean(s['tool_calls_per_seed']):,.0f} | {np.mean(s['seconds_per_seed']) / 60:.1f} |")
+                     f"{np.mean(s['tool_calls_per_seed']):,.0f} | {reward_first:.3f} -> {reward_last:.3f} | "
+                     f"{np.mean(s['seconds_per_seed']) / 60:.1f} |")
     mixes = ([("start point", first["failures_before"])] if first else []) + [
         (setting, s["failures"]) for setting, s in summary.items()]
     kinds = occurring_failures(*(mix for _, mix in mixes))

@@ -19,7 +19,7 @@ import benchmarks.bench_learning as bench_learning
 import benchmarks.learning_runs as learning_runs
 import experiments.run
 from benchmarks.bench_learning import COMPARISONS, SETTINGS, TESTBED
-from benchmarks.learning_runs import compare, mean_rows, summarize, train_run, verdict
+from benchmarks.learning_runs import compare, mean_rows, reward_first_and_last, summarize, train_run, verdict
 from experiments.confidence import detectable_difference, seeds_for_power
 from policies.generation import default_max_step_tokens
 
@@ -128,6 +128,7 @@ def test_learning_summary_and_plot_rows():
     assert s["tokens_generated_per_seed"] == [150, 150] and s["tool_calls_per_seed"] == [10, 10]
     assert s["seconds_per_seed"] == [5.0, 5.0] and s["tool_calls"] == 2.0
     assert s["failures"] == {"correct": 0.75, "wrong answer": 0.25} and s["failures_before"]["correct"] == 0.25
+    assert s["reward_first_last"] == pytest.approx([0.15, 0.35])  # (0.2, 0.4) and (0.1, 0.3) over the two seeds
     rows = mean_rows(runs["tree (2,2,1)"], before=0.1)
     assert [r["iteration"] for r in rows] == [0, 1, 2] and rows[0]["dev_em"] == 0.1
     assert rows[1]["tokens_generated"] == 90 and rows[1]["dev_em"] is None and rows[2]["dev_em"] == pytest.approx(0.4)
@@ -150,6 +151,14 @@ def test_results_are_written_and_the_curves_start_on_the_curve_questions(tmp_pat
     # nominal budget, measured tokens per run, tokens per prompt (the rows count no prompts), iterations, EM before
     assert "| tree (2,2,1) | 4 | 150 | - | 2.0 | 0.500" in table and "this invocation: 2 min" in table
     assert "| start point | 0.50 | 0.50 |" in table and "wrong route" not in table  # the kinds that occur
+    assert "| 0.150 -> 0.350 |" in table
+
+
+def test_reward_first_and_last_averages_a_tenth_of_the_iterations_at_each_end():
+    rows = [{"reward_mean": r} for r in [0.0, 0.2, *[0.5] * 16, 0.6, 1.0]]  # 20 iterations: 2 at each end
+    assert reward_first_and_last(rows) == pytest.approx((0.1, 0.8))
+    assert reward_first_and_last(rows[:3]) == pytest.approx((0.0, 0.5))  # fewer than 10: one at each end
+    assert reward_first_and_last(rows, share=0.5) == pytest.approx((0.42, 0.56))  # halves: 4.2 / 10, 5.6 / 10
 
 
 def test_comparisons_pair_seeds_and_questions_and_read_the_direction():
