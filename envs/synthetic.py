@@ -18,7 +18,7 @@ no special code path. Train and dev questions never share a (template, subject) 
 
 SynthBranch (``BranchSpec``, files under ``synthbranch/``) is the same kind of world in which every company also
 has a chair, named beside its founder in the company's passage; its questions ask about the founder or the chair
-(see ``make_synthbranch_env``).
+(see ``make_synthbranch_env``). Either world can name its people by one given name each (``names="given"``).
 """
 
 from __future__ import annotations
@@ -474,7 +474,10 @@ def make_synthbranch_env(split: str = "train", *, world: Mapping[str, Any] | Non
     how often that node is expanded.
 
     ## Arguments
-    ``world``: ``BranchSpec`` fields (``hops``, sizes, seed), generated into the cache; a ``data_dir`` holding
+    ``world``: ``BranchSpec`` fields (``hops``, sizes, seed, ``names``), generated into the cache; with
+    ``names="given"`` every person is one common given name ("founded in 1874 by Mary and is chaired by John"), one
+    token for SmolLM2's tokenizer, so the decision is a single token and no blend of the two names can be written
+    (the branching benchmark's world). A ``data_dir`` holding
     ``synthbranch/`` files (``python -m envs.synthetic DIR --dataset synthbranch``) is served as it is. Every
     other keyword goes to ``SearchQAEnv``.
 
