@@ -10,9 +10,7 @@ alternate between the two checkouts, so a machine's drift hits both. Per rollout
 tokens/s and forward passes of the model (counted by a forward hook on the model, the same for any engine: one call
 of the model is one pass), and the ratio of this checkout's tokens/s and tokens per pass to the baseline's (the
 median of the rounds' ratios). Sampling differs between engines (their random streams do), so compare rates, not
-token totals. With ``--draft-tokens K [K ...]`` this checkout runs once per K (speculative decoding by prompt
-lookup, ``SamplingSettings.draft_tokens``; 0: off), each beside the same baseline. Results replace section
-``engine`` of ``--output``.
+token totals. Results replace section ``engine`` of ``--output``.
 
 The worker (``--worker``) uses only what both checkouts have: ``load_model``, ``HFStepGenerator``,
 ``SamplingSettings``, ``TreeRollout(...).grow`` and the env ids.
@@ -52,9 +50,7 @@ def worker(args: argparse.Namespace) -> None:
     model.register_forward_pre_hook(lambda *_: passes.__setitem__(0, passes[0] + 1))
     env_kwargs = {"data_dir": args.data_dir, "topk": args.topk} if args.data_dir else {}
     env = gym.make(args.env, split=envs.eval_split(args.env), **env_kwargs)
-    # a checkout from before speculative decoding has no draft_tokens: it is asked for none
-    drafts = {"draft_tokens": args.draft_tokens[0]} if args.draft_tokens[0] else {}
-    settings = SamplingSettings(max_step_tokens=args.max_step_tokens, **drafts)
+    settings = SamplingSettings(max_step_tokens=args.max_step_tokens)
     questions = list(range(args.questions))
     warm = HFStepGenerator(model, tokenizer, settings)
     TreeRollout(env, warm, tokenizer, seed=args.seed).grow(questions[:1], TreeShape(1, 0, 0))  # first-call costs
@@ -66,16 +62,14 @@ def worker(args: argparse.Namespace) -> None:
         seconds = time.perf_counter() - start
         tokens = generator.counters.tokens_generated
         print(json.dumps({"rollout": name, "tokens_generated": tokens, "seconds": seconds,
-                          "forward_passes": passes[0], "tokens_per_s": tokens / seconds,
-                          "drafts_accepted": getattr(generator.counters, "drafts_accepted", 0),
-                          "tokens_drafted": getattr(generator.counters, "tokens_drafted", 0)}), flush=True)
+                          "forward_passes": passes[0], "tokens_per_s": tokens / seconds}), flush=True)
 
 
-def run_checkout(checkout: Path, args: argparse.Namespace, draft_tokens: int = 0) -> dict[str, dict]:
-    """One round of the worker in ``checkout`` (drafting ``draft_tokens``): its rows by rollout name."""
+def run_checkout(checkout: Path, args: argparse.Namespace) -> dict[str, dict]:
+    """One round of the worker in ``checkout``: its rows by rollout name."""
     command = [sys.executable, str(Path(__file__).resolve()), "--worker", "--model", args.model, "--env", args.env,
                "--questions", str(args.questions), "--max-step-tokens", str(args.max_step_tokens),
-               "--seed", str(args.seed), "--topk", str(args.topk), "--draft-tokens", str(draft_tokens)]
+               "--seed", str(args.seed), "--topk", str(args.topk)]
     if args.data_dir:
         command += ["--data-dir", args.data_dir]
     environment = {**os.environ, "PYTHONPATH": str(checkout)}
@@ -102,11 +96,11 @@ def median_row(rounds: list[dict], name: str) -> dict[str, float]:
     return row
 
 
-def paired_ratio(results: dict[str, list[dict]], side: str, name: str, value: Callable[[dict], float]) -> float:
-    """The median over rounds of ``side``'s value over the baseline's in the same round (they ran one after the
-    other, so a slow spell of the machine hits both)."""
+def paired_ratio(results: dict[str, list[dict]], name: str, value: Callable[[dict], float]) -> float:
+    """The median over rounds of this checkout's value over the baseline's in the same round (the two ran one
+    after the other, so a slow spell of the machine hits both)."""
     return statistics.median(value(this[name]) / value(base[name])
-                             for base, this in zip(results["baseline"], results[side], strict=True))
+                             for base, this in zip(results["baseline"], results["this"], strict=True))
 
 
 def report(args: argparse.Namespace, results: dict[str, list[dict]], labels: dict[str, str]) -> str:
@@ -115,24 +109,21 @@ def report(args: argparse.Namespace, results: dict[str, list[dict]], labels: dic
     lines = [f"Command: `python benchmarks/bench_engine.py {' '.join(sys.argv[1:])}`  ",
              f"Machine: {machine_description()}", "",
              f"Rounds: {args.rounds}, alternating baseline and this checkout; medians over rounds; the ratios are "
-             "medians of each round's ratio; drafts accepted: the share of draft tokens the sampler confirmed.", "",
-             "| rollout | code | tokens generated | forward passes | tokens per pass | drafts accepted | seconds | "
-             "tokens/s | tokens/s vs baseline | tokens per pass vs baseline |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "medians of each round's ratio.", "",
+             "| rollout | code | tokens generated | forward passes | tokens per pass | seconds | tokens/s | "
+             "tokens/s vs baseline | tokens per pass vs baseline |", "|---|---|---|---|---|---|---|---|---|"]
     for name in SHAPES:
-        for side in results:
+        for side in ("baseline", "this"):
             row = median_row(results[side], name)
-            speed = paired_ratio(results, side, name, lambda r: r["tokens_per_s"])
-            per_pass = paired_ratio(results, side, name, tokens_per_pass)
-            drafted = sum(r[name].get("tokens_drafted", 0) for r in results[side])
-            accepted = f"{sum(r[name]['drafts_accepted'] for r in results[side]) / drafted:.0%}" if drafted else "-"
+            speed = paired_ratio(results, name, lambda r: r["tokens_per_s"]) if side == "this" else 1.0
+            per_pass = paired_ratio(results, name, tokens_per_pass) if side == "this" else 1.0
             lines.append(f"| {name} | {labels[side]} | {row['tokens_generated']:.0f} | {row['forward_passes']:.0f} | "
-                         f"{row['tokens_per_pass']:.2f} | {accepted} | {row['seconds']:.1f} | "
-                         f"{row['tokens_per_s']:.1f} | {speed:.2f}x | {per_pass:.2f}x |")
-    lines += ["", f"Every round (tokens/s: {', '.join(labels.values())}):", ""]
+                         f"{row['tokens_per_pass']:.2f} | {row['seconds']:.1f} | {row['tokens_per_s']:.1f} | "
+                         f"{speed:.2f}x | {per_pass:.2f}x |")
+    lines += ["", "Every round (tokens/s, baseline then this checkout):", ""]
     for i in range(args.rounds):
-        cells = [f"{name}: " + " / ".join(f"{results[side][i][name]['tokens_per_s']:.1f}" for side in results)
-                 for name in SHAPES]
+        cells = [f"{name}: {results['baseline'][i][name]['tokens_per_s']:.1f} / "
+                 f"{results['this'][i][name]['tokens_per_s']:.1f}" for name in SHAPES]
         lines.append(f"- round {i + 1}: " + "; ".join(cells))
     return "\n".join(lines)
 
@@ -148,8 +139,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-step-tokens", type=int, default=48)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--draft-tokens", type=int, nargs="+", default=[0],
-                        help="this checkout's speculative draft tokens, one run per value (0: off)")
     parser.add_argument("--output", default="docs/benchmarks.md")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -157,8 +146,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--baseline CHECKOUT is required (a git worktree of the code to compare against)")
     if args.rounds < 1 or args.questions < 1:
         parser.error("--rounds and --questions must be at least 1")
-    if min(args.draft_tokens) < 0:
-        parser.error("--draft-tokens must be >= 0 (0: no speculative decoding)")
     return args
 
 
@@ -169,17 +156,13 @@ def main(argv: list[str] | None = None) -> None:
         return
     from benchmarks.report import replace_section
 
-    # sides: the baseline, then this checkout once per draft setting
-    runs = {"baseline": (Path(args.baseline).resolve(), 0)}
-    runs.update({f"this, draft {k}": (HERE, k) for k in args.draft_tokens})
-    labels = {side: commit_of(path) + (f", draft {k}" if side != "baseline" and k else "")
-              for side, (path, k) in runs.items()}
-    results: dict[str, list[dict]] = {side: [] for side in runs}
+    checkouts = {"baseline": Path(args.baseline).resolve(), "this": HERE}
+    labels = {side: commit_of(path) for side, path in checkouts.items()}
+    results: dict[str, list[dict]] = {"baseline": [], "this": []}
     for i in range(args.rounds):
-        for side in list(runs) if i % 2 == 0 else list(runs)[::-1]:
+        for side in ("baseline", "this") if i % 2 == 0 else ("this", "baseline"):
             print(f"round {i + 1}: {side} ({labels[side]}) ...", flush=True)
-            checkout, draft_tokens = runs[side]
-            results[side].append(run_checkout(checkout, args, draft_tokens))
+            results[side].append(run_checkout(checkouts[side], args))
     section = report(args, results, labels)
     print(section)
     replace_section(args.output, "engine", "Rollout engine against the old code (issue 24)", section)

@@ -21,7 +21,7 @@ backend implements the same calls with its own prefix caching in place of cache 
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -54,10 +54,6 @@ class SamplingSettings:
     # Measure the mean entropy of the distributions of each step's first k sampled tokens (StepOutput.entropy),
     # e.g. to branch where the policy is uncertain; 0: not measured.
     entropy_tokens: int = 0
-    # Speculative decoding by prompt lookup (policies.drafts): up to this many tokens guessed from the branch's own
-    # context are checked per forward pass; the sampled tokens are the same, only the number of passes changes
-    # (HF engine; 0: off).
-    draft_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.temperature <= 0 and not self.greedy:
@@ -68,8 +64,6 @@ class SamplingSettings:
             raise ValueError("max_step_tokens must be >= 1 and max_context_tokens >= 2")
         if self.entropy_tokens < 0:
             raise ValueError(f"entropy_tokens must be >= 0 (0: not measured), got {self.entropy_tokens}")
-        if self.draft_tokens < 0:
-            raise ValueError(f"draft_tokens must be >= 0 (0: no speculative decoding), got {self.draft_tokens}")
 
     def step_cap(self, context_tokens: int) -> int:
         """Tokens a step may sample after ``context_tokens``: the step cap, or what the context cap leaves."""
@@ -124,20 +118,19 @@ class StepOutput:
 @dataclass
 class GenerationCounters:
     """What generation cost: tokens sampled, tokens prefilled (computed without a cache), LLM calls (steps),
-    forward passes of the model (engine iterations; tokens per pass = tokens_generated / forward_passes), the
-    most bytes of keys and values the engine held at once (0 where the backend manages its own cache), and draft
-    tokens fed by speculative decoding and those of them the sampler confirmed."""
+    forward passes of the model (engine iterations; tokens per pass = tokens_generated / forward_passes), and the
+    most bytes of keys and values the engine held at once (0 where the backend manages its own cache)."""
 
     tokens_generated: int = 0
     tokens_prefilled: int = 0
     llm_calls: int = 0
     forward_passes: int = 0
     kv_peak_bytes: int = 0
-    tokens_drafted: int = 0
-    drafts_accepted: int = 0
 
     def as_dict(self) -> dict[str, int]:
-        return asdict(self)
+        return {"tokens_generated": self.tokens_generated, "tokens_prefilled": self.tokens_prefilled,
+                "llm_calls": self.llm_calls, "forward_passes": self.forward_passes,
+                "kv_peak_bytes": self.kv_peak_bytes}
 
 
 class StepGenerator(Protocol):

@@ -14,14 +14,6 @@ decodes text only for rows whose new token can end a stop string. Keys and value
 :class:`~policies.kv_cache.KVPool` written in place; a finished step hands back a
 :class:`~policies.kv_cache.KVSegment` holding only its own tokens and a link to its parent, so a branch forked
 from it prefills only its observation.
-
-Speculative decoding by prompt lookup (``SamplingSettings.draft_tokens``): a decoding row may feed, with its
-pending token, up to that many drafts, the tokens that followed the latest earlier occurrence of its last n-gram
-(:mod:`policies.drafts`). The pass computes a distribution after each fed token, and the row draws its token there
-exactly as it would without drafts (same stream, same position, so the same token); a draft is kept while it is
-the token drawn before it, and the first mismatch ends the row's share of the pass. So drafts change how many
-passes a step takes, never the tokens, their log-probs or the cache a step hands back; a pass with no draft in it
-is the plain decode pass.
 """
 
 from __future__ import annotations
@@ -33,7 +25,6 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from policies.drafts import PromptLookup
 from policies.generation import (
     Branch,
     GenerationCounters,
@@ -75,8 +66,6 @@ class _Row:
     length: int
     suffix: tuple[int, ...] = ()  # uncached context tokens, fed by the first forward pass
     pending: int = -1
-    lookup: PromptLookup | None = None  # the context and generated ids, indexed for drafts (draft_tokens > 0)
-    draft: tuple[int, ...] = ()  # tokens guessed to follow ``pending``, fed with it in the next pass
     generated: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     entropy: float = 0.0  # summed over the first SamplingSettings.entropy_tokens sampled tokens
@@ -133,8 +122,7 @@ class HFStepGenerator:
         done: list[tuple[Hashable, StepOutput]] = []
         admitted = self._admit(done)
         if self._rows or admitted:
-            drafted = self._draft(self._rows)
-            if self.static_decode is not None and not admitted and not drafted:
+            if self.static_decode is not None and not admitted:
                 self._decode_static(self._rows)
             else:
                 self._forward(self._rows, admitted)
@@ -183,35 +171,19 @@ class HFStepGenerator:
             slot = len(self._rows) + len(admitted)
             self.pool.ensure(slot + 1, len(context) + cap, used_rows=slot)
             self.pool.load(slot, handle)
-            lookup = PromptLookup(context) if self.settings.draft_tokens else None
-            admitted.append(_Row(tag, branch.stream, cap, handle, cached, cached, tuple(context[cached:]),
-                                 lookup=lookup))
+            admitted.append(_Row(tag, branch.stream, cap, handle, cached, cached, tuple(context[cached:])))
         return admitted
-
-    def _draft(self, rows: list[_Row]) -> bool:
-        """Each decoding row's drafts for this pass (within its step cap); whether any row has one."""
-        for r in rows:
-            room = 0 if r.closing else min(self.settings.draft_tokens, r.cap - len(r.generated) - 1)
-            r.draft = r.lookup.propose(room) if r.lookup is not None else ()
-        return any(r.draft for r in rows)
 
     def _forward(self, decoding: list[_Row], prefilling: list[_Row], *, first_slot: int | None = None,
                  sample: bool = True) -> None:
-        """Feed every decoding row's pending token and drafts (pool rows 0, 1, ...) and every prefilling row's
-        suffix (rows from ``first_slot``, default right after the decoding ones) in one pass; with ``sample``, the
-        next token after each decoding row's fed tokens and after each prefilling row is drawn, and recorded."""
+        """Feed every decoding row's pending token (pool rows 0, 1, ...) and every prefilling row's suffix (rows
+        from ``first_slot``, default right after the decoding ones) in one pass; with ``sample``, each row's next
+        token is drawn and recorded."""
         rows = decoding + prefilling
-        tokens, positions, write_rows, keep, offsets = [], [], [], [], []
-        for slot, r in enumerate(decoding):
-            fed = (r.pending, *r.draft)
-            offsets.append(len(tokens))
-            keep += range(len(tokens), len(tokens) + len(fed))
-            tokens += fed
-            positions += range(r.length, r.length + len(fed))
-            write_rows += [slot] * len(fed)
-            self.counters.tokens_drafted += len(r.draft)
-        width = max((1 + len(r.draft) for r in decoding), default=1)
-        prefill, offset = [], len(tokens)
+        tokens = [r.pending for r in decoding]
+        positions = [r.length for r in decoding]
+        write_rows = list(range(len(decoding)))
+        prefill, offset = [], len(decoding)
         first_slot = len(decoding) if first_slot is None else first_slot
         for slot, r in enumerate(prefilling, start=first_slot):
             prefill.append(PrefillRow(slot, offset, len(r.suffix), r.length))
@@ -221,34 +193,23 @@ class HFStepGenerator:
             offset += len(r.suffix)
             self.counters.tokens_prefilled += len(r.suffix)
         for r in decoding:
-            r.length += 1  # the pending token; confirmed drafts are added by _record
+            r.length += 1
         for r in prefilling:
             r.length, r.suffix = r.length + len(r.suffix), ()
-        keep += [p.offset + p.count - 1 for p in prefill]
-        # each kept logit draws the token at the position after the one it was computed at, from its row's stream
-        streams = [r.stream for r in decoding for _ in range(1 + len(r.draft))] + [r.stream for r in prefilling]
-        at = [positions[i] + 1 for i in keep]
-        # where each decoding row's fed tokens sit in the flat sequence, padded with its last (W > 1 only)
-        index = [] if width == 1 else [offsets[d] + min(i, len(r.draft)) for d, r in enumerate(decoding)
-                                       for i in range(width)]
-        valid = [] if width == 1 else [i <= len(r.draft) for r in decoding for i in range(width)]
-        view = -(-max((r.length + width - 1 for r in decoding), default=0) // 16) * 16
+        keep = list(range(len(decoding))) + [p.offset + p.count - 1 for p in prefill]
+        view = -(-max((r.length for r in decoding), default=0) // 16) * 16
         # everything the pass needs from the host, in one transfer
-        host = torch.tensor([*tokens, *positions, *write_rows, *keep, *(r.length for r in decoding), *streams, *at,
-                             *index, *valid], dtype=torch.long)
+        host = torch.tensor([*tokens, *positions, *write_rows, *keep, *(r.length for r in decoding),
+                             *(r.stream for r in rows), *(r.length for r in rows)], dtype=torch.long)
         device = self.model.device
-        ids, pos, write, kept, lengths, streams, at, index, valid = host.to(device).split(
-            [len(tokens)] * 3 + [len(keep), len(decoding), len(keep), len(keep), len(index), len(valid)])
-        decode_mask = decode_index = decode_valid = None
+        ids, pos, write, kept, lengths, streams, at = host.to(device).split(
+            [len(tokens)] * 3 + [len(keep), len(decoding), len(rows), len(rows)])
+        decode_mask = None
         if decoding:
             view = min(view, self.pool.capacity)
-            # a row's i-th fed token (at position length - 1 + i) sees positions up to its own
-            limit = lengths[:, None] + torch.arange(width, device=device)[None]
-            decode_mask = (torch.arange(view, device=device)[None, None] < limit[:, :, None])[:, None]
-            if width > 1:
-                decode_index, decode_valid = index.view(len(decoding), width), valid.view(len(decoding), width) > 0
+            decode_mask = (torch.arange(view, device=device)[None] < lengths[:, None])[:, None, None, :]
         plan = RaggedPlan(self.pool, len(decoding), write, pos, decode_mask, tuple(prefill),
-                          tuple(prefill_mask(p.start, p.count, device) for p in prefill), decode_index, decode_valid)
+                          tuple(prefill_mask(p.start, p.count, device) for p in prefill))
         with ragged_attention_for(self.model):
             logits = self.model(input_ids=ids[None], position_ids=pos[None], logits_to_keep=kept, use_cache=False,
                                 ragged_plan=plan).logits[0]
@@ -301,41 +262,22 @@ class HFStepGenerator:
 
     def _record(self, rows: list[_Row], tokens: list[int], logprobs: list[float],
                 entropies: list[float] | None) -> None:
-        """Append each row's sampled tokens: one per row, or with drafts, the token drawn after each fed token as
-        long as the fed draft was the token drawn there (a mismatch ends the row's share of the pass: what
-        follows was computed after a token the row did not sample). Confirmed drafts extend the row's cache."""
-        at = 0
-        for r in rows:
-            appended = 0
-            for j in range(1 + len(r.draft)):
-                self._append(r, tokens[at + j], logprobs[at + j], None if entropies is None else entropies[at + j])
-                appended += 1
-                if r.finish is not None or j == len(r.draft) or tokens[at + j] != r.draft[j]:
-                    break
-            r.length += appended - 1
-            self.counters.drafts_accepted += appended - 1
-            at += 1 + len(r.draft)
-            r.draft = ()
-
-    def _append(self, r: _Row, token: int, logprob: float, entropy: float | None) -> None:
-        """One sampled token of row ``r``, and whether it ends the step (``r.finish``)."""
-        if entropy is not None and len(r.generated) < self.settings.entropy_tokens:
-            r.entropy += entropy
-        r.generated.append(token)
-        r.logprobs.append(logprob)
-        r.pending = token
-        if r.lookup is not None:
-            r.lookup.append(token)
-        if r.closing:
-            r.finish = "stop"
-        elif token in self.eot_ids:
-            r.finish = "eos"
-        elif stop := self._stops.completed_by_last(r.generated):
-            end_turn = stop in self.settings.end_turn_after and len(r.generated) < r.cap
-            r.closing = end_turn
-            r.finish = None if end_turn else "stop"
-        elif len(r.generated) >= r.cap:
-            r.finish = "length"
+        for i, (r, token, logprob) in enumerate(zip(rows, tokens, logprobs, strict=True)):
+            if entropies is not None and len(r.generated) < self.settings.entropy_tokens:
+                r.entropy += entropies[i]
+            r.generated.append(token)
+            r.logprobs.append(logprob)
+            r.pending = token
+            if r.closing:
+                r.finish = "stop"
+            elif token in self.eot_ids:
+                r.finish = "eos"
+            elif stop := self._stops.completed_by_last(r.generated):
+                end_turn = stop in self.settings.end_turn_after and len(r.generated) < r.cap
+                r.closing = end_turn
+                r.finish = None if end_turn else "stop"
+            elif len(r.generated) >= r.cap:
+                r.finish = "length"
 
     def _mean_entropy(self, row: _Row) -> float | None:
         """The mean entropy of the row's first ``entropy_tokens`` tokens (None when not measured)."""

@@ -1,13 +1,13 @@
 """Attention over a ragged batch: decode rows and prefill rows of any lengths in one forward pass.
 
 The engine flattens every query token of a forward pass into one sequence ``[1, T]``: first one token per
-decoding row (rows ``0 .. D-1`` of the :class:`~policies.kv_cache.KVPool`; with speculative decoding, a row's
-pending token and its drafts), then the new tokens of each row being prefilled. Linear layers, norms and rotary
-embeddings work token by token, so only attention needs to know the layout; it is registered with transformers'
-``AttentionInterface`` as ``ATTENTION`` and receives the :class:`RaggedPlan` through the model call's keyword
-arguments. Per layer it writes the new keys and values in place into the pool, then attends: all decoding rows in
-one masked call (each token up to its own position), each prefilling row causally over its cached prefix and its
-new tokens. Nothing is padded to another row's length, and the pool is never copied.
+decoding row (rows ``0 .. D-1`` of the :class:`~policies.kv_cache.KVPool`), then the new tokens of each row
+being prefilled. Linear layers, norms and rotary embeddings work token by token, so only attention needs to know
+the layout; it is registered with transformers' ``AttentionInterface`` as ``ATTENTION`` and receives the
+:class:`RaggedPlan` through the model call's keyword arguments. Per layer it writes the new keys and values in
+place into the pool, then attends: all decoding rows in one masked call (each row up to its own length), each
+prefilling row causally over its cached prefix and its new tokens. Nothing is padded to another row's length,
+and the pool is never copied.
 
 A model runs this attention only inside :func:`ragged_attention_for` (its attention implementation is switched
 for the forward pass and restored after), so the same model object keeps serving the learner with its own.
@@ -43,12 +43,8 @@ class PrefillRow:
 @dataclass(frozen=True)
 class RaggedPlan:
     """The layout of one forward pass (see the module docstring). ``write_rows`` / ``write_positions`` [T]: where
-    each flat token's keys and values go; ``decode_mask`` [D, 1, W, view]: which positions each decoding row's
-    queries see; ``prefill_masks``: per prefilling row, [count, start + count] (None when causal from position 0).
-
-    A decoding row feeds one token (W = 1, the rows' tokens are flat positions 0 .. D-1) or, with speculative
-    decoding, its pending token and its drafts: ``decode_index`` [D, W] then holds the flat position of each row's
-    i-th token (padded where a row feeds fewer than W; ``decode_valid`` [D, W] marks the real ones)."""
+    each flat token's keys and values go; ``decode_mask`` [D, 1, 1, view]: which positions each decoding row sees;
+    ``prefill_masks``: per prefilling row, [count, start + count] (None when causal from position 0)."""
 
     pool: KVPool
     decode_rows: int
@@ -57,8 +53,6 @@ class RaggedPlan:
     decode_mask: torch.Tensor | None
     prefill: tuple[PrefillRow, ...]
     prefill_masks: tuple[torch.Tensor | None, ...]
-    decode_index: torch.Tensor | None = None
-    decode_valid: torch.Tensor | None = None
 
 
 def ragged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -75,16 +69,10 @@ def ragged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     out = query.new_empty(query.shape[2], query.shape[1], query.shape[3])  # [T, heads, dim]
     if plan.decode_rows:
         rows, view = plan.decode_rows, plan.decode_mask.shape[-1]
-        if plan.decode_index is None:
-            q = query[0, :, :rows].transpose(0, 1)[:, :, None]  # [D, heads, 1, dim]
-        else:
-            q = query[0][:, plan.decode_index].transpose(0, 1)  # [D, heads, W, dim]
+        q = query[0, :, :rows].transpose(0, 1)[:, :, None]  # [D, heads, 1, dim]
         o = F.scaled_dot_product_attention(q, keys[:rows, :, :view], values[:rows, :, :view],
                                            attn_mask=plan.decode_mask, scale=scaling, enable_gqa=True)
-        if plan.decode_index is None:
-            out[:rows] = o[:, :, 0]
-        else:
-            out[plan.decode_index[plan.decode_valid]] = o.transpose(1, 2)[plan.decode_valid]
+        out[:rows] = o[:, :, 0]
     for p, mask in zip(plan.prefill, plan.prefill_masks, strict=True):
         end = p.start + p.count
         o = F.scaled_dot_product_attention(query[:, :, p.offset : p.offset + p.count], keys[p.row : p.row + 1, :, :end],

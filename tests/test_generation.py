@@ -10,7 +10,6 @@ import pytest
 import torch
 
 import envs  # noqa: F401  (registers the env ids)
-from policies.drafts import PromptLookup
 from policies.generation import (
     Branch,
     SamplingSettings,
@@ -72,8 +71,7 @@ def test_prefix_reuse_prefills_only_the_new_tokens(tiny):
     (out,) = gen.generate_step([Branch(prompt)], seed=0)
     counts = gen.counters.as_dict()
     assert counts.pop("kv_peak_bytes") == gen.pool.peak_bytes >= gen.pool.buffer_bytes > 0
-    assert counts == {"tokens_generated": 6, "tokens_prefilled": len(prompt), "llm_calls": 1, "forward_passes": 6,
-                      "tokens_drafted": 0, "drafts_accepted": 0}
+    assert counts == {"tokens_generated": 6, "tokens_prefilled": len(prompt), "llm_calls": 1, "forward_passes": 6}
     assert out.cache.length == len(prompt) + 5  # the last sampled token was never fed
     obs = observation_ids(tokenizer, OBSERVATION)
     gen.generate_step([Branch(prompt + out.token_ids + obs, out.cache)] * 3, seed=1)
@@ -314,103 +312,3 @@ def test_a_step_shorter_than_the_entropy_window_averages_its_own_tokens(tiny):
         logprobs = torch.log_softmax(model(ids).logits[0, len(prompt) - 1 : -1].float(), dim=-1)
     assert len(out.token_ids) == 3
     assert out.entropy == pytest.approx(-(logprobs.exp() * logprobs).sum(-1).mean().item(), abs=1e-4)
-
-
-# -- speculative decoding by prompt lookup -------------------------------------------------------------------
-
-
-def test_prompt_lookup_drafts_save_passes_and_change_no_token(tiny):
-    # greedy decoding of the tiny random model falls into loops, which prompt lookup predicts
-    model, tokenizer = tiny
-    prompts = [prompt_ids(tokenizer, q) for q in ("Who wrote Hamlet?", "Capital of France?", "Why?")]
-    branches = [Branch(p, stream=i) for i, p in enumerate(prompts)]
-    settings = SamplingSettings(greedy=True, max_step_tokens=40)
-    plain_gen = HFStepGenerator(model, tokenizer, settings)
-    drafted_gen = HFStepGenerator(model, tokenizer, replace(settings, draft_tokens=4))
-    plain, drafted = plain_gen.generate_step(branches), drafted_gen.generate_step(branches)
-    assert_same_steps(plain, drafted)
-    counts = drafted_gen.counters
-    assert counts.drafts_accepted > 0 and counts.forward_passes < plain_gen.counters.forward_passes
-    assert plain_gen.counters.forward_passes == 40 and plain_gen.counters.tokens_drafted == 0
-    # every pass but the last yields 1 + its accepted drafts for the longest row: 40 tokens in fewer passes
-    assert counts.tokens_generated == plain_gen.counters.tokens_generated
-
-
-def assert_same_steps(expected, actual) -> None:
-    for a, b in zip(expected, actual, strict=True):
-        assert (a.token_ids, a.finish_reason, a.cache.length) == (b.token_ids, b.finish_reason, b.cache.length)
-        torch.testing.assert_close(torch.tensor(b.logprobs), torch.tensor(a.logprobs), atol=1e-5, rtol=0)
-
-
-@pytest.fixture
-def oracle_drafts(monkeypatch):
-    """Make prompt lookup propose the true continuation from reference steps, with every 4th position's token
-    wrong, so passes mix accepted and rejected drafts."""
-
-    def install(sequences: list[tuple[int, ...]]) -> None:
-        def propose(self, count):
-            seen = tuple(self.tokens)
-            for sequence in sequences:
-                if sequence[: len(seen)] == seen:
-                    truth = sequence[len(seen) : len(seen) + count]
-                    return tuple(t + 1 if (len(seen) + j) % 4 == 0 else t for j, t in enumerate(truth))
-            return ()
-
-        monkeypatch.setattr(PromptLookup, "propose", propose)
-
-    return install
-
-
-@pytest.mark.parametrize("greedy", [False, True])
-def test_rejected_drafts_leave_the_steps_and_their_caches_exact(tiny, oracle_drafts, greedy):
-    model, tokenizer = tiny
-    prompts = [prompt_ids(tokenizer, q) for q in ("Who wrote Hamlet?", "Capital of France?")]
-    branches = [Branch(p, stream=10 + i) for i, p in enumerate(prompts)]
-    settings = SamplingSettings(greedy=greedy, max_step_tokens=9, entropy_tokens=3)
-    plain = HFStepGenerator(model, tokenizer, settings).generate_step(branches)
-    oracle_drafts([b.token_ids + o.token_ids for b, o in zip(branches, plain, strict=True)])
-    gen = HFStepGenerator(model, tokenizer, replace(settings, draft_tokens=5))
-    drafted = gen.generate_step(branches)
-    assert_same_steps(plain, drafted)
-    assert [o.entropy for o in drafted] == pytest.approx([o.entropy for o in plain], abs=1e-5)
-    assert 0 < gen.counters.drafts_accepted < gen.counters.tokens_drafted and gen.counters.forward_passes < 9
-    # children continue from the drafted steps' caches: their tokens' log-probs as recomputed from scratch
-    obs = observation_ids(tokenizer, OBSERVATION)
-    children = [Branch(b.token_ids + o.token_ids + obs, o.cache, stream=20 + i)
-                for i, (b, o) in enumerate(zip(branches, drafted, strict=True))]
-    for child, out in zip(children, gen.generate_step(children), strict=True):
-        expected = reference_logprobs(model, child.token_ids, out.token_ids)
-        torch.testing.assert_close(torch.tensor(out.logprobs), expected, atol=1e-4, rtol=0)
-
-
-def test_a_step_that_ends_inside_its_drafts_ends_where_it_would_without(tiny, oracle_drafts):
-    model, tokenizer = tiny
-    branch = Branch(prompt_ids(tokenizer, "Who wrote Hamlet?"), stream=3)
-    settings = SamplingSettings(max_step_tokens=12)
-    (reference,) = HFStepGenerator(model, tokenizer, settings).generate_step([branch])
-    # a token first sampled 4th or later ends the turn: drafts reaching past it are dropped with the rest of the pass
-    ids = reference.token_ids
-    end = next(i for i in range(3, len(ids)) if ids[i] not in ids[:i])
-    oracle_drafts([branch.token_ids + ids])
-    ends = {"plain": HFStepGenerator(model, tokenizer, settings),
-            "drafted": HFStepGenerator(model, tokenizer, replace(settings, draft_tokens=8))}
-    steps = {}
-    for name, gen in ends.items():
-        gen.eot_ids = frozenset({ids[end]})
-        (steps[name],) = gen.generate_step([branch])
-    assert steps["drafted"].finish_reason == "eos" and len(steps["drafted"].token_ids) == end + 1
-    assert_same_steps([steps["plain"]], [steps["drafted"]])
-    assert ends["drafted"].counters.forward_passes < ends["plain"].counters.forward_passes
-
-
-def test_drafts_stay_inside_the_step_cap(tiny):
-    model, tokenizer = tiny
-    branch = Branch(prompt_ids(tokenizer, "Why?"), stream=0)
-    for cap in (1, 2, 5):
-        settings = SamplingSettings(greedy=True, max_step_tokens=cap, draft_tokens=16)
-        gen = HFStepGenerator(model, tokenizer, settings)
-        (out,) = gen.generate_step([branch])
-        assert len(out.token_ids) == cap and out.finish_reason == "length"
-        assert gen.counters.tokens_drafted <= cap - 1
-    with pytest.raises(ValueError, match="draft_tokens must be >= 0"):
-        SamplingSettings(draft_tokens=-1)

@@ -16,7 +16,6 @@ from experiments.checkpoints import write_manifest
 from experiments.cli import SettingsError, dump_yaml, read_yaml
 from experiments.run import plan, run_parser
 from experiments.settings import HELP_SECTIONS, MAY_CHANGE_ON_RESUME, RunSettings, build_config, help_sections
-from policies.generation import SamplingSettings
 
 PAPER_TABLE = {2: (1, 2, 1), 4: (2, 2, 1), 8: (2, 6, 1), 16: (4, 5, 1)}  # the paper's budget table
 CONFIGS = sorted((Path(__file__).parent.parent / "experiments" / "configs").rglob("*.yaml"))
@@ -392,16 +391,3 @@ def test_bad_env_runner_resources_name_the_option(tmp_path, value, message):
 def test_env_runner_resources_need_remote_runners(tmp_path):
     error = error_of(["--env-runner-resources", "rollout_node=1", "--output", str(tmp_path)])
     assert "env_runner_resources: places remote env runners, but num_env_runners is 0" in error
-
-
-def test_draft_tokens_reach_the_sampler_and_are_checked(tmp_path, monkeypatch):
-    import algos.tree_grpo.settings as algo_settings
-
-    out = ["--output", str(tmp_path)]
-    assert settings_of(out).sampling.draft_tokens == SamplingSettings().draft_tokens
-    assert settings_of(["--draft-tokens", "6", *out]).sampling.draft_tokens == 6
-    assert settings_of(["--draft-tokens", "0", *out]).sampling.draft_tokens == 0
-    assert "draft_tokens" in error_of(["--draft-tokens", "-1", *out])
-    monkeypatch.setattr(algo_settings, "vllm_installed", lambda: True)
-    message = error_of(["--draft-tokens", "4", "--generator", "vllm", "--top-p", "1.0", *out])
-    assert "draft_tokens: speculative decoding by prompt lookup is the hf generator's" in message

@@ -94,11 +94,6 @@ class TreeGRPOSettings(BaseModel):
     generator: Generator = Field(
         "auto", description="rollout engine: hf (transformers), vllm, or auto (vllm when it is installed and a GPU "
                             "is visible, else hf)")
-    draft_tokens: int = Field(
-        _sampling_default("draft_tokens"), ge=0,
-        description="speculative decoding by prompt lookup in the hf generator: up to this many tokens guessed "
-                    "from a branch's own context are checked per forward pass (the same tokens are sampled, in "
-                    "fewer passes; 0: off)")
     vllm_gpu_memory_utilization: float = Field(
         _vllm_default("gpu_memory_utilization"), gt=0, le=1,
         description="share of the GPU's memory the vLLM engine takes for weights and KV cache (sharing the GPU "
@@ -193,9 +188,6 @@ class TreeGRPOSettings(BaseModel):
             raise ValueError("branching: entropy ranks nodes by the entropy of the first tokens after each tool call, "
                              "which the vllm generator does not measure; use --generator hf with --branching "
                              "entropy (or another --branching)")
-        if self.draft_tokens and self.generator_backend == "vllm":
-            raise ValueError("draft_tokens: speculative decoding by prompt lookup is the hf generator's; use "
-                             "--generator hf with --draft-tokens, or --draft-tokens 0 with vllm")
         if self.vllm_sleep and not (self.generator_backend == "vllm" and gpu_visible()):
             raise ValueError("vllm_sleep: frees a vLLM engine's GPU memory during updates; it needs the vllm "
                              "generator and a GPU")
@@ -210,7 +202,7 @@ class TreeGRPOSettings(BaseModel):
         """How rollouts sample a step."""
         return SamplingSettings(temperature=self.temperature, top_p=self.top_p, max_step_tokens=self.max_step_tokens,
                                 max_context_tokens=self.max_context_tokens,
-                                entropy_tokens=entropy_tokens(self.branching), draft_tokens=self.draft_tokens)
+                                entropy_tokens=entropy_tokens(self.branching))
 
     @property
     def vllm(self) -> VLLMSettings:
