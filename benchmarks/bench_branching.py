@@ -12,10 +12,12 @@ the protocol (comparisons, metric, sizes, decision rule) is docs/protocol_branch
 
 The testbed (``WORLD``, ``TOPK``): 3-hop SynthBranch questions, each turning on one decision after the first
 search (follow the company's founder or its chair), 300 held out; one passage per search; people named by one
-given name each, one token for SmolLM2's tokenizer, so the decision is one token. The start policy
-(``WARM_START``, trained once and cached: ``experiments.warmstart.cached_warm_start``) copies names from oracle
-trajectories of 20 worlds, 70% of which follow the wrong person, with the retrieved passages trained as language
-modelling (a copying curriculum): it copies the name it chooses, and the choice differs between questions. The
+given name each, one token for SmolLM2's tokenizer, and each company's passage naming them in the questions' words
+("The chair of X is Jose"). The start policy (``WARM_START``, trained once and cached:
+``experiments.warmstart.cached_warm_start``) imitates oracle trajectories of 20 worlds, 70% of which follow the
+wrong person, whose thought before each search restates the passage's sentence that ends with the query, with the
+retrieved passages trained as language modelling (a copying curriculum): the decision is the role word it
+restates, one token, the name then follows by induction, and the choice differs between questions. The
 report checks the copying: EM on the held-out questions it routes right (``algos.evaluation.routing``), which the
 issue asks to be >= 0.9.
 
@@ -49,15 +51,17 @@ COMPARISONS: tuple[tuple[str, str], ...] = (
 )
 # a small world: 80 people, 300 companies (each asks its founder's and its chair's question: 600, 300 held out),
 # 3 hops (company, person, birth city; answer the country), so a branch after the first search saves half a chain;
-# one-word names (the decision is one token: no blend of the two names to reinforce; docs/protocol_branching.md)
+# one-word names, each company's passage naming its people in the questions' words ("The chair of X is Jose"), so
+# the decision is one token, the role a policy restates, and the name follows by induction (docs/protocol_branching.md)
 WORLD = BranchSpec(seed=0, people=80, companies=300, cities=20, countries=8, train_questions=300, dev_questions=300,
-                   hops=3, names="given")
+                   hops=3, names="given", passages="roles")
 TOPK = 1  # one passage per search: a short context, in which a 10M-parameter model trained for minutes copies names
 # Oracle SFT of a 10M-parameter Llama from scratch on the train questions of WORLD and 19 other worlds (other names:
 # copying is learned, not memorised), 70% of the trajectories following the wrong person (--misroute), the passages
-# trained at half weight (their titles repeat the query: copying); docs/protocol_branching.md says why this recipe
+# trained at half weight (their titles repeat the query: copying), each search's thought restating the passage's
+# sentence that ends with its query (--restate); docs/protocol_branching.md says why this recipe
 WARM_START = ("--model", "scratch", "--extra-worlds", "19", "--misroute", "0.7", "--observation-weight", "0.5",
-              "--epochs", "6", "--batch-size", "8", "--lr", "3e-3", "--seed", "0")
+              "--restate", "--epochs", "6", "--batch-size", "8", "--lr", "3e-3", "--seed", "0")
 SEEDS = [0, 1, 2, 3, 4]  # the default until the pilot sizes the benchmark (docs/protocol_branching.md)
 PILOT = {"seeds": [0, 1], "eval_questions": 100, "curve_questions": 50}
 

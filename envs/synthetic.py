@@ -87,6 +87,9 @@ TEMPLATES: tuple[tuple[str, tuple[str, ...], str], ...] = (
 
 
 PERSON_NAMES = ("syllables", "given")  # the ways a world names its people (``_WorldSizes.names``)
+COMPANY_PASSAGES = ("prose", "roles")  # how a SynthBranch company's passage states its people (``BranchSpec``)
+# Fields left out of a world's cache key at these values, so worlds cached before the field existed keep their key
+_KEY_DEFAULTS = {"names": "syllables", "passages": "prose"}
 
 # SynthBranch: the relations after the routing decision (founder or chair) by hop count, and the question
 BRANCH_ROLES = ("founder", "chair")
@@ -126,9 +129,9 @@ class _WorldSizes:
 
     @property
     def key(self) -> str:
-        """A short hash naming this world's files in the cache (``names`` at its default left out, so worlds
-        cached before it existed keep their key)."""
-        values = {k: v for k, v in asdict(self).items() if (k, v) != ("names", "syllables")}
+        """A short hash naming this world's files in the cache (fields at their ``_KEY_DEFAULTS`` left out, so
+        worlds cached before those fields existed keep their key)."""
+        values = {k: v for k, v in asdict(self).items() if _KEY_DEFAULTS.get(k, object()) != v}
         return hashlib.sha1(json.dumps(values, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -152,7 +155,11 @@ class WorldSpec(_WorldSizes):
 @dataclass(frozen=True)
 class BranchSpec(_WorldSizes):
     """Sizes and seed of a SynthBranch world; ``hops``: the searches every question needs (2, 3 or 4), the first
-    of them followed by the routing decision. Each company asks two questions (its founder's, its chair's)."""
+    of them followed by the routing decision. Each company asks two questions (its founder's, its chair's).
+    ``passages``: how a company's passage names its two people, ``prose`` ("It was founded in 1874 by Mary and is
+    chaired by John.") or ``roles``, in the questions' words ("The founder of Brightwater Guild is Mary. The chair
+    of Brightwater Guild is John."), so that a policy restating the role it follows ("The chair of Brightwater
+    Guild is") continues with the passage's own next token: the name, copied by induction."""
 
     DATASET: ClassVar[str] = "synthbranch"
 
@@ -160,9 +167,12 @@ class BranchSpec(_WorldSizes):
     train_questions: int = 240
     dev_questions: int = 60
     hops: int = 3
+    passages: str = "prose"
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.passages not in COMPANY_PASSAGES:
+            raise ValueError(f"passages must be one of {', '.join(COMPANY_PASSAGES)}, got {self.passages!r}")
         if self.hops not in BRANCH_TAILS:
             raise ValueError(f"hops must be one of {sorted(BRANCH_TAILS)} (searches per question), got {self.hops}")
         ends = "cities" if self.hops == 2 else "countries"
@@ -307,6 +317,9 @@ class BranchWorld(World):
         if e.kind != "company":
             return super().passage(name)
         kind, year = e.detail.split(", ")
+        if self.spec.passages == "roles":
+            return (f"{name} is a {kind} based in {e.facts['based_in']}, {year}. "
+                    + " ".join(f"The {role} of {name} is {e.facts[role]}." for role in BRANCH_ROLES))
         return (f"{name} is a {kind} based in {e.facts['based_in']}. It was {year} by {e.facts['founder']} and is "
                 f"chaired by {e.facts['chair']}.")
 
@@ -474,10 +487,11 @@ def make_synthbranch_env(split: str = "train", *, world: Mapping[str, Any] | Non
     how often that node is expanded.
 
     ## Arguments
-    ``world``: ``BranchSpec`` fields (``hops``, sizes, seed, ``names``), generated into the cache; with
+    ``world``: ``BranchSpec`` fields (``hops``, sizes, seed, ``names``, ``passages``), generated into the cache; with
     ``names="given"`` every person is one common given name ("founded in 1874 by Mary and is chaired by John"), one
     token for SmolLM2's tokenizer, so the decision is a single token and no blend of the two names can be written
-    (the branching benchmark's world). A ``data_dir`` holding
+    (the branching benchmark's world); with ``passages="roles"`` a company's passage names them in the questions'
+    words ("The founder of Brightwater Guild is Mary. The chair of Brightwater Guild is John."). A ``data_dir`` holding
     ``synthbranch/`` files (``python -m envs.synthetic DIR --dataset synthbranch``) is served as it is. Every
     other keyword goes to ``SearchQAEnv``.
 
@@ -514,10 +528,12 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("output")
     parser.add_argument("--dataset", choices=list(SPECS), default="synthhop")
     for name in dict.fromkeys(f.name for spec in SPECS.values() for f in fields(spec)):
-        if name not in ("hop_mix", "names"):
+        if name not in ("hop_mix", "names", "passages"):
             parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=None)
     parser.add_argument("--hop-mix", type=float, nargs=3, default=None)
     parser.add_argument("--names", choices=PERSON_NAMES, default=None, help="how people are named")
+    parser.add_argument("--passages", choices=COMPANY_PASSAGES, default=None,
+                        help="how a SynthBranch company's passage names its people")
     args = vars(parser.parse_args(argv))
     output, dataset = args.pop("output"), args.pop("dataset")
     try:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,6 +39,15 @@ class Agent(Protocol):
 
 def in_format(thought: str, action: str, argument: str) -> str:
     return f"<think>{thought}</think>\n<{action}> {argument} </{action}>"
+
+
+def sentence_ending_with(observation: str, words: str) -> str | None:
+    """The last sentence of the retrieved passages in ``observation`` that ends with ``words`` (without its full
+    stop; the passages' "Doc k(Title: ...)" headers left out), or None."""
+    texts = re.findall(r"\(Title: [^)]*\) (.*?)(?=\nDoc \d+\(Title: |</information>|$)", observation, flags=re.S)
+    sentences = [part for text in texts for part in re.split(r"(?<=\.) ", text.strip())]
+    return next((part[:-1] for part in reversed(sentences) if part == f"{words}." or part.endswith(f" {words}.")),
+                None)
 
 
 class RandomAgent:
@@ -66,8 +76,14 @@ class NoSearchAgent:
 
 
 class OracleAgent:
-    def __init__(self, max_searches: int):
+    """Searches the gold supporting titles in turn, then answers the gold answer. With ``restate``, the thought
+    before each search restates the sentence of the last observation that ends with the query, where one does
+    ("The chair of Tosafen Works is Jose" before searching Jose): a policy trained on it writes the role it
+    follows and then copies the passage's own continuation of those words (SynthBranch's ``passages="roles"``)."""
+
+    def __init__(self, max_searches: int, restate: bool = False):
         self.max_searches = max_searches
+        self.restate = restate
         self.searched = self.found = 0
 
     def start(self, prompt: str, record: QARecord) -> None:
@@ -81,7 +97,8 @@ class OracleAgent:
             self.found += f"(Title: {self.pending})" in observation
         if self.queries:
             self.pending = self.queries.pop(0)
-            return in_format("I need this passage", "search", self.pending)
+            sentence = sentence_ending_with(observation, self.pending) if self.restate else None
+            return in_format(sentence or "I need this passage", "search", self.pending)
         return in_format("I have what I need", "answer", self.record.answers[0])
 
 

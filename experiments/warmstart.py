@@ -60,16 +60,17 @@ from policies.generators import step_generator
 
 
 def oracle_trajectory(env: gym.Env, tokenizer, index: int, max_searches: int, end_of_turn: int,
-                      answer: bool = True, premature: bool = False,
-                      route: SynthQuestion | None = None) -> tuple[list[int], list[int]]:
+                      answer: bool = True, premature: bool = False, route: SynthQuestion | None = None,
+                      restate: bool = False) -> tuple[list[int], list[int]]:
     """Question ``index``'s oracle trajectory: token ids and a 0/1 mask of the generated ones. With
     ``answer=False`` the oracle never answers: where it would, it repeats its last search until the episode
     ends unanswered. With ``premature=True`` a multi-hop question is answered after its first search, with the
     entity that search found (the second hop's bridge: a wrong answer in the right format). With ``route`` the
     oracle searches that route's chain and answers its answer instead of the gold ones (SynthBranch's wrong
-    route, ``SynthQuestion.decoy``)."""
+    route, ``SynthQuestion.decoy``). With ``restate`` the thought before each search restates the sentence of the
+    last passage that ends with the query (``OracleAgent``)."""
     prompt, _ = env.reset(options={"index": index})
-    agent = OracleAgent(max_searches)
+    agent = OracleAgent(max_searches, restate=restate)
     record = env.unwrapped.record
     if route is not None:
         record = dataclasses.replace(record, supporting_titles=route.chain, answers=(route.answer,))
@@ -309,6 +310,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="loss weight of the observations' tokens (language modelling on the retrieved passages: their "
                         "titles repeat the query and their text repeats the title, so predicting them trains copying; "
                         "0: the generated tokens only)")
+    p.add_argument("--restate", action="store_true",
+                   help="the oracle's thought before a search restates the passage's sentence that ends with the query "
+                        "(\"The chair of X is Y\" before searching Y; SynthBranch's role passages), so the name "
+                        "is copied as the continuation of words the passage holds")
     p.add_argument("--epochs", type=int, default=6)
     p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (use ~1e-5 to fine-tune smollm2)")
     p.add_argument("--batch-size", type=int, default=16)
@@ -362,7 +367,8 @@ def main(argv: list[str] | None = None) -> Path:
         questions = train_branch_questions(env, data_dir)[:count] if args.misroute else []
         misrouted = misrouted_questions(questions, args.misroute, args.misroute_role, args.seed)
         data += [oracle_trajectory(env, tokenizer, i, args.max_turns, end_of_turn, answer=i not in unanswered,
-                                   premature=i in premature, route=questions[i].decoy if i in misrouted else None)
+                                   premature=i in premature, route=questions[i].decoy if i in misrouted else None,
+                                   restate=args.restate)
                  for i in range(count)]
         env.close()
     tokens = sum(len(ids) for ids, _ in data)

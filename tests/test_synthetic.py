@@ -14,7 +14,6 @@ import ray
 import envs
 from envs.synthetic import (
     GIVEN_NAMES,
-    PERSON_NAMES,
     SYLLABLES,
     TEMPLATES,
     BranchSpec,
@@ -159,11 +158,29 @@ def test_a_branch_world_shares_the_synthhop_worlds_entities():
     assert all(branch.passage(name) == hop.passage(name) for name, e in hop.entities.items() if e.kind != "company")
 
 
-@pytest.mark.parametrize("names", PERSON_NAMES)
-def test_the_oracle_answers_every_branch_question_and_the_wrong_route_answers_wrongly_in_format(tmp_path, names):
-    root = write_world(BranchSpec(**BRANCH, names=names), tmp_path / "world")
+def test_role_passages_name_each_person_in_the_questions_words_and_leave_the_default_key():
+    prose, roles = BranchSpec(**BRANCH, names="given").world(), BranchSpec(**BRANCH, names="given",
+                                                                            passages="roles").world()
+    assert prose.entities == roles.entities  # the same world, told differently
+    for name, e in roles.entities.items():
+        if e.kind != "company":
+            assert roles.passage(name) == prose.passage(name)
+            continue
+        founder, chair = e.facts["founder"], e.facts["chair"]
+        assert roles.passage(name).endswith(f". The founder of {name} is {founder}. The chair of {name} is {chair}.")
+        assert f"chaired by {chair}." in prose.passage(name) and "The chair of" not in prose.passage(name)
+    assert BranchSpec(**BRANCH).key == BranchSpec(**BRANCH, passages="prose").key
+    assert BranchSpec(**BRANCH, passages="roles").key != BranchSpec(**BRANCH).key
+    assert BranchSpec().key == "d59ce33bb2aa"  # the key the default world was cached under before passages existed
+
+
+@pytest.mark.parametrize(("names", "passages"), [("syllables", "prose"), ("given", "prose"), ("given", "roles")])
+def test_the_oracle_answers_every_branch_question_and_the_wrong_route_answers_wrongly_in_format(tmp_path, names,
+                                                                                               passages):
+    spec = BranchSpec(**BRANCH, names=names, passages=passages)
+    root = write_world(spec, tmp_path / "world")
     env = gym.make("SynthBranch-v0", split="train", data_dir=root, max_turns=3)
-    questions = BranchSpec(**BRANCH, names=names).world().split_questions()["train"]
+    questions = spec.world().split_questions()["train"]
     assert [r.question for r in env.unwrapped.records] == [q.question for q in questions]
     for index, q in enumerate(questions):
         info, reward = run_episode(env, OracleAgent(max_searches=3), index)
@@ -187,6 +204,7 @@ def test_the_oracle_answers_every_branch_question_and_the_wrong_route_answers_wr
     ({"train_questions": 20}, "train_questions + dev_questions (28) exceed the 24 questions of 12 companies"),
     ({"people": 3}, "people must be an even number"),
     ({"names": "nicknames"}, "names must be one of syllables, given, got 'nicknames'"),
+    ({"passages": "table"}, "passages must be one of prose, roles, got 'table'"),
     ({"names": "given", "people": 2 * len(GIVEN_NAMES)}, f"people must be <= {len(GIVEN_NAMES)} with names 'given'"),
 ])
 def test_a_branch_world_too_small_names_the_field(fields, message):
@@ -197,8 +215,9 @@ def test_a_branch_world_too_small_names_the_field(fields, message):
 
 def test_the_world_cli_writes_either_world_and_names_what_is_wrong(tmp_path, capsys):
     root = synthetic_main([str(tmp_path / "b"), "--dataset", "synthbranch", *itertools.chain.from_iterable(
-        (f"--{k.replace('_', '-')}", str(v)) for k, v in BRANCH.items()), "--hops", "4", "--names", "given"])
-    assert read_spec("synthbranch", root) == BranchSpec(**BRANCH, hops=4, names="given")
+        (f"--{k.replace('_', '-')}", str(v)) for k, v in BRANCH.items()), "--hops", "4", "--names", "given",
+        "--passages", "roles"])
+    assert read_spec("synthbranch", root) == BranchSpec(**BRANCH, hops=4, names="given", passages="roles")
     for argv, message in ((["--dataset", "synthbranch", "--companies", "2"], "exceed the 4 questions of 2 companies"),
                           (["--dataset", "synthbranch", "--hop-mix", "1", "0", "0"], "have no field hop_mix"),
                           (["--hops", "3"], "synthhop worlds have no field hops")):

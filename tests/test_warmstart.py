@@ -105,6 +105,28 @@ def test_a_misrouted_oracle_follows_the_other_person_to_a_wrong_answer(branch, s
         train_branch_questions(env, write_world(replace(BRANCH, seed=1), tmp_path))  # another world's questions
 
 
+def test_a_restating_oracle_names_the_role_it_follows_before_each_search(setup, tmp_path):
+    tokenizer = setup[1]
+    spec = replace(BRANCH, names="given", passages="roles")
+    root = write_world(spec, tmp_path / "roles")
+    env = gym.make("SynthBranch-v0", split="train", data_dir=root)
+    questions = train_branch_questions(env, root)
+    for index, question in enumerate(questions):
+        company = question.chain[0]
+        for route, role in ((None, question.role), (question.decoy, None)):
+            ids, generated = oracle_trajectory(env, tokenizer, index, 3, tokenizer.eos_token_id, route=route,
+                                               restate=True)
+            text = tokenizer.decode([i for i, g in zip(ids, generated, strict=True) if g])
+            chain = (route or question).chain
+            followed = role or next(r for r in ("founder", "chair") if r != question.role)
+            # the first search has no passage to restate; the decision's names the role, the next a birth place
+            assert f"<think>I need this passage</think>\n<search> {company} </search>" in text
+            assert f"<think>The {followed} of {company} is {chain[1]}</think>\n<search> {chain[1]} </search>" in text
+            assert f" who was born in {chain[2]}</think>\n<search> {chain[2]} </search>" in text
+    ids, generated = oracle_trajectory(env, tokenizer, 0, 3, tokenizer.eos_token_id)
+    assert "The founder of" not in tokenizer.decode([i for i, g in zip(ids, generated, strict=True) if g])
+
+
 def test_warmstart_misroutes_the_share_asked_on_synthbranch(branch, tmp_path, monkeypatch):
     routed = []
     real = warmstart_module.oracle_trajectory
