@@ -8,13 +8,17 @@ neither person; ``algos.evaluation.route_taken``) and the EM of each route. Teac
 oracle trajectory (``experiments.warmstart.oracle_trajectory``): the probability of the person's first name token
 at the decision (a choice) and of the surname's first token after it (copying: the passage names several people
 with that first name across the world, so only the token after the chosen name in the passage predicts it). In a
-world of one-word names (``names="given"``) the first token is the whole name: no surname is reported.
+world of one-word names (``names="given"``) the first token is the whole name: no surname is reported. A start
+trained on restating thoughts (``warmstart.py --restate``, as its ``warmstart.json`` says) is read in that format,
+and the asked role's word in the thought at the decision is reported too (``role_p``: the decision itself).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from collections import Counter
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -22,30 +26,52 @@ import torch
 
 import envs  # noqa: F401  (registers the env ids)
 from benchmarks.bench_branching import TOPK, WORLD
-from envs.synthetic import world_data_dir
+from envs.synthetic import BRANCH_ROLES, world_data_dir
 from experiments.evaluate import load_policy, world_held_out
 from experiments.warmstart import oracle_trajectory
 from policies.generation import end_of_turn_ids
 
 
-def name_token_probabilities(model, tokenizer, env: gym.Env, indices: list[int]) -> list[tuple[float, float]]:
+def name_token_probabilities(model, tokenizer, env: gym.Env, indices: list[int],
+                             restate: bool = False) -> list[tuple[float, float, float]]:
     """Per question (``env``'s records at ``indices``): the model's probability of the decision's person's first
-    token, and of its surname's first token (NaN for a one-word name), teacher-forced on the right route's oracle
-    trajectory."""
+    token, of its surname's first token (NaN for a one-word name) and, with ``restate`` (a start trained on
+    restating thoughts, ``warmstart.py --restate``), of the asked role's word in the thought at the decision (NaN
+    without), teacher-forced on the right route's oracle trajectory in the start's own format."""
     end_of_turn = min(end_of_turn_ids(tokenizer, model))
     rows = []
     for index in indices:
-        ids, generated = oracle_trajectory(env, tokenizer, index, env.unwrapped.max_turns, end_of_turn)
-        person = env.unwrapped.record.supporting_titles[1]
-        name = tokenizer(f" {person}", add_special_tokens=False)["input_ids"]
-        start = next(t for t in range(len(ids)) if generated[t] and ids[t:t + len(name)] == name)
+        ids, generated = oracle_trajectory(env, tokenizer, index, env.unwrapped.max_turns, end_of_turn,
+                                           restate=restate)
+        record = env.unwrapped.record
+        person = record.supporting_titles[1]
+        start = _first_generated(ids, generated, tokenizer(f" {person}", add_special_tokens=False)["input_ids"])
         surname = start + len(tokenizer(f" {person.split()[0]}", add_special_tokens=False)["input_ids"])
+        role = next((r for r in BRANCH_ROLES if f" {r} of " in record.question), None) if restate else None
+        # the role word restated at the decision: the first generated " chair" / " founder"
+        role_at = _first_generated(ids, generated, tokenizer(f" {role}", add_special_tokens=False)["input_ids"][:1]) \
+            if role else None
         with torch.no_grad():
-            logits = model(torch.tensor([ids])).logits[0].float()
+            probabilities = torch.softmax(model(torch.tensor([ids])).logits[0].float(), -1)
         # position t - 1 predicts token t
-        first, after = (torch.softmax(logits[t - 1], -1)[ids[t]].item() for t in (start, surname))
-        rows.append((first, after if " " in person else float("nan")))
+        first, after = (probabilities[t - 1, ids[t]].item() for t in (start, surname))
+        rows.append((first, after if " " in person else float("nan"),
+                     probabilities[role_at - 1, ids[role_at]].item() if role_at is not None else float("nan")))
     return rows
+
+
+def _first_generated(ids: list[int], generated: list[int], tokens: list[int]) -> int:
+    """Where ``tokens`` first occur among the generated ids."""
+    return next(t for t in range(len(ids)) if generated[t] and ids[t:t + len(tokens)] == tokens)
+
+
+def trained_to_restate(model: str) -> bool:
+    """Whether the start at ``model`` (a warm start's model directory) was trained on restating thoughts, as its
+    ``warmstart.json`` beside the directory says (False for any other model)."""
+    summary = Path(model).parent / "warmstart.json"
+    if not summary.is_file():
+        return False
+    return bool(json.loads(summary.read_text(encoding="utf-8"))["settings"].get("restate", False))
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
@@ -63,12 +89,15 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         summary[f"em_{route}"] = float(np.mean([row["em"] for row in rows if row["route"] == route]))
     model, tokenizer = load_policy(args.model)
     env = gym.make("SynthBranch-v0", data_dir=str(data_dir), split=args.split, topk=TOPK)
-    probabilities = np.array(name_token_probabilities(model, tokenizer, env,
-                                                      list(range(min(args.questions, len(env.unwrapped.records))))))
+    indices = list(range(min(args.questions, len(env.unwrapped.records))))
+    probabilities = np.array(name_token_probabilities(model, tokenizer, env, indices,
+                                                      restate=trained_to_restate(args.model)))
     summary["first_name_p"] = float(probabilities[:, 0].mean())
     if not np.isnan(probabilities[:, 1]).all():
         summary.update(surname_p=float(probabilities[:, 1].mean()),
                        surname_p_above_half=float((probabilities[:, 1] > 0.5).mean()))
+    if not np.isnan(probabilities[:, 2]).all():  # the decision as the start writes it: the asked role's word
+        summary["role_p"] = float(probabilities[:, 2].mean())
     for key, value in summary.items():
         print(f"{key}: {value:.3f}")
     return summary

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 from types import SimpleNamespace
@@ -10,7 +11,7 @@ import gymnasium as gym
 import pytest
 import torch
 
-from benchmarks.check_start import name_token_probabilities
+from benchmarks.check_start import name_token_probabilities, trained_to_restate
 from envs.synthetic import BranchSpec, write_world
 from policies.models import load_model
 
@@ -42,9 +43,9 @@ def test_name_token_probabilities_read_the_decisions_first_name_and_surname(bran
     env, tokenizer = branch_env
     vocab = len(tokenizer)
     right = name_token_probabilities(Peeking(vocab, tokenizer.eos_token_id), tokenizer, env, [0, 1, 2])
-    assert len(right) == 3 and all(p == pytest.approx((1.0, 1.0)) for p in right)
+    assert len(right) == 3 and all(p[:2] == pytest.approx((1.0, 1.0)) and math.isnan(p[2]) for p in right)
     off_by_one = name_token_probabilities(Peeking(vocab, tokenizer.eos_token_id, shift=1), tokenizer, env, [0, 1])
-    assert all(max(p) < 1e-6 for p in off_by_one)
+    assert all(max(p[:2]) < 1e-6 for p in off_by_one)
 
 
 def test_a_one_word_name_is_read_whole_and_has_no_surname(tmp_path):
@@ -53,3 +54,21 @@ def test_a_one_word_name_is_read_whole_and_has_no_surname(tmp_path):
     env = gym.make("SynthBranch-v0", split="train", data_dir=root, topk=1)
     rows = name_token_probabilities(Peeking(len(tokenizer), tokenizer.eos_token_id), tokenizer, env, [0, 1])
     assert [p[0] for p in rows] == pytest.approx([1.0, 1.0]) and all(math.isnan(p[1]) for p in rows)
+
+
+def test_a_restating_start_is_read_in_its_format_with_the_decisions_role_word(tmp_path):
+    root = write_world(replace(BRANCH, names="given", passages="roles"), tmp_path / "world")
+    _, tokenizer = load_model("tiny-random")
+    env = gym.make("SynthBranch-v0", split="train", data_dir=root, topk=1)
+    rows = name_token_probabilities(Peeking(len(tokenizer), tokenizer.eos_token_id), tokenizer, env, [0, 1, 2],
+                                    restate=True)
+    assert all(p[0] == pytest.approx(1.0) and math.isnan(p[1]) and p[2] == pytest.approx(1.0) for p in rows)
+    shifted = name_token_probabilities(Peeking(len(tokenizer), tokenizer.eos_token_id, shift=1), tokenizer, env,
+                                       [0, 1], restate=True)
+    assert all(p[2] < 1e-6 for p in shifted)
+    # whether a start restates is read from the warmstart.json beside its model directory
+    (tmp_path / "start" / "model").mkdir(parents=True)
+    assert not trained_to_restate(str(tmp_path / "start" / "model"))
+    for restate in (True, False):
+        (tmp_path / "start" / "warmstart.json").write_text(json.dumps({"settings": {"restate": restate}}))
+        assert trained_to_restate(str(tmp_path / "start" / "model")) is restate
