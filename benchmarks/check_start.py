@@ -47,17 +47,20 @@ def name_token_probabilities(model, tokenizer, env: gym.Env, indices: list[int],
         person = record.supporting_titles[1]
         start = _first_generated(ids, generated, tokenizer(f" {person}", add_special_tokens=False)["input_ids"])
         surname = start + len(tokenizer(f" {person.split()[0]}", add_special_tokens=False)["input_ids"])
-        role = next((r for r in BRANCH_ROLES if f" {r} of " in record.question), None) if restate else None
-        # the role word restated at the decision: the first generated " chair" / " founder"
-        role_at = _first_generated(ids, generated, tokenizer(f" {role}", add_special_tokens=False)["input_ids"][:1]) \
-            if role else None
         with torch.no_grad():
             probabilities = torch.softmax(model(torch.tensor([ids])).logits[0].float(), -1)
-        # position t - 1 predicts token t
-        first, after = (probabilities[t - 1, ids[t]].item() for t in (start, surname))
-        rows.append((first, after if " " in person else float("nan"),
-                     probabilities[role_at - 1, ids[role_at]].item() if role_at is not None else float("nan")))
+        # the role word restated at the decision: the first generated " chair" / " founder" (the template's role)
+        role = next(r for r in BRANCH_ROLES if f" {r} of " in record.question)
+        role_word = tokenizer(f" {role}", add_special_tokens=False)["input_ids"][:1]
+        role_at = _first_generated(ids, generated, role_word) if restate else None
+        first, after, chosen = (_probability_at(probabilities, ids, t) for t in (start, surname, role_at))
+        rows.append((first, after if " " in person else float("nan"), chosen))
     return rows
+
+
+def _probability_at(probabilities: torch.Tensor, ids: list[int], t: int | None) -> float:
+    """The probability of token ``t`` of ``ids`` (position t - 1 predicts it); NaN for no position."""
+    return probabilities[t - 1, ids[t]].item() if t is not None else float("nan")
 
 
 def _first_generated(ids: list[int], generated: list[int], tokens: list[int]) -> int:
