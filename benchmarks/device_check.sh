@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The GPU check of issue 25 on the lent machine, in two device calls one right after the other
+# (benchmarks/device_kit.py packs what they carry; its docstring gives the two calls):
+#   bash benchmarks/device_check.sh 1   carry .device/call1: small wheels, data, tokenizer; runs bench_device.py
+#   bash benchmarks/device_check.sh 2   carry .device/call2: the rest of Ray's wheel; runs run.py for 2 iterations
+# Arguments after the call's number go to bench_device.py / run.py, after the defaults (so they override them).
+# What comes back lies in $OUT (the device tool's folder): bench_device.md / .log, run_metrics.jsonl, run.log.
+set -uo pipefail
+KIT=/tmp/treegrpo-kit  # survives between calls while the machine stays warm
+OUT=${OUT:-$KIT/out}
+mkdir -p "$KIT" "$OUT"
+export PYTHONPATH=$KIT/site PYTHONUNBUFFERED=1 TREEGRPO_CACHE_DIR=$KIT/cache TREEGRPO_DATA_DIR=$KIT/data \
+       RAY_AUTH_MODE=disabled
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+
+install() {  # wheels into $KIT/site, ahead of the image's packages
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$KIT/site" "$@"
+}
+
+call=${1:-}
+shift || true
+case "$call" in
+1)
+  cp .device/call1/ray.whl.0 "$KIT/" || exit 1
+  install .device/call1/wheels/*.whl || exit 1
+  mkdir -p "$KIT/data" "$KIT/cache/models"
+  tar xzf .device/call1/data.tgz -C "$KIT/data" && cp -r .device/call1/models/. "$KIT/cache/models/" || exit 1
+  timeout 500 python3 benchmarks/bench_device.py --output "$OUT/bench_device.md" "$@" 2>&1 | tee "$OUT/bench_device.log"
+  ;;
+2)
+  [ -f "$KIT/ray.whl.0" ] || { echo "no $KIT/ray.whl.0: call 1 did not run on this machine"; exit 1; }
+  wheel="$KIT/$(cat .device/call2/ray.whl.name)"
+  cat "$KIT/ray.whl.0" .device/call2/ray.whl.1 > "$wheel"
+  echo "$(cat .device/call2/ray.whl.sha256)  $wheel" | sha256sum -c - || exit 1
+  install "$wheel" || exit 1
+  # SmolLM2-135M's architecture with random weights (the real weights do not fit a call), saved as a model dir.
+  python3 -c "
+import sys, torch
+from benchmarks.bench_device import build_policy
+model, tokenizer = build_policy('smollm2-135m-random', torch.bfloat16, 'cpu')
+model.save_pretrained(sys.argv[1]); tokenizer.save_pretrained(sys.argv[1])" "$KIT/smollm2-135m-random" || exit 1
+  rm -rf "$KIT/run"
+  timeout 540 python3 experiments/run.py --algo tree_grpo --env HotpotQA-v0 --model "$KIT/smollm2-135m-random" \
+    --dtype bfloat16 --num-learners 1 --num-gpus-per-learner 1 --iterations 2 --max-step-tokens 128 --no-mlflow \
+    --output "$KIT/run" "$@" 2>&1 | tee "$OUT/run.log"
+  cp "$KIT/run/metrics.jsonl" "$OUT/run_metrics.jsonl"
+  cp "$KIT/run/config.yaml" "$OUT/run_config.yaml"
+  ;;
+*)
+  echo "usage: bash benchmarks/device_check.sh 1|2 (see benchmarks/device_kit.py)"; exit 2
+  ;;
+esac
