@@ -10,7 +10,9 @@ alternate between the two checkouts, so a machine's drift hits both. Per rollout
 tokens/s and forward passes of the model (counted by a forward hook on the model, the same for any engine: one call
 of the model is one pass), and the ratio of this checkout's tokens/s and tokens per pass to the baseline's (the
 median of the rounds' ratios). Sampling differs between engines (their random streams do), so compare rates, not
-token totals. Results replace section ``engine`` of ``--output``.
+token totals. For this checkout's trees it also reports the most tokens per pass that any engine decoding one
+token per row per pass could reach on them (``pass_bound``): the ceiling the batching alone can approach.
+Results replace section ``engine`` of ``--output``.
 
 The worker (``--worker``) uses only what both checkouts have: ``load_model``, ``HFStepGenerator``,
 ``SamplingSettings``, ``TreeRollout(...).grow`` and the env ids.
@@ -30,6 +32,28 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[1]
 SHAPES = {"tree (2,2,1)": (2, 2, 1), "chain G=4": (4, 0, 0)}
+
+
+def pass_bound(trees: list) -> int:
+    """The fewest forward passes in which an engine that decodes one token per row per pass can grow ``trees``.
+
+    A step's tokens come one pass after another (its first with the prefill of what came before it), a branch's
+    steps follow each other, and a tree's expansion round starts once its previous round has ended (its nodes are
+    picked from the finished round); trees grow side by side. So: over trees, the most of the sum over rounds of the
+    round's longest branch, in generated tokens (a branch is the steps of one lineage, ``Node.lineage``).
+    """
+    most = 0
+    for tree in trees:
+        branch_tokens: dict[tuple[int, int], int] = {}
+        for node in tree.nodes():
+            if node.parent is not None:
+                step = node.trajectory.num_generated - node.parent.trajectory.num_generated
+                branch_tokens[node.lineage] = branch_tokens.get(node.lineage, 0) + step
+        longest_in_round: dict[int, int] = {}
+        for (expansion_round, _), tokens in branch_tokens.items():
+            longest_in_round[expansion_round] = max(longest_in_round.get(expansion_round, 0), tokens)
+        most = max(most, sum(longest_in_round.values()))
+    return most
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -58,18 +82,21 @@ def worker(args: argparse.Namespace) -> None:
         generator = HFStepGenerator(model, tokenizer, settings)
         passes[0] = 0
         start = time.perf_counter()
-        TreeRollout(env, generator, tokenizer, seed=args.seed).grow(questions, TreeShape(*shape))
+        trees = TreeRollout(env, generator, tokenizer, seed=args.seed).grow(questions, TreeShape(*shape))
         seconds = time.perf_counter() - start
         tokens = generator.counters.tokens_generated
-        print(json.dumps({"rollout": name, "tokens_generated": tokens, "seconds": seconds,
-                          "forward_passes": passes[0], "tokens_per_s": tokens / seconds}), flush=True)
+        row = {"rollout": name, "tokens_generated": tokens, "seconds": seconds, "forward_passes": passes[0],
+               "tokens_per_s": tokens / seconds}
+        if args.pass_bound:  # this checkout's trees only: older ones do not record a step's lineage
+            row["pass_bound"] = pass_bound(trees)
+        print(json.dumps(row), flush=True)
 
 
 def run_checkout(checkout: Path, args: argparse.Namespace) -> dict[str, dict]:
     """One round of the worker in ``checkout``: its rows by rollout name."""
     command = [sys.executable, str(Path(__file__).resolve()), "--worker", "--model", args.model, "--env", args.env,
                "--questions", str(args.questions), "--max-step-tokens", str(args.max_step_tokens),
-               "--seed", str(args.seed), "--topk", str(args.topk)]
+               "--seed", str(args.seed), "--topk", str(args.topk)] + (["--pass-bound"] if checkout == HERE else [])
     if args.data_dir:
         command += ["--data-dir", args.data_dir]
     environment = {**os.environ, "PYTHONPATH": str(checkout)}
@@ -120,6 +147,15 @@ def report(args: argparse.Namespace, results: dict[str, list[dict]], labels: dic
             lines.append(f"| {name} | {labels[side]} | {row['tokens_generated']:.0f} | {row['forward_passes']:.0f} | "
                          f"{row['tokens_per_pass']:.2f} | {row['seconds']:.1f} | {row['tokens_per_s']:.1f} | "
                          f"{speed:.2f}x | {per_pass:.2f}x |")
+    lines += ["", "The ceiling of batching (`pass_bound`): the most tokens per pass that an engine decoding one token "
+              "per row per pass could reach on this checkout's trees (each tree's rounds one after the other, the "
+              "longest branch of a round setting its passes), against the baseline's measured tokens per pass:", ""]
+    for name in SHAPES:
+        ceiling = statistics.median(r[name]["tokens_generated"] / r[name]["pass_bound"] for r in results["this"])
+        reached = statistics.median(r[name]["pass_bound"] / r[name]["forward_passes"] for r in results["this"])
+        lines.append(f"- {name}: at most {ceiling:.2f} tokens per pass, "
+                     f"{ceiling / median_row(results['baseline'], name)['tokens_per_pass']:.2f}x the baseline's; this "
+                     f"checkout reaches {reached:.0%} of it")
     lines += ["", "Every round (tokens/s, baseline then this checkout):", ""]
     for i in range(args.rounds):
         cells = [f"{name}: {results['baseline'][i][name]['tokens_per_s']:.1f} / "
@@ -141,6 +177,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--output", default="docs/benchmarks.md")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--pass-bound", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if not args.worker and not args.baseline:
         parser.error("--baseline CHECKOUT is required (a git worktree of the code to compare against)")

@@ -339,3 +339,28 @@ def test_branching_settings_share_one_token_budget_and_the_pilot_its_own_sizes(c
         with pytest.raises(SystemExit):
             bench_branching.parse_args(bad)
     assert "--token-budget must be >= 1" in capsys.readouterr().err
+
+
+def test_the_pass_bound_sums_each_rounds_longest_branch_and_takes_the_longest_tree():
+    from algos.tree import Node, Tree
+    from benchmarks.bench_engine import pass_bound
+    from policies.trajectory import TokenTrajectory
+
+    def step(parent: Node, generated: int, observed: int, lineage: tuple[int, int]) -> Node:
+        trajectory = parent.trajectory.with_observation((0,) * observed) if observed else parent.trajectory
+        trajectory = TokenTrajectory(trajectory.token_ids + (1,) * generated,
+                                     trajectory.generated_mask + (True,) * generated,
+                                     trajectory.sampling_logprobs + (0.0,) * generated)
+        return parent.add_child(Node(trajectory, None, lineage=lineage))
+
+    root = Node(TokenTrajectory.from_prompt((5, 6, 7)), None)
+    first = step(root, 4, 0, (0, 0))  # round 0: one chain of 4 + 3 tokens (observations cost no pass)
+    second = step(first, 3, 10, (0, 0))
+    step(first, 6, 10, (1, 0))  # round 1: branches of 6 and 2 + 5 = 7 tokens; the longest, 7, sets the round
+    step(step(root, 2, 0, (1, 1)), 5, 10, (1, 1))
+    step(second, 1, 10, (2, 0))  # round 2: one branch of 1
+    other = Node(TokenTrajectory.from_prompt((5,)), None)
+    step(step(other, 9, 0, (0, 0)), 9, 10, (0, 0))  # a tree of one 18-token chain
+    assert pass_bound([Tree(root, 0, 0)]) == 7 + 7 + 1
+    assert pass_bound([Tree(root, 0, 0), Tree(other, 0, 1)]) == 18
+    assert pass_bound([Tree(Node(TokenTrajectory.from_prompt((5,)), None), 1, 0)]) == 0
