@@ -4,7 +4,7 @@
 #   bash benchmarks/device_check.sh 1   carry .device/call1: small wheels, data, tokenizer; runs bench_device.py
 #   bash benchmarks/device_check.sh 2   carry .device/call2: the rest of Ray's wheel; runs run.py for 2 iterations
 # Arguments after the call's number go to bench_device.py / run.py, after the defaults (so they override them).
-# What comes back lies in $OUT (the device tool's folder): bench_device.md / .log, run_metrics.jsonl, run.log.
+# What comes back lies in $OUT (the device tool's folder): bench_device_MODEL.md / .log, run_metrics.jsonl, run.log.
 set -uo pipefail
 KIT=/tmp/treegrpo-kit  # survives between calls while the machine stays warm
 OUT=${OUT:-$KIT/out}
@@ -25,7 +25,10 @@ case "$call" in
   install .device/call1/wheels/*.whl || exit 1
   mkdir -p "$KIT/data" "$KIT/cache/models"
   tar xzf .device/call1/data.tgz -C "$KIT/data" && cp -r .device/call1/models/. "$KIT/cache/models/" || exit 1
-  timeout 500 python3 benchmarks/bench_device.py --output "$OUT/bench_device.md" "$@" 2>&1 | tee "$OUT/bench_device.log"
+  for model in smollm2-135m-random llama-3.2-1b-random; do  # one at a time: a timeout loses only its own table
+    timeout 270 python3 benchmarks/bench_device.py --model "$model" --output "$OUT/bench_device_$model.md" "$@" 2>&1 \
+      | tee "$OUT/bench_device_$model.log"
+  done
   ;;
 2)
   [ -f "$KIT/ray.whl.0" ] || { echo "no $KIT/ray.whl.0: call 1 did not run on this machine"; exit 1; }
