@@ -10,7 +10,8 @@ at the decision (a choice) and of the surname's first token after it (copying: t
 with that first name across the world, so only the token after the chosen name in the passage predicts it). In a
 world of one-word names (``names="given"``) the first token is the whole name: no surname is reported. A start
 trained on restating thoughts (``warmstart.py --restate``, as its ``warmstart.json`` says) is read in that format,
-and the asked role's word in the thought at the decision is reported too (``role_p``: the decision itself).
+and the asked role's word in the thought at the decision is reported too (``role_p``: the decision itself). The
+person's first-token probability is also given per asked role (``first_name_p_founder`` / ``_chair``).
 """
 
 from __future__ import annotations
@@ -50,12 +51,16 @@ def name_token_probabilities(model, tokenizer, env: gym.Env, indices: list[int],
         with torch.no_grad():
             probabilities = torch.softmax(model(torch.tensor([ids])).logits[0].float(), -1)
         # the role word restated at the decision: the first generated " chair" / " founder" (the template's role)
-        role = next(r for r in BRANCH_ROLES if f" {r} of " in record.question)
-        role_word = tokenizer(f" {role}", add_special_tokens=False)["input_ids"][:1]
+        role_word = tokenizer(f" {asked_role(record.question)}", add_special_tokens=False)["input_ids"][:1]
         role_at = _first_generated(ids, generated, role_word) if restate else None
         first, after, chosen = (_probability_at(probabilities, ids, t) for t in (start, surname, role_at))
         rows.append((first, after if " " in person else float("nan"), chosen))
     return rows
+
+
+def asked_role(question: str) -> str:
+    """The role a question asks about (``BRANCH_ROLES``: founder or chair)."""
+    return next(role for role in BRANCH_ROLES if f" {role} of " in question)
 
 
 def _probability_at(probabilities: torch.Tensor, ids: list[int], t: int | None) -> float:
@@ -96,6 +101,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     probabilities = np.array(name_token_probabilities(model, tokenizer, env, indices,
                                                       restate=trained_to_restate(args.model)))
     summary["first_name_p"] = float(probabilities[:, 0].mean())
+    roles = np.array([asked_role(env.unwrapped.records[i].question) for i in indices])
+    for role in BRANCH_ROLES:  # apart: a copy keyed on the token before a name favours one sentence's person
+        if (roles == role).any():
+            summary[f"first_name_p_{role}"] = float(probabilities[roles == role, 0].mean())
     if not np.isnan(probabilities[:, 1]).all():
         summary.update(surname_p=float(probabilities[:, 1].mean()),
                        surname_p_above_half=float((probabilities[:, 1] > 0.5).mean()))

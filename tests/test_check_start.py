@@ -11,7 +11,7 @@ import gymnasium as gym
 import pytest
 import torch
 
-from benchmarks.check_start import name_token_probabilities, trained_to_restate
+from benchmarks.check_start import asked_role, name_token_probabilities, trained_to_restate
 from envs.synthetic import BranchSpec, write_world
 from policies.models import load_model
 
@@ -72,3 +72,12 @@ def test_a_restating_start_is_read_in_its_format_with_the_decisions_role_word(tm
     for restate in (True, False):
         (tmp_path / "start" / "warmstart.json").write_text(json.dumps({"settings": {"restate": restate}}))
         assert trained_to_restate(str(tmp_path / "start" / "model")) is restate
+
+
+def test_the_asked_role_is_read_from_each_question_of_a_world(branch_env):
+    env, _ = branch_env
+    roles = [asked_role(record.question) for record in env.unwrapped.records]
+    assert set(roles) == {"founder", "chair"}
+    assert all(f"the {role} of " in record.question for role, record in zip(roles, env.unwrapped.records, strict=True))
+    with pytest.raises(StopIteration):
+        asked_role("Where was the mayor of Zeta born?")
