@@ -238,15 +238,25 @@ def misrouted_questions(questions: Sequence[SynthQuestion], share: float, role: 
 
 
 def cached_warm_start(world: WorldSpec | BranchSpec, recipe: Sequence[str], *, topk: int,
-                      cache_dir: str | os.PathLike | None = None) -> Path:
+                      cache_dir: str | os.PathLike | None = None, continues: Sequence[str] | None = None) -> Path:
     """The model directory of the warm start of ``recipe`` (this script's options: model, extra worlds, epochs,
     strategy shares, seed...) on ``world``'s generated world with ``topk`` passages per search, trained once per
     (world, topk, recipe) into the cache (``$TREEGRPO_CACHE_DIR``, default ``~/.cache/tree-grpo``) and reused
     after: the demo's start policy and the benchmarks' testbeds. One process trains a recipe at a time (a lock
     file; the others wait, then find it cached) in a staging directory published whole when done; a killed training
-    leaves its staging directory and checkpoint, and the next call resumes it."""
+    leaves its staging directory and checkpoint, and the next call resumes it.
+
+    With ``continues`` (another recipe), ``recipe`` trains on from that recipe's cached warm start (trained first if
+    missing) instead of its own ``--model``: a start in stages, cached under both recipes."""
     cache_dir = Path(cache_dir or default_cache_dir())
-    key = f"{world.key}-topk{topk}-{'-'.join(recipe).replace('--', '')}"
+    start: list[str] = []
+    stages = [recipe]
+    if continues is not None:
+        if "--model" in recipe:
+            raise ValueError(f"a recipe that continues another takes that one's model, not its own --model: {recipe}")
+        start = ["--model", str(cached_warm_start(world, continues, topk=topk, cache_dir=cache_dir))]
+        stages = [continues, recipe]
+    key = f"{world.key}-topk{topk}-" + "-then-".join("-".join(stage).replace("--", "") for stage in stages)
     model = cache_dir / "warm_starts" / key / "model"
     model.parent.parent.mkdir(parents=True, exist_ok=True)
     with open(model.parent.parent / f"{key}.lock", "w") as lock:
@@ -259,7 +269,7 @@ def cached_warm_start(world: WorldSpec | BranchSpec, recipe: Sequence[str], *, t
               flush=True)
         env_id = next(env_id for env_id, (dataset, *_) in envs.ENV_IDS.items() if dataset == world.DATASET)
         main(["--env", env_id, "--data-dir", str(world_data_dir(world, cache_dir)), "--topk", str(topk),
-              "--dev-questions", "0", *recipe, "--output", str(staging)])
+              "--dev-questions", "0", *recipe, *start, "--output", str(staging)])
         os.replace(staging, model.parent)
     print(f"warm start: moved into the cache: {model} (use --model {model})")
     return model

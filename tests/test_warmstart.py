@@ -319,6 +319,29 @@ def test_a_cached_warm_start_trains_once_per_world_topk_and_recipe(tmp_path, mon
     assert not list((tmp_path / "warm_starts").glob("*.partial"))  # staging directories are published
 
 
+def test_a_warm_start_in_stages_trains_on_from_the_cached_start_it_continues(tmp_path, monkeypatch):
+    trained = []
+
+    def fake_warmstart(argv: list[str]) -> None:
+        output = argv[argv.index("--output") + 1]
+        (Path(output) / "model").mkdir(parents=True)
+        (Path(output) / "model" / "config.json").write_text("{}")
+        trained.append(argv)
+
+    monkeypatch.setattr(warmstart_module, "main", fake_warmstart)
+    first, then = ("--model", "scratch", "--epochs", "6"), ("--misroute", "0.7", "--epochs", "1")
+    base = cached_warm_start(BRANCH, first, topk=1, cache_dir=tmp_path)
+    staged = cached_warm_start(BRANCH, then, topk=1, cache_dir=tmp_path, continues=first)
+    assert len(trained) == 2 and staged != base  # the base was cached; only the second stage trained
+    assert trained[1][trained[1].index("--model") + 1] == str(base) and "--misroute" in trained[1]
+    assert staged.parent.name.endswith("model-scratch-epochs-6-then-misroute-0.7-epochs-1")
+    assert cached_warm_start(BRANCH, then, topk=1, cache_dir=tmp_path) != staged  # the same stage from scratch
+    assert cached_warm_start(BRANCH, then, topk=1, cache_dir=tmp_path, continues=first) == staged
+    assert len(trained) == 3
+    with pytest.raises(ValueError, match="takes that one's model"):
+        cached_warm_start(BRANCH, ("--model", "scratch"), topk=1, cache_dir=tmp_path, continues=first)
+
+
 def test_a_killed_cached_warm_start_resumes_in_its_staging_directory(tmp_path, monkeypatch):
     outputs = []
 
