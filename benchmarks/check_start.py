@@ -11,7 +11,9 @@ with that first name across the world, so only the token after the chosen name i
 world of one-word names (``names="given"``) the first token is the whole name: no surname is reported. A start
 trained on restating thoughts (``warmstart.py --restate``, as its ``warmstart.json`` says) is read in that format,
 and the asked role's word in the thought at the decision is reported too (``role_p``: the decision itself). The
-person's first-token probability is also given per asked role (``first_name_p_founder`` / ``_chair``).
+person's first-token probability and ``role_p`` are also given per asked role (``first_name_p_founder``,
+``role_p_chair``, ...): with two roles, ``role_p_chair + role_p_founder - 1`` is p(" chair") on chair questions
+minus on founder questions, how much the decision depends on the question.
 """
 
 from __future__ import annotations
@@ -102,14 +104,18 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                                                       restate=trained_to_restate(args.model)))
     summary["first_name_p"] = float(probabilities[:, 0].mean())
     roles = np.array([asked_role(env.unwrapped.records[i].question) for i in indices])
-    for role in BRANCH_ROLES:  # apart: a copy keyed on the token before a name favours one sentence's person
-        if (roles == role).any():
-            summary[f"first_name_p_{role}"] = float(probabilities[roles == role, 0].mean())
+    restated = not np.isnan(probabilities[:, 2]).all()
+    if restated:  # the decision as the start writes it: the asked role's word
+        summary["role_p"] = float(probabilities[:, 2].mean())
+    for role in BRANCH_ROLES:  # per asked role: a copy keyed on the token before a name favours one sentence's
+        asked = roles == role  # person, and a decision that reads the question moves the role_p apart
+        if asked.any():
+            summary[f"first_name_p_{role}"] = float(probabilities[asked, 0].mean())
+            if restated:
+                summary[f"role_p_{role}"] = float(probabilities[asked, 2].mean())
     if not np.isnan(probabilities[:, 1]).all():
         summary.update(surname_p=float(probabilities[:, 1].mean()),
                        surname_p_above_half=float((probabilities[:, 1] > 0.5).mean()))
-    if not np.isnan(probabilities[:, 2]).all():  # the decision as the start writes it: the asked role's word
-        summary["role_p"] = float(probabilities[:, 2].mean())
     for key, value in summary.items():
         print(f"{key}: {value:.3f}")
     return summary
