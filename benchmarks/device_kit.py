@@ -95,8 +95,9 @@ def build(data_dir: Path, out: Path, cache: Path, python: str = DEVICE_PYTHON) -
 
     ray_wheel = download_wheels((RAY,), cache, python)[0]
     ray = ray_wheel.read_bytes()
-    first = CALL_LIMIT - MARGIN - tracked_bytes(ROOT) - folder_bytes(call1)
-    if first <= 0 or len(ray) - first > CALL_LIMIT - MARGIN - tracked_bytes(ROOT):
+    room = CALL_LIMIT - MARGIN - tracked_bytes(ROOT)  # what one call carries beside the working tree
+    first = room - folder_bytes(call1)
+    if first <= 0 or len(ray) - first > room:
         raise SystemExit(f"Ray's wheel ({len(ray)} bytes) does not fit two calls beside the rest of the kit")
     (call1 / "ray.whl.0").write_bytes(ray[:first])
     (call2 / "ray.whl.1").write_bytes(ray[first:])
