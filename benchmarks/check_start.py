@@ -2,18 +2,19 @@
 
     python benchmarks/check_start.py MODEL                  # the branching testbed's world, 100 held-out questions
     python benchmarks/check_start.py MODEL --questions 300 --split train
+    python benchmarks/check_start.py MODEL --sampled        # chains sampled as rollouts sample: routes greedy skips
 
-Greedy, on the first --questions questions: dev EM, the route each chain took at the decision (right, wrong,
-neither person; ``algos.evaluation.route_taken``) and the EM of each route. Teacher-forced on the right route's
-oracle trajectory (``experiments.warmstart.oracle_trajectory``): the probability of the person's first name token
-at the decision (a choice) and of the surname's first token after it (copying: the passage names several people
-with that first name across the world, so only the token after the chosen name in the passage predicts it). In a
-world of one-word names (``names="given"``) the first token is the whole name: no surname is reported. A start
-trained on restating thoughts (``warmstart.py --restate``, as its ``warmstart.json`` says) is read in that format,
-and the asked role's word in the thought at the decision is reported too (``role_p``: the decision itself). The
-person's first-token probability and ``role_p`` are also given per asked role (``first_name_p_founder``,
-``role_p_chair``, ...): with two roles, ``role_p_chair + role_p_founder - 1`` is p(" chair") on chair questions
-minus on founder questions, how much the decision depends on the question.
+Greedy (sampled with --sampled), on the first --questions questions: dev EM, the route each chain took at the
+decision (right, wrong, neither person; ``algos.evaluation.route_taken``) and the EM of each route. Teacher-forced
+on the right route's oracle trajectory (``experiments.warmstart.oracle_trajectory``): the probability of the
+person's first name token at the decision (a choice) and of the surname's first token after it (copying: the passage
+names several people with that first name across the world, so only the token after the chosen name in the passage
+predicts it). In a world of one-word names (``names="given"``) the first token is the whole name: no surname is
+reported. A start trained on restating thoughts (``warmstart.py --restate``, as its ``warmstart.json`` says) is read
+in that format, and the asked role's word in the thought at the decision is reported too (``role_p``: the decision
+itself). The person's first-token probability and ``role_p`` are also given per asked role
+(``first_name_p_founder``, ``role_p_chair``, ...): with two roles, ``role_p_chair + role_p_founder - 1`` is
+p(" chair") on chair questions minus on founder questions, how much the decision depends on the question.
 """
 
 from __future__ import annotations
@@ -89,9 +90,13 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     p.add_argument("model", help="the start policy: a model directory or --model name")
     p.add_argument("--questions", type=int, default=100)
     p.add_argument("--split", choices=["dev", "train"], default="dev", help="teacher-forced part: which split")
+    p.add_argument("--sampled", action="store_true",
+                   help="sample the chains as rollouts do (temperature 1, top-p 0.95, seeded) instead of greedy: the "
+                        "EM of a route that greedy decoding never takes")
     args = p.parse_args(argv)
     data_dir = world_data_dir(WORLD)
-    rows = world_held_out(args.model, data_dir, args.questions, 64, TOPK, env_id="SynthBranch-v0")
+    rows = world_held_out(args.model, data_dir, args.questions, 64, TOPK, env_id="SynthBranch-v0",
+                          greedy=not args.sampled)
     routes = Counter(row["route"] for row in rows)
     summary = {"em": float(np.mean([row["em"] for row in rows]))}
     for route, count in sorted(routes.items()):  # em_right is the check's "EM on routed right"

@@ -123,18 +123,19 @@ def evaluate_env(env_id: str, generator, tokenizer, *, split: str, limit: int | 
 
 
 def world_held_out(policy: str | Path, data_dir: Path, questions: int, max_step_tokens: int, topk: int,
-                   env_id: str = "SynthHop-v0") -> list[dict[str, Any]]:
+                   env_id: str = "SynthHop-v0", greedy: bool = True) -> list[dict[str, Any]]:
     """Greedy per-question results of ``policy`` (a ``--model`` name, model directory or checkpoint) on the first
     ``questions`` held-out questions of the generated world in ``data_dir`` served by ``env_id`` (SynthHop-v0 or
     SynthBranch-v0; ``topk`` passages per search), each with its hop count (``hops``) and, on SynthBranch, the
     route its chain took at the decision (``route``: ``algos.evaluation.route_taken`` of its queries against the
-    question's route and its decoy's)."""
+    question's route and its decoy's). Without ``greedy``, each chain is sampled as rollouts sample (the paper's
+    temperature and top-p; the rollout's fixed seed, so the same policy gives the same rows)."""
     from envs.synthetic import branch_questions
     from policies.generation import SamplingSettings
     from policies.generators import step_generator
 
     model, tokenizer = load_policy(str(policy))
-    generator = step_generator("hf", model, tokenizer, SamplingSettings(greedy=True, max_step_tokens=max_step_tokens))
+    generator = step_generator("hf", model, tokenizer, SamplingSettings(greedy=greedy, max_step_tokens=max_step_tokens))
     split, dataset = envs.eval_split(env_id), envs.ENV_IDS[env_id][0]
     rows = evaluate_env(env_id, generator, tokenizer, split=split, limit=questions, batch_size=32,
                         env_kwargs={"data_dir": str(data_dir), "topk": topk})

@@ -77,3 +77,17 @@ def test_held_out_synthbranch_results_carry_the_hops_and_the_route(tmp_path, mon
     assert all("route" not in r for r in evaluate.world_held_out("policy", hop, 4, 16, 1))  # SynthHop: no routes
     with pytest.raises(ValueError, match=r"not those of its world\.json"):
         branch_questions(root, "dev", [q.question for q in questions[::-1]])
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_held_out_chains_are_greedy_unless_asked_to_sample_as_rollouts_do(tmp_path, monkeypatch, greedy):
+    root = write_world(WorldSpec(people=20, companies=10, cities=6, countries=3, train_questions=8, dev_questions=4),
+                       tmp_path)
+    used = []
+    monkeypatch.setattr(evaluate, "load_policy", lambda policy: (None, None))
+    monkeypatch.setattr(policies.generators, "step_generator", lambda backend, model, tok, sampling: used.append(
+        sampling))
+    monkeypatch.setattr(evaluate, "evaluate_env", lambda env_id, *args, limit, **kwargs: [
+        {"em": 0.0, "answered": 1.0, "tool_calls": 1.0, QUERIES: []}] * limit)
+    evaluate.world_held_out("policy", root, 4, 16, 1, greedy=greedy)
+    assert [(s.greedy, s.temperature, s.top_p, s.max_step_tokens) for s in used] == [(greedy, 1.0, 0.95, 16)]
