@@ -27,10 +27,12 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import torch
+import yaml
 
 import envs  # noqa: F401  (registers the env ids)
 from benchmarks.bench_branching import TOPK, WORLD
 from envs.synthetic import BRANCH_ROLES, world_data_dir
+from experiments.checkpoints import RLLIB_MARKER
 from experiments.evaluate import load_policy, world_held_out
 from experiments.warmstart import oracle_trajectory
 from policies.generation import end_of_turn_ids
@@ -77,9 +79,14 @@ def _first_generated(ids: list[int], generated: list[int], tokens: list[int]) ->
 
 
 def trained_to_restate(model: str) -> bool:
-    """Whether the start at ``model`` (a warm start's model directory) was trained on restating thoughts, as its
-    ``warmstart.json`` beside the directory says (False for any other model)."""
-    summary = Path(model).parent / "warmstart.json"
+    """Whether the start at ``model`` was trained on restating thoughts, as its ``warmstart.json`` says (a warm
+    start's model directory; a training checkpoint, OUTPUT/checkpoints/NAME, is read as the start its run's
+    ``config.yaml`` names); False for any other model."""
+    path = Path(model).resolve()
+    run_config = path.parent.parent / "config.yaml"
+    if (path / RLLIB_MARKER).exists() and run_config.is_file():
+        return trained_to_restate(yaml.safe_load(run_config.read_text(encoding="utf-8"))["model"])
+    summary = path.parent / "warmstart.json"
     if not summary.is_file():
         return False
     return bool(json.loads(summary.read_text(encoding="utf-8"))["settings"].get("restate", False))

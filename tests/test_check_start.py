@@ -72,6 +72,14 @@ def test_a_restating_start_is_read_in_its_format_with_the_decisions_role_word(tm
     for restate in (True, False):
         (tmp_path / "start" / "warmstart.json").write_text(json.dumps({"settings": {"restate": restate}}))
         assert trained_to_restate(str(tmp_path / "start" / "model")) is restate
+    # a training checkpoint is read as the start its run's config.yaml names (OUTPUT/checkpoints/NAME)
+    checkpoint = tmp_path / "run" / "checkpoints" / "iter_000002"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "rllib_checkpoint.json").write_text("{}")
+    (tmp_path / "run" / "config.yaml").write_text(f"model: {tmp_path / 'start' / 'model'}\n")
+    assert trained_to_restate(str(checkpoint)) is False  # the start's warmstart.json says restate: false (last)
+    (tmp_path / "start" / "warmstart.json").write_text(json.dumps({"settings": {"restate": True}}))
+    assert trained_to_restate(str(checkpoint)) is True
 
 
 def test_the_asked_role_is_read_from_each_question_of_a_world(branch_env):
