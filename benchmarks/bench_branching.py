@@ -37,6 +37,7 @@ branching.json, branching.png and, with --report, section ``branching`` of docs/
 from __future__ import annotations
 
 import argparse
+import functools
 from pathlib import Path
 
 from benchmarks.learning_runs import Testbed, add_run_options, check_eval_questions, run_benchmark
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> Path:
     from experiments.warmstart import cached_warm_start
 
     args = parse_args(argv)
-    start = lambda: cached_warm_start(WORLD, WARM_START, topk=TOPK, continues=START_STAGE_1)  # noqa: E731
+    start = functools.partial(cached_warm_start, WORLD, WARM_START, topk=TOPK, continues=START_STAGE_1)
     return run_benchmark(testbed(args), args, start, argv, "benchmarks/bench_branching.py")
 
 

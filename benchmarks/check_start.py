@@ -94,7 +94,7 @@ def trained_to_restate(model: str) -> bool:
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("model", help="the start policy: a model directory or --model name")
+    p.add_argument("model", help="the start policy: a model directory, a --model name or a training checkpoint")
     p.add_argument("--questions", type=int, default=100)
     p.add_argument("--split", choices=["dev", "train"], default="dev", help="teacher-forced part: which split")
     p.add_argument("--sampled", action="store_true",
