@@ -62,7 +62,7 @@ class Testbed:
 
 
 def add_run_options(p: argparse.ArgumentParser, settings: list[str], *, seeds: list[int] | None, iterations: int,
-                    eval_every: int, output: str | None, section: str) -> None:
+                    eval_every: int, output: str | None, section: str, warmup_steps: int | None = None) -> None:
     """The options every learning benchmark has: which settings and seeds, the runs' shared hyperparameters, the
     evaluations, --output, --report and --resume."""
     p.add_argument("--warm", default=None, help="start policy's model directory (default: the benchmark's warm start)")
@@ -71,6 +71,10 @@ def add_run_options(p: argparse.ArgumentParser, settings: list[str], *, seeds: l
     p.add_argument("--iterations", type=int, default=iterations)
     p.add_argument("--prompts-per-iter", type=int, default=8)
     p.add_argument("--lr", type=float, default=2e-4)
+    p.add_argument("--warmup-steps", type=non_negative_int, default=warmup_steps,
+                   help="optimizer steps of learning-rate warm-up, the same for every setting (default: %(default)s; "
+                        "None: run.py's, the paper's share of the --iterations cap's steps, 0.285 for trees and 0.5 "
+                        "for chains)")
     p.add_argument("--eval-every", type=int, default=eval_every, help="learning-curve evaluations every k iterations")
     p.add_argument("--curve-questions", type=int, default=100, help="held-out questions of each curve point")
     p.add_argument("--eval-questions", type=int, default=300, help="held-out questions of the final evaluation")
@@ -85,6 +89,14 @@ def add_run_options(p: argparse.ArgumentParser, settings: list[str], *, seeds: l
     p.add_argument("--resume", action="store_true",
                    help="reuse what --output holds: the start point's evaluation and the finished runs whose options "
                         "match, e.g. after an interruption, or to report on seeds run by several processes")
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0 (the option's name is added by argparse to the error)."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
 
 
 def check_eval_questions(p: argparse.ArgumentParser, args: argparse.Namespace, testbed: Testbed) -> None:
@@ -126,6 +138,7 @@ def run_options(testbed: Testbed, setting: str, seed: int, model_dir: str, args:
     return [*testbed.settings[setting][1], "--env", testbed.env, "--data-dir", str(testbed.data_dir),
             "--topk", str(testbed.topk), "--model", model_dir, "--seed", str(seed), "--iterations",
             str(args.iterations), "--prompts-per-iter", str(args.prompts_per_iter), "--lr", str(args.lr),
+            *([] if args.warmup_steps is None else ["--warmup-steps", str(args.warmup_steps)]),
             "--max-step-tokens", str(args.max_step_tokens), "--eval-every", str(args.eval_every),
             "--eval-questions", str(args.curve_questions), "--micro-batch-size", "16", "--checkpoint-every", "0",
             "--trees-every", "0", "--no-mlflow", "--quiet", "--output", str(directory)]
@@ -296,7 +309,10 @@ def markdown(summary: dict[str, dict], differences: dict[str, dict], args: argpa
               f"ends the run), at most {args.iterations} iterations" if budget else f"{args.iterations} iterations")
     first = next(iter(summary.values()), None)
     routed = bool(first and first["routing_before"])
-    lines = [f"Warm start: `{warm}`; {args.prompts_per_iter} prompts per iteration, {length}, lr {args.lr}, seeds "
+    warmup = ("the paper's share of the cap's steps" if args.warmup_steps is None
+              else f"{args.warmup_steps} optimizer steps")
+    lines = [f"Warm start: `{warm}`; {args.prompts_per_iter} prompts per iteration, {length}, lr {args.lr} "
+             f"(warm-up: {warmup}), seeds "
              f"{args.seeds}; final dev EM: greedy, on the first {args.eval_questions} held-out questions, mean over "
              f"seeds x questions with its 95% bootstrap interval (seeds and questions resampled). Training "
              f"iterations, summed over the runs: {run_minutes:.0f} min (from their metrics; warm start and final "

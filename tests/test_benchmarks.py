@@ -335,7 +335,10 @@ def test_branching_settings_share_one_token_budget_and_the_pilot_its_own_sizes(c
     assert (pilot.seeds, pilot.eval_questions, pilot.output) == ([0, 1], 100, "outputs/bench_branching_pilot")
     assert bench_branching.parse_args(["--pilot", "--seeds", "1"]).seeds == [1]  # a pilot split over processes
     assert bench_branching.testbed(pilot).name == "branching-pilot"
-    for bad in (["--token-budget", "0"], ["--chain-group-size", "0"], ["--eval-questions", "301"]):
+    assert args.warmup_steps == bench_branching.WARMUP_STEPS  # one warm-up for every setting, not the cap's share
+    assert bench_branching.parse_args(["--warmup-steps", "0"]).warmup_steps == 0
+    for bad in (["--token-budget", "0"], ["--chain-group-size", "0"], ["--eval-questions", "301"],
+                ["--warmup-steps", "-1"]):
         with pytest.raises(SystemExit):
             bench_branching.parse_args(bad)
     assert "--token-budget must be >= 1" in capsys.readouterr().err
