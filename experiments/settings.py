@@ -118,7 +118,8 @@ class RunSettings(TreeGRPOSettings):
         None, ge=1, description="stop the run once it has generated this many tokens (tokens_generated_total, its "
                                 "earlier invocations included): the iteration that reaches it is finished, then the "
                                 "run ends as after its last iteration (checkpoint, final evaluation); --iterations "
-                                "still caps the invocation (default: no budget)")
+                                "still caps the invocation, and the lr warm-up's default share counts its steps: "
+                                "with a budget, give --warmup-steps (default: no budget)")
     output: str = Field("outputs/run", description="the run's directory (must not hold another run)")
     checkpoint_every: int = Field(10, ge=0, description="checkpoint every k iterations (0: only at the end); "
                                                         "always at the end and on SIGINT / SIGTERM")
