@@ -27,13 +27,15 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import torch
-import yaml
 
 import envs  # noqa: F401  (registers the env ids)
 from benchmarks.bench_branching import TOPK, WORLD
 from envs.synthetic import BRANCH_ROLES, world_data_dir
-from experiments.checkpoints import RLLIB_MARKER
+from experiments.checkpoints import RLLIB_MARKER, CheckpointError
+from experiments.cli import read_yaml
 from experiments.evaluate import load_policy, world_held_out
+from experiments.run import CONFIG_FILE, run_directory
+from experiments.settings import RunSettings
 from experiments.warmstart import oracle_trajectory
 from policies.generation import end_of_turn_ids
 
@@ -83,9 +85,12 @@ def trained_to_restate(model: str) -> bool:
     start's model directory; a training checkpoint, OUTPUT/checkpoints/NAME, is read as the start its run's
     ``config.yaml`` names); False for any other model."""
     path = Path(model).resolve()
-    run_config = path.parent.parent / "config.yaml"
-    if (path / RLLIB_MARKER).exists() and run_config.is_file():
-        return trained_to_restate(yaml.safe_load(run_config.read_text(encoding="utf-8"))["model"])
+    if (path / RLLIB_MARKER).exists():
+        try:
+            run_dir = run_directory(path)
+        except CheckpointError:  # an RLlib checkpoint not written by run.py: no start to follow
+            return False
+        return trained_to_restate(read_yaml(run_dir / CONFIG_FILE, RunSettings)[0]["model"])
     summary = path.parent / "warmstart.json"
     if not summary.is_file():
         return False

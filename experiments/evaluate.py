@@ -124,8 +124,8 @@ def evaluate_env(env_id: str, generator, tokenizer, *, split: str, limit: int | 
 
 def world_held_out(policy: str | Path, data_dir: Path, questions: int, max_step_tokens: int, topk: int,
                    env_id: str = "SynthHop-v0", greedy: bool = True) -> list[dict[str, Any]]:
-    """Greedy per-question results of ``policy`` (a ``--model`` name, model directory or checkpoint) on the first
-    ``questions`` held-out questions of the generated world in ``data_dir`` served by ``env_id`` (SynthHop-v0 or
+    """Per-question results of ``policy``'s greedy chains (a ``--model`` name, model directory or checkpoint) on the
+    first ``questions`` held-out questions of the generated world in ``data_dir`` served by ``env_id`` (SynthHop-v0 or
     SynthBranch-v0; ``topk`` passages per search), each with its hop count (``hops``) and, on SynthBranch, the
     route its chain took at the decision (``route``: ``algos.evaluation.route_taken`` of its queries against the
     question's route and its decoy's). Without ``greedy``, each chain is sampled as rollouts sample (the paper's
