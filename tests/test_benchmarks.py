@@ -62,8 +62,8 @@ def test_a_rerun_of_a_setting_starts_a_fresh_run(tmp_path, monkeypatch):
         (output / experiments.run.METRICS_FILE).write_text("{}\n")
 
     monkeypatch.setattr(experiments.run, "main", planned_run)
-    args = argparse.Namespace(iterations=1, prompts_per_iter=2, lr=1e-4, max_step_tokens=8, eval_every=1,
-                              curve_questions=2)
+    args = argparse.Namespace(iterations=1, prompts_per_iter=2, lr=1e-4, warmup_steps=None, max_step_tokens=8,
+                              eval_every=1, curve_questions=2)
     first = train_run(TESTBED, "chain G=4", 0, "tiny-random", args, tmp_path)
     (first.parent / "checkpoints").mkdir()
     (first.parent / "checkpoints" / "stale").write_text("from the first run")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+from datetime import timedelta
 
 import pytest
 import torch
@@ -134,13 +134,14 @@ def test_unknown_model_config_key_is_named():
         build(lora_rank=4)
 
 
-def test_ddp_wrapped_module_reaches_custom_methods():
+def test_ddp_wrapped_module_reaches_custom_methods(tmp_path):
     import torch.distributed as dist
     from ray.rllib.core.rl_module.torch.torch_rl_module import TorchDDPRLModule
 
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29531")
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    # A file store, not a TCP port: a fixed port can be taken on a shared machine, and a stuck rendezvous would
+    # wait out gloo's 30-minute default; the short timeout bounds any collective too.
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'ddp_store'}", rank=0, world_size=1,
+                            timeout=timedelta(seconds=60))
     try:
         module = build()
         wrapped = TorchDDPRLModule(module)
