@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import EngFormatter, MaxNLocator
 
 # metrics.jsonl keys (the same names as algos/tree_grpo/metrics.py, kept here so plotting does not import Ray)
 ITERATION = "iteration"
@@ -136,6 +136,8 @@ def _draw_panel(ax, runs: dict[str, list[dict]], metric: str, x: str) -> None:
             ax.fill_between(xs, ys - spread, ys + spread, color=line.get_color(), alpha=0.15, linewidth=0)
     if x == "iteration":
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    else:  # cumulative counts reach millions: "200k", not "200000" running into its neighbour
+        ax.xaxis.set_major_formatter(EngFormatter(sep=""))
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
 

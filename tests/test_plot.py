@@ -112,6 +112,20 @@ def test_a_std_column_at_every_point_draws_a_band():
     assert (lower, upper) == pytest.approx((0.5, 0.7))
 
 
+def test_cumulative_axes_write_counts_short():
+    from matplotlib.figure import Figure
+
+    from experiments.plot import _draw_panel
+
+    rows = [{"iteration": i, "reward_mean": 0.5, "tokens_generated": 200_000} for i in range(1, 6)]
+    tokens, iterations = Figure().subplots(1, 2)
+    _draw_panel(tokens, {"run": rows}, "reward_mean", "tokens")
+    _draw_panel(iterations, {"run": rows}, "reward_mean", "iteration")
+    short = tokens.xaxis.get_major_formatter()
+    assert (short(200_000), short(1_000_000)) == ("200k", "1M")
+    assert type(iterations.xaxis.get_major_formatter()) is not type(short)  # iterations keep plain integers
+
+
 def test_plot_runs_leaves_out_absent_metrics(tmp_path):
     with pytest.warns(UserWarning, match="em_mean"):
         plot_runs({"tree": ROWS}, tmp_path / "curves.png", metrics=("reward_mean", "em_mean"))
