@@ -367,3 +367,27 @@ def test_the_pass_bound_sums_each_rounds_longest_branch_and_takes_the_longest_tr
     assert pass_bound([Tree(root, 0, 0)]) == 7 + 7 + 1
     assert pass_bound([Tree(root, 0, 0), Tree(other, 0, 1)]) == 18
     assert pass_bound([Tree(Node(TokenTrajectory.from_prompt((5,)), None), 1, 0)]) == 0
+
+
+def test_a_run_leaves_the_plateau_at_the_first_point_it_never_falls_back_below(tmp_path, capsys):
+    from benchmarks.plateau_exit import main, plateau_exit_tokens, runs_left_by
+
+    def rows(curve):  # (tokens, dev EM or None) per iteration
+        return [{"iteration": i, "tokens_generated_total": t, **({} if em is None else {"dev_em": em})}
+                for i, (t, em) in enumerate(curve, start=1)]
+
+    back_down = rows([(100, 0.4), (200, 0.8), (300, None), (400, 0.6), (500, 0.7), (600, 0.9)])
+    assert plateau_exit_tokens(back_down, 0.7) == 500  # 200 does not count: 400 fell back below
+    assert plateau_exit_tokens(rows([(100, 0.4), (200, 0.69)]), 0.7) is None  # ends below: stayed
+    assert plateau_exit_tokens(rows([(100, 0.9), (200, 0.95)]), 0.7) == 100
+    assert plateau_exit_tokens(rows([(100, None)]), 0.7) is None
+    assert [runs_left_by([500, None, 100], budget) for budget in (99, 100, 499, 500)] == [0, 1, 1, 2]
+
+    for name, run_rows in {"left": back_down, "stayed": rows([(100, 0.4), (200, 0.5)])}.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in run_rows))
+    exits = main([str(tmp_path / "left"), str(tmp_path / "stayed"), "--budgets", "400", "500"])
+    assert exits == {str(tmp_path / "left"): 500, str(tmp_path / "stayed"): None}
+    out = capsys.readouterr().out
+    assert "left at 500 tokens (curve to 600 tokens)" in out and "stayed (curve to 200 tokens)" in out
+    assert "by 400 tokens: 0 of 2 runs had left" in out and "by 500 tokens: 1 of 2 runs had left" in out
