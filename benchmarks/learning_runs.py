@@ -158,18 +158,41 @@ def train_run(testbed: Testbed, setting: str, seed: int, model_dir: str, args: a
 
 def finished_run(testbed: Testbed, setting: str, seed: int, model_dir: str, args: argparse.Namespace,
                  output: Path) -> tuple[list[dict], list[dict[str, Any]]]:
-    """(metrics rows, held-out scores) of one run: with --resume, those of a finished run in its directory whose
-    options and evaluation match this one's; otherwise (or if none) trained and evaluated now."""
+    """(metrics rows, held-out scores) of one run. With --resume, a finished run in its directory is reused: its
+    scores when its options and evaluation match this one's; its final checkpoint, evaluated again, when only the
+    evaluation or the --output it was trained under differ (another --eval-questions; a run copied from a pilot).
+    Otherwise (or if none) trained and evaluated now."""
     directory = run_directory(setting, seed, output)
+    options = run_options(testbed, setting, seed, model_dir, args, directory)
+    record, checkpoint = directory / "held_out.json", directory / "checkpoints" / "latest"
 
     def train_and_evaluate() -> list[dict[str, Any]]:
-        train_run(testbed, setting, seed, model_dir, args, output)
-        return held_out_scores(testbed, str(directory / "checkpoints" / "latest"), args)
+        if args.resume and checkpoint.exists() and trained_with(record, options):
+            print(f"reusing the trained run in {directory}: evaluating its final checkpoint again")
+        else:
+            train_run(testbed, setting, seed, model_dir, args, output)
+        return held_out_scores(testbed, str(checkpoint), args)
 
-    key = {"run": run_options(testbed, setting, seed, model_dir, args, directory),
-           "eval_questions": args.eval_questions}
-    scores = scores_once(directory / "held_out.json", key, args.resume, train_and_evaluate)
+    key = {"run": options, "eval_questions": args.eval_questions}
+    scores = scores_once(record, key, args.resume, train_and_evaluate)
     return load_metrics(directory / "metrics.jsonl"), scores
+
+
+def trained_with(record: Path, options: list[str]) -> bool:
+    """Whether the run whose evaluation ``record`` holds was trained with run.py ``options``, wherever it was trained
+    (--output aside). A fresh training deletes its directory first, so a record there belongs to what it holds."""
+    if not record.exists():
+        return False
+    saved = json.loads(record.read_text(encoding="utf-8")).get("run") or []
+    return without_output(saved) == without_output(options)
+
+
+def without_output(options: list[str]) -> list[str]:
+    """run.py's options less ``--output DIR``."""
+    if "--output" not in options:
+        return list(options)
+    at = options.index("--output")
+    return options[:at] + options[at + 2:]
 
 
 def start_point_scores(testbed: Testbed, model_dir: str, args: argparse.Namespace,

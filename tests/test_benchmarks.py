@@ -6,6 +6,7 @@ import argparse
 import importlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -72,12 +73,12 @@ def test_a_rerun_of_a_setting_starts_a_fresh_run(tmp_path, monkeypatch):
     assert not (first.parent / "checkpoints").exists()
 
 
-def test_resume_reuses_finished_runs_whose_options_match_and_reruns_the_others(tmp_path, monkeypatch):
+def test_resume_reuses_runs_evaluates_again_for_other_questions_and_retrains_on_other_options(tmp_path, monkeypatch):
     trained, evaluated = [], []
 
     def fake_run(testbed, setting, seed, model_dir, args, output):
         directory = learning_runs.run_directory(setting, seed, output)
-        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "checkpoints" / "latest").mkdir(parents=True, exist_ok=True)
         (directory / "metrics.jsonl").write_text(f'{{"iteration": {args.iterations}}}\n')
         trained.append((setting, seed))
 
@@ -92,16 +93,24 @@ def test_resume_reuses_finished_runs_whose_options_match_and_reruns_the_others(t
     assert first == ([{"iteration": 2}], scores(1)) and trained == [("chain G=4", 1)]
     assert learning_runs.finished_run(TESTBED, "chain G=4", 1, "warm", args, tmp_path) == first  # reused: nothing ran
     assert len(trained) == 1 and len(evaluated) == 1
-    for changed in (["--iterations", "3"], ["--eval-questions", "10"]):  # other options: a run of its own
-        other = bench_learning.parse_args(["--resume", *changed, "--output", str(tmp_path)])
-        learning_runs.finished_run(TESTBED, "chain G=4", 1, "warm", other, tmp_path)
-    assert len(trained) == 3
+    other_questions = bench_learning.parse_args(["--resume", "--iterations", "2", "--eval-questions", "10",
+                                                 "--output", str(tmp_path)])
+    again = learning_runs.finished_run(TESTBED, "chain G=4", 1, "warm", other_questions, tmp_path)
+    assert again == ([{"iteration": 2}], scores(2)) and len(trained) == 1  # the same training, evaluated again
+    copy = tmp_path / "copy"  # a run trained under another --output (a pilot's) is evaluated, not trained again
+    run = learning_runs.run_directory("chain G=4", 1, tmp_path)
+    shutil.copytree(run, learning_runs.run_directory("chain G=4", 1, copy))
+    learning_runs.finished_run(TESTBED, "chain G=4", 1, "warm", args, copy)
+    assert len(trained) == 1 and len(evaluated) == 3
+    longer = bench_learning.parse_args(["--resume", "--iterations", "3", "--output", str(tmp_path)])
+    learning_runs.finished_run(TESTBED, "chain G=4", 1, "warm", longer, tmp_path)  # other training: a run of its own
+    assert trained == [("chain G=4", 1)] * 2
     learning_runs.finished_run(TESTBED, "chain G=4", 1, "warm", bench_learning.parse_args(["--output", str(tmp_path)]),
                                 tmp_path)
-    assert len(trained) == 4  # without --resume every run is fresh
-    assert learning_runs.start_point_scores(TESTBED, "warm", args, tmp_path) == scores(5)
-    assert learning_runs.start_point_scores(TESTBED, "warm", args, tmp_path) == scores(5) and len(evaluated) == 5
-    assert learning_runs.start_point_scores(TESTBED, "other", args, tmp_path) == scores(6)
+    assert len(trained) == 3  # without --resume every run is fresh
+    assert learning_runs.start_point_scores(TESTBED, "warm", args, tmp_path) == scores(6)
+    assert learning_runs.start_point_scores(TESTBED, "warm", args, tmp_path) == scores(6) and len(evaluated) == 6
+    assert learning_runs.start_point_scores(TESTBED, "other", args, tmp_path) == scores(7)
 
 
 def scores(*ems: float) -> list[dict[str, float]]:
