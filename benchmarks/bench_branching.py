@@ -41,6 +41,7 @@ import functools
 from pathlib import Path
 
 from benchmarks.learning_runs import Testbed, add_run_options, check_eval_questions, run_benchmark
+from benchmarks.plateau_exit import PLATEAU_THRESHOLD
 from envs.synthetic import BranchSpec
 
 TREE = ["--algo", "tree_grpo", "--M", "2", "--N", "2", "--L", "1"]
@@ -94,7 +95,7 @@ def testbed(args: argparse.Namespace) -> Testbed:
     if args.pilot:
         name, title = "branching-pilot", "Branching: the pilot (issue 27; sizes the benchmark)"
     return Testbed(name, title, "SynthBranch-v0", WORLD, TOPK, settings(args.token_budget, args.chain_group_size),
-                   COMPARISONS)
+                   COMPARISONS, plateau_threshold=PLATEAU_THRESHOLD)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

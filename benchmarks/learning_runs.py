@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from algos.evaluation import failure_mix, occurring_failures, routing
+from benchmarks.plateau_exit import plateau_exit_tokens
 from envs.synthetic import BranchSpec, WorldSpec, world_data_dir
 from experiments.confidence import (
     Interval,
@@ -55,6 +56,8 @@ class Testbed:
     topk: int
     settings: Mapping[str, tuple[int, list[str]]]
     comparisons: tuple[tuple[str, str], ...]
+    # dev EM above which a run's curve has left the plateau for good (benchmarks/plateau_exit.py); None: not reported
+    plateau_threshold: float | None = None
 
     @property
     def data_dir(self) -> Path:
@@ -258,6 +261,9 @@ def summarize(testbed: Testbed, runs: dict[str, list[list[dict]]], finals: dict[
             "seconds_per_seed": [float(sum(r["time_s"] or 0 for r in rows)) for rows in seeds],
             "reward_first_last": [float(v) for v in np.mean([reward_first_and_last(rows) for rows in seeds], axis=0)],
         }
+        if testbed.plateau_threshold is not None:
+            summary[setting]["plateau_exit_per_seed"] = [plateau_exit_tokens(rows, testbed.plateau_threshold)
+                                                         for rows in seeds]
     return summary
 
 
@@ -325,7 +331,7 @@ def _share(value: float | None) -> str:
 
 
 def markdown(summary: dict[str, dict], differences: dict[str, dict], args: argparse.Namespace, warm: str,
-             wall_s: float) -> str:
+             wall_s: float, plateau_threshold: float | None = None) -> str:
     run_minutes = sum(sum(s["seconds_per_seed"]) for s in summary.values()) / 60
     budget = getattr(args, "token_budget", None)
     length = (f"each run until it has generated its token budget (T = {budget:,}; the iteration that reaches it "
@@ -369,6 +375,7 @@ def markdown(summary: dict[str, dict], differences: dict[str, dict], args: argpa
     lines += ["", "Failure mix of the held-out questions (shares; after: pooled over seeds):", "",
               "| setting | " + " | ".join(kinds) + " |", "|---" * (len(kinds) + 1) + "|"]
     lines += [f"| {name} | " + " | ".join(f"{mix.get(kind, 0.0):.2f}" for kind in kinds) + " |" for name, mix in mixes]
+    lines += plateau_table(summary, args, plateau_threshold)
     if differences:
         lines += ["", "Paired differences of final dev EM (a - b; same seeds, same questions; 95% paired bootstrap), "
                       "with what a power analysis needs: the std of the per-question paired differences over seeds x "
@@ -382,12 +389,32 @@ def markdown(summary: dict[str, dict], differences: dict[str, dict], args: argpa
     return "\n".join(lines) + "\n"
 
 
+def plateau_table(summary: dict[str, dict], args: argparse.Namespace, threshold: float | None) -> list[str]:
+    """Where each run's curve left the plateau (the tokens at the first curve point from which every later one is
+    >= the threshold; "stayed" if its last point is below it), per setting and seed, and how many runs left it;
+    no lines where the testbed does not report it."""
+    exits = {setting: s["plateau_exit_per_seed"] for setting, s in summary.items() if "plateau_exit_per_seed" in s}
+    if not exits or threshold is None:
+        return []
+    lines = ["", f"Plateau exit (benchmarks/plateau_exit.py, threshold {threshold}): tokens generated "
+                 f"when the dev EM curve (first {args.curve_questions} held-out questions) reached the threshold and "
+                 f"stayed at or above it to the run's end; \"stayed\": its last point is below.", "",
+             "| setting | " + " | ".join(f"seed {seed}" for seed in args.seeds) + " | runs that left |",
+             "|---" * (len(args.seeds) + 2) + "|"]
+    for setting, per_seed in exits.items():
+        cells = ["stayed" if tokens is None else f"{tokens:,}" for tokens in per_seed]
+        cells += [""] * (len(args.seeds) - len(cells))  # seeds not run yet
+        left = sum(tokens is not None for tokens in per_seed)
+        lines.append(f"| {setting} | " + " | ".join(cells) + f" | {left} of {len(per_seed)} |")
+    return lines
+
+
 def write_results(testbed: Testbed, runs: dict[str, list[list[dict]]], finals: dict[str, list[list[dict]]],
                   before: list[dict[str, Any]], args: argparse.Namespace, warm: str, wall_s: float,
                   output: Path) -> tuple[str, Path]:
     """OUTPUT/NAME.md, NAME.json and NAME.png for the runs so far; (the table, the plot's path)."""
     summary, differences = summarize(testbed, runs, finals, before), compare(testbed, finals, args.delta)
-    table = markdown(summary, differences, args, warm, wall_s)
+    table = markdown(summary, differences, args, warm, wall_s, testbed.plateau_threshold)
     (output / f"{testbed.name}.md").write_text(table, encoding="utf-8")
     payload = {"settings": vars(args), "world": testbed.world.key, "summary": summary, "differences": differences}
     (output / f"{testbed.name}.json").write_text(json.dumps(payload, indent=1), encoding="utf-8")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import os
@@ -124,6 +125,9 @@ def two_seed_runs() -> tuple[dict[str, list[list[dict]]], dict[str, list[list[di
          {"iteration": 2, "dev_em": 0.5, "tokens_generated": 50, "tool_calls": 4, "reward_mean": 0.4, "time_s": 2.0}],
         [{"iteration": 1, "dev_em": None, "tokens_generated": 80, "tool_calls": 2, "reward_mean": 0.1, "time_s": 4.0},
          {"iteration": 2, "dev_em": 0.3, "tokens_generated": 70, "tool_calls": 8, "reward_mean": 0.3, "time_s": 1.0}]]}
+    for seed in runs["tree (2,2,1)"]:
+        for row in seed:
+            row["tokens_generated_total"] = sum(r["tokens_generated"] for r in seed[: row["iteration"]])
     finals = {"tree (2,2,1)": [scores(1, 1, 0, 0), scores(1, 1, 1, 1)]}  # seed means 0.5 and 1.0
     return runs, finals
 
@@ -160,7 +164,20 @@ def test_results_are_written_and_the_curves_start_on_the_curve_questions(tmp_pat
     # nominal budget, measured tokens per run, tokens per prompt (the rows count no prompts), iterations, EM before
     assert "| tree (2,2,1) | 4 | 150 | - | 2.0 | 0.500" in table and "this invocation: 2 min" in table
     assert "| start point | 0.50 | 0.50 |" in table and "wrong route" not in table  # the kinds that occur
-    assert "| 0.150 -> 0.350 |" in table
+    assert "| 0.150 -> 0.350 |" in table and "Plateau exit" not in table  # not this testbed's outcome
+
+
+def test_a_testbed_with_a_plateau_reports_where_each_run_left_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(learning_runs, "plot_runs", lambda runs, path, metrics: Path(path))
+    args = bench_learning.parse_args(["--seeds", "0", "1", "2", "--output", str(tmp_path)])
+    runs, finals = two_seed_runs()  # curves end at 0.5 (150 tokens) and at 0.3; the third seed has not run
+    testbed = dataclasses.replace(TESTBED, plateau_threshold=0.4)
+    table, _ = learning_runs.write_results(testbed, runs, finals, scores(1, 1, 0, 0), args, "W", 1.0, tmp_path)
+    saved = json.loads((tmp_path / "learning.json").read_text(encoding="utf-8"))
+    assert saved["summary"]["tree (2,2,1)"]["plateau_exit_per_seed"] == [150, None]
+    assert "Plateau exit (benchmarks/plateau_exit.py, threshold 0.4)" in table
+    assert "| setting | seed 0 | seed 1 | seed 2 | runs that left |" in table
+    assert "| tree (2,2,1) | 150 | stayed |  | 1 of 2 |" in table
 
 
 def test_reward_first_and_last_averages_a_tenth_of_the_iterations_at_each_end():
@@ -316,6 +333,8 @@ def test_the_branching_benchmark_at_toy_size_writes_its_report_and_a_resume_reus
     difference = saved["differences"][f"{bench_branching.UNIFORM} - {bench_branching.CHAIN_EQUAL}"]
     assert difference["cells"] == 4 and "sd_paired" in difference
     assert "Start point: routed right on" in table and "| routed right (after) |" in table
+    assert "Plateau exit (benchmarks/plateau_exit.py, threshold 0.7)" in table
+    assert all(len(saved["summary"][s]["plateau_exit_per_seed"]) == 1 for s in saved["summary"])
     docs = (tmp_path / "docs" / "benchmarks.md").read_text(encoding="utf-8")
     assert "<!-- branching:begin -->" in docs and table in docs and (tmp_path / "docs" / "branching.png").is_file()
 
