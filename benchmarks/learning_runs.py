@@ -285,6 +285,10 @@ def compare(testbed: Testbed, finals: dict[str, list[list[dict]]], delta: float 
                 "sd_seed_means": float(differences.mean(axis=1).std(ddof=1)) if seeds > 1 else None,
                 "cells": int(differences.size),
                 "detectable": detectable_difference(sd, differences.size),
+                # the same from the per-seed means: what the seeds can see when they, not the questions, set the
+                # spread (the cells are then not independent, and ``detectable`` is too optimistic)
+                "detectable_over_seeds": (detectable_difference(float(differences.mean(axis=1).std(ddof=1)), seeds)
+                                          if seeds > 1 else None),
                 "seeds_for_delta": seeds_for_power(sd, delta, questions=questions) if sd > 0 else None,
             }
     return out
@@ -380,12 +384,15 @@ def markdown(summary: dict[str, dict], differences: dict[str, dict], args: argpa
         lines += ["", "Paired differences of final dev EM (a - b; same seeds, same questions; 95% paired bootstrap), "
                       "with what a power analysis needs: the std of the per-question paired differences over seeds x "
                       "questions, that of the per-seed mean differences, the smallest difference these cells detect "
-                      f"at 80% power (two-sided, 5%), and the seeds at {args.eval_questions} questions that "
-                      f"{args.delta} EM needs (experiments/confidence.py, `seeds_for_power`):", "",
-                  "| a - b | difference [95% interval] | reading | sd paired | sd of seed means | detectable | "
-                  f"seeds for {args.delta} |", "|---|---|---|---|---|---|---|"]
+                      "at 80% power (two-sided, 5%) if they were independent and from the per-seed means (the one to "
+                      "read when seeds differ more than their questions explain), and the seeds at "
+                      f"{args.eval_questions} questions that {args.delta} EM needs (experiments/confidence.py, "
+                      "`seeds_for_power`):", "",
+                  "| a - b | difference [95% interval] | reading | sd paired | sd of seed means | detectable (cells) | "
+                  f"detectable (seed means) | seeds for {args.delta} |", "|---|---|---|---|---|---|---|---|"]
         lines += [f"| {name} | {_interval(d)} | {verdict(d)} | {d['sd_paired']:.3f} | {_share(d['sd_seed_means'])} "
-                  f"| {d['detectable']:.3f} | {d['seeds_for_delta'] or '-'} |" for name, d in differences.items()]
+                  f"| {d['detectable']:.3f} | {_share(d['detectable_over_seeds'])} | {d['seeds_for_delta'] or '-'} |"
+                  for name, d in differences.items()]
     return "\n".join(lines) + "\n"
 
 

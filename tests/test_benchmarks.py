@@ -199,6 +199,13 @@ def test_comparisons_pair_seeds_and_questions_and_read_the_direction():
     assert tree_vs_chain4["sd_paired"] == pytest.approx(np.sqrt(4 / 15)) and tree_vs_chain4["sd_seed_means"] == 0
     assert tree_vs_chain4["cells"] == 6
     assert tree_vs_chain4["detectable"] == pytest.approx(detectable_difference(np.sqrt(4 / 15), 6))
+    assert tree_vs_chain4["detectable_over_seeds"] == 0  # both seeds' means differ by 1/3: no spread over seeds
+    # seeds that differ: the per-seed mean differences 1, 0, 1 (sample std sqrt(1/3)) set what 3 seeds can see
+    by_seed = compare(TESTBED, {"tree (2,2,1)": [scores(1, 1), scores(0, 0), scores(1, 1)],
+                                "chain G=4": [scores(0, 0)] * 3})["tree (2,2,1) - chain G=4"]
+    assert by_seed["sd_seed_means"] == pytest.approx(np.sqrt(1 / 3))
+    assert by_seed["detectable_over_seeds"] == pytest.approx(detectable_difference(np.sqrt(1 / 3), 3))
+    assert by_seed["detectable_over_seeds"] > by_seed["detectable"]  # 6 cells taken as independent see less
     assert tree_vs_chain4["seeds_for_delta"] == seeds_for_power(np.sqrt(4 / 15), 0.03, questions=3)
     same = differences["tree (2,2,1) - chain G=16"]
     assert {k: same[k] for k in ("mean", "low", "high")} == {"mean": 0.0, "low": 0.0, "high": 0.0}
