@@ -18,6 +18,7 @@ from it prefills only its observation.
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from policies.generation import (
     generate_steps,
 )
 from policies.kv_cache import KVPool, KVSegment
+from policies.packed_linear import packed_linears_for, packing_applies
 from policies.ragged_attention import PrefillRow, RaggedPlan, prefill_mask, ragged_attention_for
 from policies.sampling import CANDIDATES, sample_tokens, sample_tokens_exact
 from policies.static_decode import StaticDecode
@@ -78,7 +80,8 @@ class HFStepGenerator:
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
                  settings: SamplingSettings | None = None, *, keep_cache: bool = True,
-                 limits: EngineLimits | None = None, static_decode: bool | None = None):
+                 limits: EngineLimits | None = None, static_decode: bool | None = None,
+                 packed_linears: bool | None = None):
         self.model, self.tokenizer = model, tokenizer
         self.settings = settings or SamplingSettings()
         self.keep_cache = keep_cache
@@ -97,6 +100,10 @@ class HFStepGenerator:
         on_gpu = model.device.type == "cuda"
         self.static_decode = (StaticDecode(model, self.pool, self.limits.max_rows, capture=on_gpu)
                               if (on_gpu if static_decode is None else static_decode) else None)
+        # linear layers through oneDNN with packed weights (policies.packed_linear; default: float32 on the CPU)
+        self.packed_linears = packing_applies(model) if packed_linears is None else packed_linears
+        if self.packed_linears and not packing_applies(model):
+            raise ValueError("packed_linears needs float32 weights on the CPU with oneDNN available")
         self._waiting: deque[tuple[Branch, Hashable]] = deque()
         self._rows: list[_Row] = []
 
@@ -210,7 +217,8 @@ class HFStepGenerator:
             decode_mask = (torch.arange(view, device=device)[None] < lengths[:, None])[:, None, None, :]
         plan = RaggedPlan(self.pool, len(decoding), write, pos, decode_mask, tuple(prefill),
                           tuple(prefill_mask(p.start, p.count, device) for p in prefill))
-        with ragged_attention_for(self.model):
+        with ragged_attention_for(self.model), (packed_linears_for(self.model) if self.packed_linears
+                                                 else contextlib.nullcontext()):
             logits = self.model(input_ids=ids[None], position_ids=pos[None], logits_to_keep=kept, use_cache=False,
                                 ragged_plan=plan).logits[0]
         self.counters.forward_passes += 1
