@@ -9,7 +9,8 @@ log-probs differ from a plain forward's in the last bits (about 1e-5, as the eng
 :func:`packed_linears_for` switches every ``nn.Linear`` of a model to the packed path for the duration of a block
 (the learner, outside it, keeps torch's own kernels and their gradients). A packed weight is kept until its
 parameter changes: every in-place update (an optimizer step, ``load_state_dict``) moves the tensor's version
-counter, and the next pass packs it again.
+counter, and the next pass packs it again. The packed copies are a second copy of the linear weights in memory
+(540 MB for SmolLM2-135M in float32), freed with the model.
 """
 
 from __future__ import annotations
