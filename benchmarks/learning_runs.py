@@ -279,16 +279,16 @@ def compare(testbed: Testbed, finals: dict[str, list[list[dict]]], delta: float 
             differences = ems_a - ems_b
             sd = float(differences.std(ddof=1)) if differences.size > 1 else 0.0
             seeds, questions = differences.shape
+            sd_seeds = float(differences.mean(axis=1).std(ddof=1)) if seeds > 1 else None
             out[f"{a} - {b}"] = {
                 **interval_dict(paired_bootstrap_interval(ems_a, ems_b)),
                 "sd_paired": sd,
-                "sd_seed_means": float(differences.mean(axis=1).std(ddof=1)) if seeds > 1 else None,
+                "sd_seed_means": sd_seeds,
                 "cells": int(differences.size),
                 "detectable": detectable_difference(sd, differences.size),
                 # the same from the per-seed means: what the seeds can see when they, not the questions, set the
                 # spread (the cells are then not independent, and ``detectable`` is too optimistic)
-                "detectable_over_seeds": (detectable_difference(float(differences.mean(axis=1).std(ddof=1)), seeds)
-                                          if seeds > 1 else None),
+                "detectable_over_seeds": detectable_difference(sd_seeds, seeds) if sd_seeds is not None else None,
                 "seeds_for_delta": seeds_for_power(sd, delta, questions=questions) if sd > 0 else None,
             }
     return out
@@ -400,15 +400,15 @@ def plateau_table(summary: dict[str, dict], args: argparse.Namespace, threshold:
     """Where each run's curve left the plateau (the tokens at the first curve point from which every later one is
     >= the threshold; "stayed" if its last point is below it), per setting and seed, and how many runs left it;
     no lines where the testbed does not report it."""
-    exits = {setting: s["plateau_exit_per_seed"] for setting, s in summary.items() if "plateau_exit_per_seed" in s}
-    if not exits or threshold is None:
+    if threshold is None:
         return []
     lines = ["", f"Plateau exit (benchmarks/plateau_exit.py, threshold {threshold}): tokens generated "
                  f"when the dev EM curve (first {args.curve_questions} held-out questions) reached the threshold and "
                  f"stayed at or above it to the run's end; \"stayed\": its last point is below.", "",
              "| setting | " + " | ".join(f"seed {seed}" for seed in args.seeds) + " | runs that left |",
              "|---" * (len(args.seeds) + 2) + "|"]
-    for setting, per_seed in exits.items():
+    for setting, s in summary.items():
+        per_seed = s["plateau_exit_per_seed"]
         cells = ["stayed" if tokens is None else f"{tokens:,}" for tokens in per_seed]
         cells += [""] * (len(args.seeds) - len(cells))  # seeds not run yet
         left = sum(tokens is not None for tokens in per_seed)

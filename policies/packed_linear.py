@@ -16,7 +16,7 @@ counter, and the next pass packs it again. The packed copies are a second copy o
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -25,6 +25,8 @@ from torch import nn
 # module -> (weight version, weight storage, packed weight, packed bias): packed again when the weight moves
 _PACKED: weakref.WeakKeyDictionary[nn.Linear, tuple[int, int, torch.Tensor, torch.Tensor | None]] = (
     weakref.WeakKeyDictionary())
+# model -> its linear layers, each with its packed forward
+_LINEARS: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[nn.Linear, Callable], ...]] = weakref.WeakKeyDictionary()
 
 
 def packing_applies(model: nn.Module) -> bool:
@@ -58,12 +60,15 @@ def packed_linears_for(model: nn.Module) -> Iterator[None]:
     if not packing_applies(model):
         yield
         return
-    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
-    for m in linears:
-        m.forward = lambda x, m=m: packed_linear(m, x)  # an instance attribute: it shadows the class's forward
+    linears = _LINEARS.get(model)
+    if linears is None:  # found once per model: the walk over its modules costs more than a small model's pass
+        linears = _LINEARS[model] = tuple((m, lambda x, m=m: packed_linear(m, x))
+                                          for m in model.modules() if isinstance(m, nn.Linear))
+    for m, forward in linears:
+        m.__dict__["forward"] = forward  # an instance attribute shadows the class's forward (no Module bookkeeping)
     try:
         with torch.no_grad():
             yield
     finally:
-        for m in linears:
-            del m.forward
+        for m, _ in linears:
+            del m.__dict__["forward"]
