@@ -9,6 +9,8 @@ the protocol (comparisons, metric, sizes, decision rule) is docs/protocol_branch
     OMP_NUM_THREADS=1 python benchmarks/bench_branching.py --resume --seeds 3 4 &
     wait; python benchmarks/bench_branching.py --resume --report
     python benchmarks/bench_branching.py --warm DIR --settings "tree (2,2,1) uniform" --seeds 0   # one run
+    python benchmarks/bench_branching.py --pilot --resume --top-p 1.0   # the second design: no nucleus cut (own
+                                                                        # output and section)
 
 The testbed (``WORLD``, ``TOPK``): 3-hop SynthBranch questions, each turning on one decision after the first
 search (follow the company's founder or its chair), 300 held out; one passage per search; people named by one
@@ -94,6 +96,8 @@ def testbed(args: argparse.Namespace) -> Testbed:
     name, title = "branching", "Branching: tree vs chain at equal tokens on SynthBranch-v0 (issue 27)"
     if args.pilot:
         name, title = "branching-pilot", "Branching: the pilot (issue 27; sizes the benchmark)"
+    if args.top_p is not None:  # another design (docs/protocol_branching.md): its own section beside the first's
+        name, title = f"{name}-top-p-{args.top_p:g}", f"{title}, rollouts at top-p {args.top_p:g}"
     return Testbed(name, title, "SynthBranch-v0", WORLD, TOPK, settings(args.token_budget, args.chain_group_size),
                    COMPARISONS, plateau_threshold=PLATEAU_THRESHOLD)
 
@@ -117,7 +121,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.pilot:
         vars(args).update({**PILOT, "seeds": args.seeds or PILOT["seeds"]})  # --seeds splits a pilot over processes
     args.seeds = args.seeds or SEEDS
-    args.output = args.output or ("outputs/bench_branching_pilot" if args.pilot else "outputs/bench_branching")
+    design = "" if args.top_p is None else f"_top_p_{args.top_p:g}"
+    args.output = args.output or ("outputs/bench_branching_pilot" if args.pilot else "outputs/bench_branching") + design
     check_eval_questions(p, args, testbed(args))
     return args
 

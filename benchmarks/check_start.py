@@ -14,7 +14,9 @@ reported. A start trained on restating thoughts (``warmstart.py --restate``, as 
 in that format, and the asked role's word in the thought at the decision is reported too (``role_p``: the decision
 itself). The person's first-token probability and ``role_p`` are also given per asked role
 (``first_name_p_founder``, ``role_p_chair``, ...): with two roles, ``role_p_chair + role_p_founder - 1`` is
-p(" chair") on chair questions minus on founder questions, how much the decision depends on the question.
+p(" chair") on chair questions minus on founder questions, how much the decision depends on the question; and
+``role_in_nucleus_chair`` (...) is the share of those questions whose role word lies in the rollouts' top-p nucleus
+at the decision (--top-p): at 0, no rollout can take the right route there, whatever the budget.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import torch
 
 import envs  # noqa: F401  (registers the env ids)
 from benchmarks.bench_branching import TOPK, WORLD
+from benchmarks.learning_runs import top_p_option
 from envs.synthetic import BRANCH_ROLES, world_data_dir
 from experiments.checkpoints import RLLIB_MARKER, CheckpointError
 from experiments.cli import read_yaml
@@ -37,15 +40,18 @@ from experiments.evaluate import load_policy, world_held_out
 from experiments.run import CONFIG_FILE, run_directory
 from experiments.settings import RunSettings
 from experiments.warmstart import oracle_trajectory
-from policies.generation import end_of_turn_ids
+from policies.generation import SamplingSettings, end_of_turn_ids
+from policies.sampling import nucleus_mask
 
 
-def name_token_probabilities(model, tokenizer, env: gym.Env, indices: list[int],
-                             restate: bool = False) -> list[tuple[float, float, float]]:
+def name_token_probabilities(model, tokenizer, env: gym.Env, indices: list[int], restate: bool = False,
+                             top_p: float = SamplingSettings().top_p) -> list[tuple[float, float, float, float]]:
     """Per question (``env``'s records at ``indices``): the model's probability of the decision's person's first
     token, of its surname's first token (NaN for a one-word name) and, with ``restate`` (a start trained on
-    restating thoughts, ``warmstart.py --restate``), of the asked role's word in the thought at the decision (NaN
-    without), teacher-forced on the right route's oracle trajectory in the start's own format."""
+    restating thoughts, ``warmstart.py --restate``), of the asked role's word in the thought at the decision and
+    whether that word lies in the ``top_p`` nucleus there (1.0 or 0.0: whether a rollout sampling at top-p can take
+    the right route at all; both NaN without), teacher-forced on the right route's oracle trajectory in the start's
+    own format."""
     end_of_turn = min(end_of_turn_ids(tokenizer, model))
     rows = []
     for index in indices:
@@ -61,8 +67,18 @@ def name_token_probabilities(model, tokenizer, env: gym.Env, indices: list[int],
         role_word = tokenizer(f" {asked_role(record.question)}", add_special_tokens=False)["input_ids"][:1]
         role_at = _first_generated(ids, generated, role_word) if restate else None
         first, after, chosen = (_probability_at(probabilities, ids, t) for t in (start, surname, role_at))
-        rows.append((first, after if " " in person else float("nan"), chosen))
+        reachable = float(in_nucleus(probabilities[role_at - 1], ids[role_at], top_p)) if restate else float("nan")
+        rows.append((first, after if " " in person else float("nan"), chosen, reachable))
     return rows
+
+
+def in_nucleus(probabilities: torch.Tensor, token: int, top_p: float) -> bool:
+    """Whether ``token`` is among what sampling the distribution ``probabilities`` [V] at ``top_p`` can draw: the
+    nucleus (``policies.sampling.nucleus_mask``), every token of non-zero probability at top-p 1."""
+    if top_p >= 1.0:
+        return bool(probabilities[token] > 0)
+    ordered, order = torch.sort(probabilities, descending=True)
+    return bool(nucleus_mask(ordered[None], top_p)[0][order == token].item())
 
 
 def asked_role(question: str) -> str:
@@ -102,6 +118,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     p.add_argument("model", help="the start policy: a model directory, a --model name or a training checkpoint")
     p.add_argument("--questions", type=int, default=100)
     p.add_argument("--split", choices=["dev", "train"], default="dev", help="teacher-forced part: which split")
+    p.add_argument("--top-p", type=top_p_option, default=SamplingSettings().top_p,
+                   help="the rollouts' nucleus, for the share of questions whose right role it holds (default: "
+                        "%(default)s, run.py's)")
     p.add_argument("--sampled", action="store_true",
                    help="sample the chains as rollouts do (temperature 1, top-p 0.95, seeded) instead of greedy: the "
                         "EM of a route that greedy decoding never takes")
@@ -118,7 +137,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     env = gym.make("SynthBranch-v0", data_dir=str(data_dir), split=args.split, topk=TOPK)
     indices = list(range(min(args.questions, len(env.unwrapped.records))))
     probabilities = np.array(name_token_probabilities(model, tokenizer, env, indices,
-                                                      restate=trained_to_restate(args.model)))
+                                                      restate=trained_to_restate(args.model), top_p=args.top_p))
     summary["first_name_p"] = float(probabilities[:, 0].mean())
     roles = np.array([asked_role(env.unwrapped.records[i].question) for i in indices])
     restated = not np.isnan(probabilities[:, 2]).all()
@@ -130,6 +149,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             summary[f"first_name_p_{role}"] = float(probabilities[asked, 0].mean())
             if restated:
                 summary[f"role_p_{role}"] = float(probabilities[asked, 2].mean())
+                summary[f"role_in_nucleus_{role}"] = float(probabilities[asked, 3].mean())
     if not np.isnan(probabilities[:, 1]).all():
         summary.update(surname_p=float(probabilities[:, 1].mean()),
                        surname_p_above_half=float((probabilities[:, 1] > 0.5).mean()))

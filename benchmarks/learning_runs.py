@@ -39,6 +39,7 @@ from experiments.confidence import (
     seeds_for_power,
 )
 from experiments.plot import load_metrics, plot_runs
+from policies.generation import SamplingSettings
 
 # the difference the issue-27 protocol must be able to see (EM), the default of --delta
 DELTA = 0.03
@@ -85,6 +86,9 @@ def add_run_options(p: argparse.ArgumentParser, settings: list[str], *, seeds: l
     # SynthHop leaf in the rollout benchmark), so 64 holds any step a warm start writes and cuts runaway ones early
     # on a CPU; it is also warmstart.py's dev-evaluation cap, so a warm start's dev EM and the runs' are alike.
     p.add_argument("--max-step-tokens", type=int, default=64)
+    p.add_argument("--top-p", type=top_p_option, default=None,
+                   help="nucleus of the rollouts' sampling, the same for every setting (default: run.py's, "
+                        "%s)" % SamplingSettings().top_p)
     p.add_argument("--delta", type=float, default=DELTA,
                    help="the EM difference the power analysis sizes the benchmark for (seeds needed at 80%% power)")
     p.add_argument("--output", default=output)
@@ -99,6 +103,14 @@ def non_negative_int(text: str) -> int:
     value = int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def top_p_option(text: str) -> float:
+    """argparse type: a nucleus mass in (0, 1]."""
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
     return value
 
 
@@ -142,6 +154,7 @@ def run_options(testbed: Testbed, setting: str, seed: int, model_dir: str, args:
             "--topk", str(testbed.topk), "--model", model_dir, "--seed", str(seed), "--iterations",
             str(args.iterations), "--prompts-per-iter", str(args.prompts_per_iter), "--lr", str(args.lr),
             *([] if args.warmup_steps is None else ["--warmup-steps", str(args.warmup_steps)]),
+            *([] if args.top_p is None else ["--top-p", str(args.top_p)]),
             "--max-step-tokens", str(args.max_step_tokens), "--eval-every", str(args.eval_every),
             "--eval-questions", str(args.curve_questions), "--micro-batch-size", "16", "--checkpoint-every", "0",
             "--trees-every", "0", "--no-mlflow", "--quiet", "--output", str(directory)]
@@ -344,8 +357,9 @@ def markdown(summary: dict[str, dict], differences: dict[str, dict], args: argpa
     routed = bool(first and first["routing_before"])
     warmup = ("the paper's share of the cap's steps" if args.warmup_steps is None
               else f"{args.warmup_steps} optimizer steps")
+    nucleus = SamplingSettings().top_p if args.top_p is None else args.top_p
     lines = [f"Warm start: `{warm}`; {args.prompts_per_iter} prompts per iteration, {length}, lr {args.lr} "
-             f"(warm-up: {warmup}), seeds "
+             f"(warm-up: {warmup}), rollouts sampled at temperature 1, top-p {nucleus}, seeds "
              f"{args.seeds}; final dev EM: greedy, on the first {args.eval_questions} held-out questions, mean over "
              f"seeds x questions with its 95% bootstrap interval (seeds and questions resampled). Training "
              f"iterations, summed over the runs: {run_minutes:.0f} min (from their metrics; warm start and final "

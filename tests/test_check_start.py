@@ -11,7 +11,7 @@ import gymnasium as gym
 import pytest
 import torch
 
-from benchmarks.check_start import asked_role, name_token_probabilities, trained_to_restate
+from benchmarks.check_start import asked_role, in_nucleus, name_token_probabilities, trained_to_restate
 from envs.synthetic import BranchSpec, write_world
 from policies.models import load_model
 
@@ -62,10 +62,13 @@ def test_a_restating_start_is_read_in_its_format_with_the_decisions_role_word(tm
     env = gym.make("SynthBranch-v0", split="train", data_dir=root, topk=1)
     rows = name_token_probabilities(Peeking(len(tokenizer), tokenizer.eos_token_id), tokenizer, env, [0, 1, 2],
                                     restate=True)
-    assert all(p[0] == pytest.approx(1.0) and math.isnan(p[1]) and p[2] == pytest.approx(1.0) for p in rows)
+    assert all(p[0] == pytest.approx(1.0) and math.isnan(p[1]) and p[2] == pytest.approx(1.0) and p[3] == 1.0
+               for p in rows)
     shifted = name_token_probabilities(Peeking(len(tokenizer), tokenizer.eos_token_id, shift=1), tokenizer, env,
                                        [0, 1], restate=True)
-    assert all(p[2] < 1e-6 for p in shifted)
+    assert all(p[2] < 1e-6 and p[3] == 0.0 for p in shifted)  # the role word is outside the nucleus: unreachable
+    assert all(math.isnan(p[3]) for p in name_token_probabilities(Peeking(len(tokenizer), tokenizer.eos_token_id),
+                                                                  tokenizer, env, [0]))  # not restating: not read
     # whether a start restates is read from the warmstart.json beside its model directory
     (tmp_path / "start" / "model").mkdir(parents=True)
     assert not trained_to_restate(str(tmp_path / "start" / "model"))
@@ -89,3 +92,12 @@ def test_the_asked_role_is_read_from_each_question_of_a_world(branch_env):
     assert all(f"the {role} of " in record.question for role, record in zip(roles, env.unwrapped.records, strict=True))
     with pytest.raises(StopIteration):
         asked_role("Where was the mayor of Zeta born?")
+
+
+def test_the_nucleus_holds_the_most_likely_tokens_until_their_mass_reaches_top_p():
+    probabilities = torch.tensor([0.08, 0.6, 0.02, 0.3])  # by rank: 0.6, 0.3, 0.08 (mass before it 0.9), 0.02 (0.98)
+    assert [in_nucleus(probabilities, token, 0.95) for token in range(4)] == [True, True, False, True]
+    assert [in_nucleus(probabilities, token, 0.9) for token in range(4)] == [False, True, False, True]
+    assert [in_nucleus(probabilities, token, 0.5) for token in range(4)] == [False, True, False, False]
+    assert all(in_nucleus(probabilities, token, 1.0) for token in range(4))  # top-p 1 samples every token
+    assert not in_nucleus(torch.tensor([1.0, 0.0]), 1, 1.0)
