@@ -87,8 +87,8 @@ def add_run_options(p: argparse.ArgumentParser, settings: list[str], *, seeds: l
     # on a CPU; it is also warmstart.py's dev-evaluation cap, so a warm start's dev EM and the runs' are alike.
     p.add_argument("--max-step-tokens", type=int, default=64)
     p.add_argument("--top-p", type=top_p_option, default=None,
-                   help="nucleus of the rollouts' sampling, the same for every setting (default: run.py's, "
-                        "%s)" % SamplingSettings().top_p)
+                   help=f"nucleus of the rollouts' sampling, the same for every setting (default: run.py's, "
+                        f"{SamplingSettings().top_p})")
     p.add_argument("--delta", type=float, default=DELTA,
                    help="the EM difference the power analysis sizes the benchmark for (seeds needed at 80%% power)")
     p.add_argument("--output", default=output)
