@@ -3,6 +3,7 @@
     python benchmarks/check_start.py MODEL                  # the branching testbed's world, 100 held-out questions
     python benchmarks/check_start.py MODEL --questions 300 --split train
     python benchmarks/check_start.py MODEL --sampled        # chains sampled as rollouts sample: routes greedy skips
+    python benchmarks/check_start.py RUN/checkpoints/latest --no-chains --questions 300 --split train  # seconds
 
 Greedy (sampled with --sampled), on the first --questions questions: dev EM, the route each chain took at the
 decision (right, wrong, neither person; ``algos.evaluation.route_taken``) and the EM of each route. Teacher-forced
@@ -124,21 +125,36 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     p.add_argument("--sampled", action="store_true",
                    help="sample the chains as rollouts do (temperature 1, top-p 0.95, seeded) instead of greedy: the "
                         "EM of a route that greedy decoding never takes")
+    p.add_argument("--no-chains", action="store_true",
+                   help="the teacher-forced probabilities only (seconds): no chains, no EM or routes")
     args = p.parse_args(argv)
-    data_dir = world_data_dir(WORLD)
-    rows = world_held_out(args.model, data_dir, args.questions, 64, TOPK, env_id="SynthBranch-v0",
+    summary = {} if args.no_chains else chain_routes(args)
+    summary.update(decision_probabilities(args))
+    for key, value in summary.items():
+        print(f"{key}: {value:.3f}")
+    return summary
+
+
+def chain_routes(args: argparse.Namespace) -> dict[str, float]:
+    """Dev EM of the chains (greedy, or sampled), the share of each route taken at the decision and its EM."""
+    rows = world_held_out(args.model, world_data_dir(WORLD), args.questions, 64, TOPK, env_id="SynthBranch-v0",
                           greedy=not args.sampled)
     routes = Counter(row["route"] for row in rows)
     summary = {"em": float(np.mean([row["em"] for row in rows]))}
     for route, count in sorted(routes.items()):  # em_right is the check's "EM on routed right"
         summary[f"share_{route}"] = count / len(rows)
         summary[f"em_{route}"] = float(np.mean([row["em"] for row in rows if row["route"] == route]))
+    return summary
+
+
+def decision_probabilities(args: argparse.Namespace) -> dict[str, float]:
+    """The teacher-forced probabilities at the decision (``name_token_probabilities``), averaged, per asked role."""
     model, tokenizer = load_policy(args.model)
-    env = gym.make("SynthBranch-v0", data_dir=str(data_dir), split=args.split, topk=TOPK)
+    env = gym.make("SynthBranch-v0", data_dir=str(world_data_dir(WORLD)), split=args.split, topk=TOPK)
     indices = list(range(min(args.questions, len(env.unwrapped.records))))
     probabilities = np.array(name_token_probabilities(model, tokenizer, env, indices,
                                                       restate=trained_to_restate(args.model), top_p=args.top_p))
-    summary["first_name_p"] = float(probabilities[:, 0].mean())
+    summary = {"first_name_p": float(probabilities[:, 0].mean())}
     roles = np.array([asked_role(env.unwrapped.records[i].question) for i in indices])
     restated = not np.isnan(probabilities[:, 2]).all()
     if restated:  # the decision as the start writes it: the asked role's word
@@ -153,8 +169,6 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     if not np.isnan(probabilities[:, 1]).all():
         summary.update(surname_p=float(probabilities[:, 1].mean()),
                        surname_p_above_half=float((probabilities[:, 1] > 0.5).mean()))
-    for key, value in summary.items():
-        print(f"{key}: {value:.3f}")
     return summary
 
 
