@@ -27,7 +27,7 @@ from envs.datasets import corpus_path, load_dataset, parse_passage
 from envs.retrieval import BACKENDS, Corpus, get_retriever
 from envs.retrieval.base import Retriever, SearchHit, top_k
 from envs.retrieval.bm25 import passage_text
-from envs.retrieval.corpus import CACHE_DIR_ENV
+from envs.retrieval.corpus import CACHE_DIR_ENV, cache_entry, prune_stale_entries
 from envs.retrieval.text import tokenize
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -316,25 +316,54 @@ def test_index_cache_across_processes(small_corpus: Path, tmp_path: Path) -> Non
     corpus.write_bytes(small_corpus.read_bytes())
     cache = tmp_path / "cache"
 
+    def entries() -> list[str]:
+        return sorted(p.name for p in cache.glob("bm25-*") if p.is_dir())
+
     first = _build_in_fresh_process(corpus, cache, "build")
-    entries = sorted(p.name for p in cache.glob("bm25-*"))
-    assert len(entries) == 1 and (cache / entries[0] / "docs.npy").is_file()
+    built = entries()
+    assert len(built) == 1 and (cache / built[0] / "docs.npy").is_file()
+    assert json.loads((cache / f"{built[0]}.source.json").read_text())["file"]["path"] == str(corpus.resolve())
 
     # a fresh process loads the index from the cache (building is disabled there), faster, same results
     second = _build_in_fresh_process(corpus, cache, "load-only")
     assert second["hits"] == first["hits"] and second["hits"]
     assert second["seconds"] < first["seconds"], (first["seconds"], second["seconds"])
-    assert sorted(p.name for p in cache.glob("bm25-*")) == entries
+    assert entries() == built
 
-    # touching the corpus changes its cache key: a new entry is built beside the old one
+    # touching the corpus changes its cache key: a new entry is built, and the old one, which no key can reach
+    # any more, is removed with its record (the corpus's offsets too)
     stat = corpus.stat()
     os.utime(corpus, ns=(stat.st_atime_ns, stat.st_mtime_ns + 2_000_000_000))
     with pytest.raises(AssertionError, match="rebuilt the index"):
         _build_in_fresh_process(corpus, cache, "load-only")
     third = _build_in_fresh_process(corpus, cache, "build")
     assert third["hits"] == first["hits"]
-    new_entries = sorted(p.name for p in cache.glob("bm25-*"))
-    assert len(new_entries) == 2 and set(entries) < set(new_entries)
+    assert len(entries()) == 1 and entries() != built
+    assert sorted(p.name for p in cache.iterdir() if not p.name.endswith(".source.json")) == sorted(
+        p.name[: -len(".source.json")] for p in cache.glob("*.source.json"))  # one record per entry, none stale
+
+
+def test_stale_cache_entries_are_pruned_when_a_new_key_is_seen(tmp_path: Path) -> None:
+    cache, kept, changed, gone = tmp_path / "cache", tmp_path / "kept.jsonl", tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    for file in (kept, changed, gone):
+        file.write_text("x\n")
+    entries = {file: cache_entry(cache, "bm25", file, {"k1": 1}) for file in (kept, changed, gone)}
+    for entry in entries.values():
+        entry.mkdir()
+        (entry / "docs.npy").write_bytes(b"")
+    assert cache_entry(cache, "bm25", kept, {"k1": 1}) == entries[kept]  # a key seen before prunes nothing
+    assert all(entry.is_dir() for entry in entries.values())
+    changed.write_text("x\ny\n")  # another size: the old entry can never be read again
+    gone.unlink()
+    (cache / "foreign.source.json").write_text("not json")  # not ours: left alone
+    assert prune_stale_entries(cache) == sorted([entries[changed], entries[gone]])
+    assert entries[kept].is_dir() and not entries[changed].exists() and not entries[gone].exists()
+    assert sorted(p.name for p in cache.glob("*.source.json")) == [f"{entries[kept].name}.source.json",
+                                                                   "foreign.source.json"]
+    gone.write_text("x\n")  # a new key prunes on its own (and records itself)
+    kept.write_text("changed\n")
+    fresh = cache_entry(cache, "bm25", gone, {"k1": 1})
+    assert not entries[kept].exists() and (cache / f"{fresh.name}.source.json").is_file()
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -443,7 +472,7 @@ def test_dense_e5_prefixes_reach_the_encoder(real_corpus: Path, tmp_path: Path) 
     plain = get_retriever("dense", path, cache_dir=tmp_path / "cache")
     e5 = get_retriever("dense", path, cache_dir=tmp_path / "cache", query_prefix="query: ",
                        passage_prefix="passage: ")
-    assert len(list((tmp_path / "cache").glob("dense-*"))) == 2  # the passage prefix is part of the index key
+    assert len([p for p in (tmp_path / "cache").glob("dense-*") if p.is_dir()]) == 2  # the passage prefix is keyed
     text = passage_text(e5.corpus[3].title, e5.corpus[3].text)
     encode = e5.encoder.encode
     assert np.allclose(e5.index.reconstruct(3), encode(["passage: " + text])[0], atol=1e-5)

@@ -22,6 +22,7 @@ from envs.datasets import CORPUS_LAYOUT, DataError, MissingDataError, Passage, p
 from envs.retrieval.progress import timed
 
 CACHE_DIR_ENV = "TREEGRPO_CACHE_DIR"
+SOURCE_SUFFIX = ".source.json"  # beside each cache entry: the signature of the file it was built from
 
 
 def default_cache_dir() -> Path:
@@ -39,10 +40,46 @@ def file_signature(path: Path) -> dict:
 
 
 def cache_entry(cache_dir: Path, kind: str, path: Path, options: dict) -> Path:
-    """The cache folder for an artifact of ``kind`` built from ``path`` with ``options``."""
-    key = json.dumps({"kind": kind, "file": file_signature(path), "options": options}, sort_keys=True)
+    """The cache folder for an artifact of ``kind`` built from ``path`` with ``options``. Its source is recorded
+    beside it (``ENTRY.source.json``); the first time a key is seen (a changed corpus file, a new one), the
+    entries whose source file has since changed or gone are removed (``prune_stale_entries``): the key holds the
+    file's mtime, so such entries could never be read again and would only fill the disk."""
+    signature = file_signature(path)
+    key = json.dumps({"kind": kind, "file": signature, "options": options}, sort_keys=True)
     digest = hashlib.sha1(key.encode()).hexdigest()[:16]
-    return Path(cache_dir) / f"{kind}-{path.stem}-{digest}"
+    entry = Path(cache_dir) / f"{kind}-{path.stem}-{digest}"
+    record = source_record(entry)
+    if not record.is_file():
+        prune_stale_entries(Path(cache_dir))
+        replace_atomically(record, lambda tmp: tmp.write_text(json.dumps({"file": signature}), encoding="utf-8"))
+    return entry
+
+
+def source_record(entry: Path) -> Path:
+    """The file beside a cache entry that names what it was built from."""
+    return entry.with_name(entry.name + SOURCE_SUFFIX)
+
+
+def prune_stale_entries(cache_dir: Path) -> list[Path]:
+    """Remove every recorded cache entry (and its record) whose source file is gone or no longer has the size and
+    mtime it was built from; the entries removed. Unreadable records are left alone."""
+    removed = []
+    for record in sorted(cache_dir.glob(f"*{SOURCE_SUFFIX}")) if cache_dir.is_dir() else []:
+        try:
+            built_from = json.loads(record.read_text(encoding="utf-8"))["file"]
+            source = Path(built_from["path"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # being written by another process, or not ours
+        try:
+            current = file_signature(source)
+        except FileNotFoundError:
+            current = None
+        if current != built_from:
+            entry = record.with_name(record.name[: -len(SOURCE_SUFFIX)])
+            shutil.rmtree(entry, ignore_errors=True)
+            record.unlink(missing_ok=True)
+            removed.append(entry)
+    return removed
 
 
 @contextmanager
