@@ -42,7 +42,14 @@ import argparse
 import functools
 from pathlib import Path
 
-from benchmarks.learning_runs import Testbed, add_run_options, check_eval_questions, run_benchmark
+from benchmarks.learning_runs import (
+    DESIGN_OPTIONS,
+    Testbed,
+    add_run_options,
+    check_eval_questions,
+    design_suffix,
+    run_benchmark,
+)
 from benchmarks.plateau_exit import PLATEAU_THRESHOLD
 from envs.synthetic import BranchSpec
 
@@ -96,8 +103,10 @@ def testbed(args: argparse.Namespace) -> Testbed:
     name, title = "branching", "Branching: tree vs chain at equal tokens on SynthBranch-v0 (issue 27)"
     if args.pilot:
         name, title = "branching-pilot", "Branching: the pilot (issue 27; sizes the benchmark)"
-    if args.top_p is not None:  # another design (docs/protocol_branching.md): its own section beside the first's
-        name, title = f"{name}-top-p-{args.top_p:g}", f"{title}, rollouts at top-p {args.top_p:g}"
+    if design_suffix(args):  # another design (docs/protocol_branching.md): its own section beside the first's
+        title += ", " + ", ".join(f"{what} {getattr(args, option):g}" for option, (_, what) in DESIGN_OPTIONS.items()
+                                  if getattr(args, option) is not None)
+        name += design_suffix(args)
     return Testbed(name, title, "SynthBranch-v0", WORLD, TOPK, settings(args.token_budget, args.chain_group_size),
                    COMPARISONS, plateau_threshold=PLATEAU_THRESHOLD)
 
@@ -121,7 +130,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.pilot:
         vars(args).update({**PILOT, "seeds": args.seeds or PILOT["seeds"]})  # --seeds splits a pilot over processes
     args.seeds = args.seeds or SEEDS
-    design = "" if args.top_p is None else f"_top_p_{args.top_p:g}"
+    design = design_suffix(args).replace("-", "_")
     args.output = args.output or ("outputs/bench_branching_pilot" if args.pilot else "outputs/bench_branching") + design
     check_eval_questions(p, args, testbed(args))
     return args

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from algos.evaluation import failure_mix, occurring_failures, routing
+from algos.tree_grpo.settings import TreeGRPOSettings
 from benchmarks.plateau_exit import plateau_exit_tokens
 from envs.synthetic import BranchSpec, WorldSpec, world_data_dir
 from experiments.confidence import (
@@ -43,6 +44,8 @@ from policies.generation import SamplingSettings
 
 # the difference the issue-27 protocol must be able to see (EM), the default of --delta
 DELTA = 0.03
+# benchmark option -> (run.py's option, what it is): design choices a benchmark can set for every setting
+DESIGN_OPTIONS = {"top_p": ("--top-p", "rollouts' top-p"), "entropy_coef": ("--entropy-coef", "entropy bonus")}
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,9 @@ def add_run_options(p: argparse.ArgumentParser, settings: list[str], *, seeds: l
     p.add_argument("--top-p", type=top_p_option, default=None,
                    help=f"nucleus of the rollouts' sampling, the same for every setting (default: run.py's, "
                         f"{SamplingSettings().top_p})")
+    p.add_argument("--entropy-coef", type=non_negative_float, default=None,
+                   help=f"entropy bonus of the update, the same for every setting (default: run.py's, "
+                        f"{TreeGRPOSettings.model_fields['entropy_coef'].default})")
     p.add_argument("--delta", type=float, default=DELTA,
                    help="the EM difference the power analysis sizes the benchmark for (seeds needed at 80%% power)")
     p.add_argument("--output", default=output)
@@ -102,6 +108,14 @@ def non_negative_int(text: str) -> int:
     """argparse type: an integer >= 0 (the option's name is added by argparse to the error)."""
     value = int(text)
     if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """argparse type: a number >= 0."""
+    value = float(text)
+    if not value >= 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return value
 
@@ -154,10 +168,23 @@ def run_options(testbed: Testbed, setting: str, seed: int, model_dir: str, args:
             "--topk", str(testbed.topk), "--model", model_dir, "--seed", str(seed), "--iterations",
             str(args.iterations), "--prompts-per-iter", str(args.prompts_per_iter), "--lr", str(args.lr),
             *([] if args.warmup_steps is None else ["--warmup-steps", str(args.warmup_steps)]),
-            *([] if args.top_p is None else ["--top-p", str(args.top_p)]),
+            *design_options(args),
             "--max-step-tokens", str(args.max_step_tokens), "--eval-every", str(args.eval_every),
             "--eval-questions", str(args.curve_questions), "--micro-batch-size", "16", "--checkpoint-every", "0",
             "--trees-every", "0", "--no-mlflow", "--quiet", "--output", str(directory)]
+
+
+def design_options(args: argparse.Namespace) -> list[str]:
+    """run.py's options for the design choices set on the benchmark (``DESIGN_OPTIONS``); none for run.py's
+    defaults, so the runs of a design that keeps them are the runs made before these options existed."""
+    return [item for name, (flag, _) in DESIGN_OPTIONS.items() if getattr(args, name) is not None
+            for item in (flag, str(getattr(args, name)))]
+
+
+def design_suffix(args: argparse.Namespace) -> str:
+    """``-top-p-1-entropy-coef-0.01``-like: the design choices set on the benchmark, for its outputs' names."""
+    return "".join(f"-{flag.strip('-')}-{getattr(args, name):g}" for name, (flag, _) in DESIGN_OPTIONS.items()
+                   if getattr(args, name) is not None)
 
 
 def train_run(testbed: Testbed, setting: str, seed: int, model_dir: str, args: argparse.Namespace,
@@ -358,8 +385,9 @@ def markdown(summary: dict[str, dict], differences: dict[str, dict], args: argpa
     warmup = ("the paper's share of the cap's steps" if args.warmup_steps is None
               else f"{args.warmup_steps} optimizer steps")
     nucleus = SamplingSettings().top_p if args.top_p is None else args.top_p
+    bonus = TreeGRPOSettings.model_fields["entropy_coef"].default if args.entropy_coef is None else args.entropy_coef
     lines = [f"Warm start: `{warm}`; {args.prompts_per_iter} prompts per iteration, {length}, lr {args.lr} "
-             f"(warm-up: {warmup}), rollouts sampled at temperature 1, top-p {nucleus}, seeds "
+             f"(warm-up: {warmup}), entropy bonus {bonus}, rollouts sampled at temperature 1, top-p {nucleus}, seeds "
              f"{args.seeds}; final dev EM: greedy, on the first {args.eval_questions} held-out questions, mean over "
              f"seeds x questions with its 95% bootstrap interval (seeds and questions resampled). Training "
              f"iterations, summed over the runs: {run_minutes:.0f} min (from their metrics; warm start and final "

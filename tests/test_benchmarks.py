@@ -65,7 +65,7 @@ def test_a_rerun_of_a_setting_starts_a_fresh_run(tmp_path, monkeypatch):
 
     monkeypatch.setattr(experiments.run, "main", planned_run)
     args = argparse.Namespace(iterations=1, prompts_per_iter=2, lr=1e-4, warmup_steps=None, top_p=None,
-                              max_step_tokens=8, eval_every=1, curve_questions=2)
+                              entropy_coef=None, max_step_tokens=8, eval_every=1, curve_questions=2)
     first = train_run(TESTBED, "chain G=4", 0, "tiny-random", args, tmp_path)
     (first.parent / "checkpoints").mkdir()
     (first.parent / "checkpoints" / "stale").write_text("from the first run")
@@ -373,26 +373,31 @@ def test_branching_settings_share_one_token_budget_and_the_pilot_its_own_sizes(c
     assert args.warmup_steps == bench_branching.WARMUP_STEPS  # one warm-up for every setting, not the cap's share
     assert bench_branching.parse_args(["--warmup-steps", "0"]).warmup_steps == 0
     for bad in (["--token-budget", "0"], ["--chain-group-size", "0"], ["--eval-questions", "301"],
-                ["--warmup-steps", "-1"], ["--top-p", "0"], ["--top-p", "1.5"]):
+                ["--warmup-steps", "-1"], ["--top-p", "0"], ["--top-p", "1.5"], ["--entropy-coef", "-0.1"]):
         with pytest.raises(SystemExit):
             bench_branching.parse_args(bad)
     assert "--top-p: must be in (0, 1], got 1.5" in capsys.readouterr().err
 
 
-def test_a_branching_design_at_another_top_p_samples_every_run_there_into_its_own_output_and_section(tmp_path):
+def test_a_branching_design_trains_every_setting_with_its_choices_into_its_own_output_and_section(tmp_path):
     import benchmarks.bench_branching as bench_branching
 
     default = bench_branching.parse_args(["--pilot"])
-    assert default.top_p is None and "--top-p" not in learning_runs.run_options(
-        bench_branching.testbed(default), bench_branching.UNIFORM, 0, "warm", default, tmp_path)  # run.py's own
+    options = learning_runs.run_options(bench_branching.testbed(default), bench_branching.UNIFORM, 0, "warm", default,
+                                        tmp_path)
+    assert "--top-p" not in options and "--entropy-coef" not in options  # run.py's own: the first design's runs
+    assert (bench_branching.testbed(default).name, default.output) == ("branching-pilot",
+                                                                        "outputs/bench_branching_pilot")
     args = bench_branching.parse_args(["--pilot", "--top-p", "1.0"])
     testbed = bench_branching.testbed(args)
     assert (testbed.name, args.output) == ("branching-pilot-top-p-1", "outputs/bench_branching_pilot_top_p_1")
+    both = bench_branching.parse_args(["--top-p", "1", "--entropy-coef", "0.01"])
+    assert (bench_branching.testbed(both).name, both.output) == (
+        "branching-top-p-1-entropy-coef-0.01", "outputs/bench_branching_top_p_1_entropy_coef_0.01")
     for setting in testbed.settings:
-        options = learning_runs.run_options(testbed, setting, 0, "warm", args, tmp_path)
-        assert options[options.index("--top-p") + 1] == "1.0"
-        assert experiments.run.plan([*options[:options.index("--output")], "--output", str(tmp_path / "run")]
-                                    ).settings.top_p == 1.0  # run.py reads it
+        options = learning_runs.run_options(bench_branching.testbed(both), setting, 0, "warm", both, tmp_path)
+        planned = experiments.run.plan([*options[:options.index("--output")], "--output", str(tmp_path / "run")])
+        assert (planned.settings.top_p, planned.settings.entropy_coef) == (1.0, 0.01)  # run.py reads them
 
 
 def test_the_pass_bound_sums_each_rounds_longest_branch_and_takes_the_longest_tree():
