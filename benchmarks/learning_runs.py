@@ -29,7 +29,7 @@ import numpy as np
 
 from algos.evaluation import failure_mix, occurring_failures, routing
 from algos.tree_grpo.settings import TreeGRPOSettings
-from benchmarks.plateau_exit import plateau_exit_tokens
+from benchmarks.plateau_exit import SILENT_GRAD_NORM, plateau_exit_tokens, silent_update_share
 from envs.synthetic import BranchSpec, WorldSpec, world_data_dir
 from experiments.confidence import (
     Interval,
@@ -304,6 +304,7 @@ def summarize(testbed: Testbed, runs: dict[str, list[list[dict]]], finals: dict[
         if testbed.plateau_threshold is not None:
             summary[setting]["plateau_exit_per_seed"] = [plateau_exit_tokens(rows, testbed.plateau_threshold)
                                                          for rows in seeds]
+            summary[setting]["silent_update_share_per_seed"] = [silent_update_share(rows) for rows in seeds]
     return summary
 
 
@@ -446,12 +447,15 @@ def plateau_table(summary: dict[str, dict], args: argparse.Namespace, threshold:
         return []
     lines = ["", f"Plateau exit (benchmarks/plateau_exit.py, threshold {threshold}): tokens generated "
                  f"when the dev EM curve (first {args.curve_questions} held-out questions) reached the threshold and "
-                 f"stayed at or above it to the run's end; \"stayed\": its last point is below.", "",
+                 f"stayed at or above it to the run's end; \"stayed\": its last point is below. In parentheses: the "
+                 f"share of the run's second half of iterations whose gradient norm was below {SILENT_GRAD_NORM} "
+                 f"(silent updates: every prompt's leaves rewarded alike).", "",
              "| setting | " + " | ".join(f"seed {seed}" for seed in args.seeds) + " | runs that left |",
              "|---" * (len(args.seeds) + 2) + "|"]
     for setting, s in summary.items():
         per_seed = s["plateau_exit_per_seed"]
-        cells = ["stayed" if tokens is None else f"{tokens:,}" for tokens in per_seed]
+        cells = [("stayed" if tokens is None else f"{tokens:,}") + ("" if share is None else f" ({share:.2f})")
+                 for tokens, share in zip(per_seed, s["silent_update_share_per_seed"], strict=True)]
         cells += [""] * (len(args.seeds) - len(cells))  # seeds not run yet
         left = sum(tokens is not None for tokens in per_seed)
         lines.append(f"| {setting} | " + " | ".join(cells) + f" | {left} of {len(per_seed)} |")

@@ -5,7 +5,8 @@
 
 A run has left the plateau at the first curve point (a metrics row with ``dev_em``) from which every later point is
 at least ``--threshold``; where it left is that row's ``tokens_generated_total``. Prints each run's exit (or that it
-stayed) and, for each budget, how many runs had left by it.
+stayed), the share of silent updates in its second half (``silent_update_share``) and, for each budget, how many
+runs had left by it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ from experiments.plot import load_metrics
 # the protocol's rule (docs/protocol_branching.md): a run has left the one-role plateau (dev EM about 0.4-0.6) once its
 # curve stays at or above this
 PLATEAU_THRESHOLD = 0.7
+# a gradient norm below this is a silent update: every advantage of the batch 0 (each prompt's leaves rewarded alike,
+# as on the plateau where one role is written everywhere), only the small KL and entropy terms left (about 1e-4 here)
+SILENT_GRAD_NORM = 1e-3
 
 
 def plateau_exit_tokens(rows: list[dict], threshold: float) -> int | None:
@@ -28,6 +32,14 @@ def plateau_exit_tokens(rows: list[dict], threshold: float) -> int | None:
             break
         exit_tokens = int(row["tokens_generated_total"])
     return exit_tokens
+
+
+def silent_update_share(rows: list[dict], threshold: float = SILENT_GRAD_NORM) -> float | None:
+    """The share of a run's second half of iterations (by its metrics rows) whose gradient norm is below
+    ``threshold``: how often its groups gave no signal at all. None without gradient norms."""
+    norms = [row["grad_norm"] for row in rows if row.get("grad_norm") is not None]
+    second_half = norms[len(norms) // 2:]
+    return sum(norm < threshold for norm in second_half) / len(second_half) if second_half else None
 
 
 def runs_left_by(exits: list[int | None], budget: int) -> int:
@@ -49,7 +61,9 @@ def main(argv: list[str] | None = None) -> dict[str, int | None]:
         exits[run] = plateau_exit_tokens(rows, args.threshold)
         last = max((r["tokens_generated_total"] for r in rows), default=0)
         where = "stayed" if exits[run] is None else f"left at {exits[run]:,} tokens"
-        print(f"{run}: {where} (curve to {last:,} tokens)")
+        silent = silent_update_share(rows)
+        silent_text = "" if silent is None else f"; silent updates in its second half: {silent:.2f}"
+        print(f"{run}: {where} (curve to {last:,} tokens{silent_text})")
     for budget in args.budgets:
         print(f"by {budget:,} tokens: {runs_left_by(list(exits.values()), budget)} of {len(exits)} runs had left")
     return exits

@@ -177,7 +177,11 @@ def test_a_testbed_with_a_plateau_reports_where_each_run_left_it(tmp_path, monke
     assert saved["summary"]["tree (2,2,1)"]["plateau_exit_per_seed"] == [150, None]
     assert "Plateau exit (benchmarks/plateau_exit.py, threshold 0.4)" in table
     assert "| setting | seed 0 | seed 1 | seed 2 | runs that left |" in table
-    assert "| tree (2,2,1) | 150 | stayed |  | 1 of 2 |" in table
+    assert "| tree (2,2,1) | 150 | stayed |  | 1 of 2 |" in table  # no gradient norms in these rows: no share
+    runs["tree (2,2,1)"][1] = [{**row, "grad_norm": norm} for row, norm in zip(runs["tree (2,2,1)"][1], (0.5, 0.0),
+                                                                             strict=False)]
+    table, _ = learning_runs.write_results(testbed, runs, finals, scores(1, 1, 0, 0), args, "W", 1.0, tmp_path)
+    assert "| tree (2,2,1) | 150 | stayed (1.00) |  | 1 of 2 |" in table and "below 0.001 (silent updates" in table
 
 
 def test_reward_first_and_last_averages_a_tenth_of_the_iterations_at_each_end():
@@ -426,7 +430,7 @@ def test_the_pass_bound_sums_each_rounds_longest_branch_and_takes_the_longest_tr
 
 
 def test_a_run_leaves_the_plateau_at_the_first_point_it_never_falls_back_below(tmp_path, capsys):
-    from benchmarks.plateau_exit import main, plateau_exit_tokens, runs_left_by
+    from benchmarks.plateau_exit import main, plateau_exit_tokens, runs_left_by, silent_update_share
 
     def rows(curve):  # (tokens, dev EM or None) per iteration
         return [{"iteration": i, "tokens_generated_total": t, **({} if em is None else {"dev_em": em})}
@@ -438,6 +442,9 @@ def test_a_run_leaves_the_plateau_at_the_first_point_it_never_falls_back_below(t
     assert plateau_exit_tokens(rows([(100, 0.9), (200, 0.95)]), 0.7) == 100
     assert plateau_exit_tokens(rows([(100, None)]), 0.7) is None
     assert [runs_left_by([500, None, 100], budget) for budget in (99, 100, 499, 500)] == [0, 1, 1, 2]
+    norms = [{"grad_norm": g} for g in (0.0, 0.3, 0.2, 0.0009, 0.001)] + [{"grad_norm": None}, {}]
+    assert silent_update_share(norms) == pytest.approx(1 / 3)  # second half: 0.2, 0.0009 (silent), 0.001
+    assert silent_update_share(norms[:1]) == 1.0 and silent_update_share([{}]) is None
 
     for name, run_rows in {"left": back_down, "stayed": rows([(100, 0.4), (200, 0.5)])}.items():
         (tmp_path / name).mkdir()
