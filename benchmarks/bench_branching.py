@@ -43,12 +43,12 @@ import functools
 from pathlib import Path
 
 from benchmarks.learning_runs import (
-    DESIGN_OPTIONS,
     Testbed,
     add_run_options,
     check_eval_questions,
-    design_suffix,
+    design_output,
     run_benchmark,
+    with_design,
 )
 from benchmarks.plateau_exit import PLATEAU_THRESHOLD
 from envs.synthetic import BranchSpec
@@ -103,17 +103,14 @@ def testbed(args: argparse.Namespace) -> Testbed:
     name, title = "branching", "Branching: tree vs chain at equal tokens on SynthBranch-v0 (issue 27)"
     if args.pilot:
         name, title = "branching-pilot", "Branching: the pilot (issue 27; sizes the benchmark)"
-    if design_suffix(args):  # another design (docs/protocol_branching.md): its own section beside the first's
-        title += ", " + ", ".join(f"{what} {getattr(args, option):g}" for option, (_, what) in DESIGN_OPTIONS.items()
-                                  if getattr(args, option) is not None)
-        name += design_suffix(args)
-    return Testbed(name, title, "SynthBranch-v0", WORLD, TOPK, settings(args.token_budget, args.chain_group_size),
-                   COMPARISONS, plateau_threshold=PLATEAU_THRESHOLD)
+    return with_design(Testbed(name, title, "SynthBranch-v0", WORLD, TOPK,
+                               settings(args.token_budget, args.chain_group_size), COMPARISONS,
+                               plateau_threshold=PLATEAU_THRESHOLD), args)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_run_options(p, list(SETTING_NAMES), seeds=None, iterations=60, eval_every=3, output=None,
+    add_run_options(p, list(SETTING_NAMES), seeds=None, iterations=60, eval_every=3,
                     section="branching (with --pilot: branching-pilot)", warmup_steps=WARMUP_STEPS)
     p.add_argument("--token-budget", type=int, default=40_000,
                    help="T: each run stops after the iteration in which it has generated T tokens (4T for G=16)")
@@ -130,8 +127,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.pilot:
         vars(args).update({**PILOT, "seeds": args.seeds or PILOT["seeds"]})  # --seeds splits a pilot over processes
     args.seeds = args.seeds or SEEDS
-    design = design_suffix(args).replace("-", "_")
-    args.output = args.output or ("outputs/bench_branching_pilot" if args.pilot else "outputs/bench_branching") + design
+    args.output = args.output or design_output("outputs/bench_branching_pilot" if args.pilot
+                                               else "outputs/bench_branching", args)
     check_eval_questions(p, args, testbed(args))
     return args
 

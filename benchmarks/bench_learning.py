@@ -30,7 +30,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from benchmarks.learning_runs import Testbed, add_run_options, check_eval_questions, run_benchmark
+from benchmarks.learning_runs import (
+    Testbed,
+    add_run_options,
+    check_eval_questions,
+    design_output,
+    run_benchmark,
+    with_design,
+)
 from envs.synthetic import WorldSpec, world_data_dir
 
 TREE = ["--algo", "tree_grpo", "--M", "2", "--N", "2", "--L", "1"]
@@ -60,7 +67,7 @@ TESTBED = Testbed("learning", "Learning: tree vs chain on SynthHop-v0 (issue 15)
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_options(p, list(SETTINGS), seeds=[0, 1, 2, 3, 4], iterations=8, eval_every=4,
-                    output="outputs/bench_learning", section="learning")
+                    section="learning")
     p.add_argument("--premature", type=float, default=0.5,
                    help="warm start: share of 2-hop oracle trajectories that answer one hop short (the start "
                         "policy's strategy mix: RL's job is the choice at that branch point)")
@@ -69,6 +76,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.quick:
         args.seeds, args.iterations, args.eval_every = args.seeds[:1], 6, 3
         args.curve_questions, args.eval_questions = 60, 60
+    args.output = args.output or design_output("outputs/bench_learning", args)
     check_eval_questions(p, args, TESTBED)
     return args
 
@@ -94,7 +102,7 @@ def warm_start(args: argparse.Namespace, output: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> Path:
     args = parse_args(argv)
-    return run_benchmark(TESTBED, args, lambda: warm_start(args, Path(args.output)), argv,
+    return run_benchmark(with_design(TESTBED, args), args, lambda: warm_start(args, Path(args.output)), argv,
                          "benchmarks/bench_learning.py")
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import fcntl
 import json
 import math
@@ -69,7 +70,7 @@ class Testbed:
 
 
 def add_run_options(p: argparse.ArgumentParser, settings: list[str], *, seeds: list[int] | None, iterations: int,
-                    eval_every: int, output: str | None, section: str, warmup_steps: int | None = None) -> None:
+                    eval_every: int, section: str, warmup_steps: int | None = None) -> None:
     """The options every learning benchmark has: which settings and seeds, the runs' shared hyperparameters, the
     evaluations, --output, --report and --resume."""
     p.add_argument("--warm", default=None, help="start policy's model directory (default: the benchmark's warm start)")
@@ -97,7 +98,9 @@ def add_run_options(p: argparse.ArgumentParser, settings: list[str], *, seeds: l
                         f"{TreeGRPOSettings.model_fields['entropy_coef'].default})")
     p.add_argument("--delta", type=float, default=DELTA,
                    help="the EM difference the power analysis sizes the benchmark for (seeds needed at 80%% power)")
-    p.add_argument("--output", default=output)
+    p.add_argument("--output", default=None,
+                   help="where the runs and results go (default: the benchmark's outputs/bench_NAME, with the design "
+                        "choices set, e.g. --top-p, in its name: design_output)")
     p.add_argument("--report", action="store_true", help=f"write the {section} section of docs/benchmarks.md")
     p.add_argument("--resume", action="store_true",
                    help="reuse what --output holds: the start point's evaluation and the finished runs whose options "
@@ -185,6 +188,23 @@ def design_suffix(args: argparse.Namespace) -> str:
     """``-top-p-1-entropy-coef-0.01``-like: the design choices set on the benchmark, for its outputs' names."""
     return "".join(f"-{flag.strip('-')}-{getattr(args, name):g}" for name, (flag, _) in DESIGN_OPTIONS.items()
                    if getattr(args, name) is not None)
+
+
+def with_design(testbed: Testbed, args: argparse.Namespace) -> Testbed:
+    """The testbed under the design choices set on the benchmark: its section and files named after them, so a
+    design's report sits beside the first design's instead of over it."""
+    chosen = [f"{what} {getattr(args, name):g}" for name, (_, what) in DESIGN_OPTIONS.items()
+              if getattr(args, name) is not None]
+    if not chosen:
+        return testbed
+    return dataclasses.replace(testbed, name=testbed.name + design_suffix(args),
+                               title=f"{testbed.title}, {', '.join(chosen)}")
+
+
+def design_output(base: str, args: argparse.Namespace) -> str:
+    """The default --output of a benchmark (``base``) under its design choices: a design's runs never share a
+    directory with another's (a run of other options in a setting's directory would be trained over)."""
+    return base + design_suffix(args).replace("-", "_")
 
 
 def train_run(testbed: Testbed, setting: str, seed: int, model_dir: str, args: argparse.Namespace,

@@ -402,6 +402,14 @@ def test_a_branching_design_trains_every_setting_with_its_choices_into_its_own_o
         options = learning_runs.run_options(bench_branching.testbed(both), setting, 0, "warm", both, tmp_path)
         planned = experiments.run.plan([*options[:options.index("--output")], "--output", str(tmp_path / "run")])
         assert (planned.settings.top_p, planned.settings.entropy_coef) == (1.0, 0.01)  # run.py reads them
+    # the learning benchmark too: a design's runs get their own directory (a run of other options in a setting's
+    # directory would be trained over) and section
+    assert bench_learning.parse_args([]).output == "outputs/bench_learning"
+    design = bench_learning.parse_args(["--entropy-coef", "0.01"])
+    assert design.output == "outputs/bench_learning_entropy_coef_0.01"
+    assert learning_runs.with_design(TESTBED, design).name == "learning-entropy-coef-0.01"
+    assert learning_runs.with_design(TESTBED, bench_learning.parse_args([])) is TESTBED
+    assert bench_learning.parse_args(["--top-p", "1", "--output", "mine"]).output == "mine"
 
 
 def test_the_pass_bound_sums_each_rounds_longest_branch_and_takes_the_longest_tree():
