@@ -51,7 +51,7 @@ from benchmarks.learning_runs import (
     with_design,
 )
 from benchmarks.plateau_exit import PLATEAU_THRESHOLD
-from envs.synthetic import BranchSpec
+from envs.synthetic import BRANCH_ROLES, BranchSpec
 
 TREE = ["--algo", "tree_grpo", "--M", "2", "--N", "2", "--L", "1"]
 UNIFORM, ENTROPY, AFTER_TOOL = "tree (2,2,1) uniform", "tree (2,2,1) entropy", "tree (2,2,1) after_tool"
@@ -99,10 +99,40 @@ def settings(token_budget: int, chain_group_size: int) -> dict[str, tuple[int, l
     }
 
 
+def warm_start_recipe(args: argparse.Namespace) -> tuple[str, ...]:
+    """``WARM_START`` with its second stage's misrouting as --start-misroute and --start-misroute-role set it."""
+    recipe = list(WARM_START)
+    if args.start_misroute is not None:
+        recipe[recipe.index("--misroute") + 1] = f"{args.start_misroute:g}"
+    if args.start_misroute_role is not None:
+        recipe += ["--misroute-role", args.start_misroute_role]
+    return tuple(recipe)
+
+
+def start_misrouting(args: argparse.Namespace) -> tuple[float, str | None] | None:
+    """(share, role) of the start's misrouting where the options change ``WARM_START``'s, else None."""
+    if args.start_misroute is None and args.start_misroute_role is None:
+        return None
+    recipe = warm_start_recipe(args)
+    return float(recipe[recipe.index("--misroute") + 1]), args.start_misroute_role
+
+
+def start_suffix(args: argparse.Namespace) -> str:
+    """``-start-misroute-0.85-chair``-like for a start other than ``WARM_START`` (its outputs' names), else ''."""
+    if (misrouting := start_misrouting(args)) is None:
+        return ""
+    share, role = misrouting
+    return f"-start-misroute-{share:g}" + (f"-{role}" if role else "")
+
+
 def testbed(args: argparse.Namespace) -> Testbed:
     name, title = "branching", "Branching: tree vs chain at equal tokens on SynthBranch-v0 (issue 27)"
     if args.pilot:
         name, title = "branching-pilot", "Branching: the pilot (issue 27; sizes the benchmark)"
+    if (misrouting := start_misrouting(args)) is not None:
+        share, role = misrouting
+        asked = f"the {role} questions" if role else "every question"
+        name, title = name + start_suffix(args), f"{title}, a start misrouting {share:g} of {asked}"
     return with_design(Testbed(name, title, "SynthBranch-v0", WORLD, TOPK,
                                settings(args.token_budget, args.chain_group_size), COMPARISONS,
                                plateau_threshold=PLATEAU_THRESHOLD), args)
@@ -116,6 +146,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="T: each run stops after the iteration in which it has generated T tokens (4T for G=16)")
     p.add_argument("--chain-group-size", type=int, default=4,
                    help="G of the chain at equal tokens (the tree's measured tokens per prompt over a chain's)")
+    p.add_argument("--start-misroute", type=float, default=None,
+                   help="the start's second stage follows the wrong person on this share of its questions (default: "
+                        "WARM_START's); with --start-misroute-role, of the questions about that role only")
+    p.add_argument("--start-misroute-role", choices=BRANCH_ROLES, default=None,
+                   help="draw --start-misroute among the questions about this role (the other role's stay right)")
     p.add_argument("--pilot", action="store_true",
                    help=f"seeds {PILOT['seeds']} (unless --seeds), {PILOT['eval_questions']} held-out questions, "
                         f"{PILOT['curve_questions']} per curve point, into outputs/bench_branching_pilot: the "
@@ -127,8 +162,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.pilot:
         vars(args).update({**PILOT, "seeds": args.seeds or PILOT["seeds"]})  # --seeds splits a pilot over processes
     args.seeds = args.seeds or SEEDS
-    args.output = args.output or design_output("outputs/bench_branching_pilot" if args.pilot
-                                               else "outputs/bench_branching", args)
+    if args.start_misroute is not None and not 0 <= args.start_misroute <= 1:
+        p.error(f"--start-misroute must be in [0, 1], got {args.start_misroute}")
+    base = ("outputs/bench_branching_pilot" if args.pilot else "outputs/bench_branching") + start_suffix(args)
+    args.output = args.output or design_output(base.replace("-", "_"), args)
     check_eval_questions(p, args, testbed(args))
     return args
 
@@ -137,7 +174,7 @@ def main(argv: list[str] | None = None) -> Path:
     from experiments.warmstart import cached_warm_start
 
     args = parse_args(argv)
-    start = functools.partial(cached_warm_start, WORLD, WARM_START, topk=TOPK, continues=START_STAGE_1)
+    start = functools.partial(cached_warm_start, WORLD, warm_start_recipe(args), topk=TOPK, continues=START_STAGE_1)
     return run_benchmark(testbed(args), args, start, argv, "benchmarks/bench_branching.py")
 
 

@@ -377,7 +377,8 @@ def test_branching_settings_share_one_token_budget_and_the_pilot_its_own_sizes(c
     assert args.warmup_steps == bench_branching.WARMUP_STEPS  # one warm-up for every setting, not the cap's share
     assert bench_branching.parse_args(["--warmup-steps", "0"]).warmup_steps == 0
     for bad in (["--token-budget", "0"], ["--chain-group-size", "0"], ["--eval-questions", "301"],
-                ["--warmup-steps", "-1"], ["--top-p", "0"], ["--top-p", "1.5"], ["--entropy-coef", "-0.1"]):
+                ["--warmup-steps", "-1"], ["--top-p", "0"], ["--top-p", "1.5"], ["--entropy-coef", "-0.1"],
+                ["--start-misroute", "1.2"], ["--start-misroute-role", "ceo"]):
         with pytest.raises(SystemExit):
             bench_branching.parse_args(bad)
     assert "--top-p: must be in (0, 1], got 1.5" in capsys.readouterr().err
@@ -402,6 +403,18 @@ def test_a_branching_design_trains_every_setting_with_its_choices_into_its_own_o
         options = learning_runs.run_options(bench_branching.testbed(both), setting, 0, "warm", both, tmp_path)
         planned = experiments.run.plan([*options[:options.index("--output")], "--output", str(tmp_path / "run")])
         assert (planned.settings.top_p, planned.settings.entropy_coef) == (1.0, 0.01)  # run.py reads them
+    # a start of its own: the second warm-start stage's misrouting, named in the outputs; the first design's start
+    # and names without the options
+    assert bench_branching.warm_start_recipe(default) == bench_branching.WARM_START
+    start = bench_branching.parse_args(["--pilot", "--start-misroute", "0.85", "--start-misroute-role", "chair"])
+    recipe = bench_branching.warm_start_recipe(start)
+    assert recipe[recipe.index("--misroute") + 1] == "0.85" and recipe[-2:] == ("--misroute-role", "chair")
+    assert len(recipe) == len(bench_branching.WARM_START) + 2
+    assert (bench_branching.testbed(start).name, start.output) == (
+        "branching-pilot-start-misroute-0.85-chair", "outputs/bench_branching_pilot_start_misroute_0.85_chair")
+    assert "a start misrouting 0.85 of the chair questions" in bench_branching.testbed(start).title
+    role_only = bench_branching.parse_args(["--start-misroute-role", "founder"])  # WARM_START's share, one role
+    assert bench_branching.testbed(role_only).name == "branching-start-misroute-0.7-founder"
     # the learning benchmark too: a design's runs get their own directory (a run of other options in a setting's
     # directory would be trained over) and section
     assert bench_learning.parse_args([]).output == "outputs/bench_learning"
