@@ -9,8 +9,11 @@ the protocol (comparisons, metric, sizes, decision rule) is docs/protocol_branch
     OMP_NUM_THREADS=1 python benchmarks/bench_branching.py --resume --seeds 3 4 &
     wait; python benchmarks/bench_branching.py --resume --report
     python benchmarks/bench_branching.py --warm DIR --settings "tree (2,2,1) uniform" --seeds 0   # one run
-    python benchmarks/bench_branching.py --pilot --resume --top-p 1.0   # the second design: no nucleus cut (own
-                                                                        # output and section)
+    # other designs (docs/protocol_branching.md), each into its own output and docs section:
+    python benchmarks/bench_branching.py --pilot --resume --top-p 1.0               # rollouts without the nucleus cut
+    python benchmarks/bench_branching.py --pilot --resume --entropy-coef 0.01       # a larger entropy bonus
+    python benchmarks/bench_branching.py --pilot --resume --start-misroute 0.85 --start-misroute-role chair
+                                                                    # a start misrouting only the chair questions
 
 The testbed (``WORLD``, ``TOPK``): 3-hop SynthBranch questions, each turning on one decision after the first
 search (follow the company's founder or its chair), 300 held out; one passage per search; people named by one
