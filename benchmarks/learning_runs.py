@@ -355,6 +355,33 @@ def compare(testbed: Testbed, finals: dict[str, list[list[dict]]], delta: float 
     return out
 
 
+def exit_tokens_per_seed(summary: dict[str, dict], runs: dict[str, list[list[dict]]], setting: str) -> list[int]:
+    """Each seed's tokens to leave the plateau (``plateau_exit_per_seed``); a run that stayed counts as the tokens it
+    generated in all (its budget, as the protocol's speed outcome counts it)."""
+    return [int(rows[-1]["tokens_generated_total"]) if tokens is None else tokens
+            for tokens, rows in zip(summary[setting]["plateau_exit_per_seed"], runs[setting], strict=True)]
+
+
+def compare_exit_tokens(testbed: Testbed, summary: dict[str, dict],
+                        runs: dict[str, list[list[dict]]]) -> dict[str, dict]:
+    """Every comparison whose two settings ran on the same seeds, in tokens to leave the plateau: the mean paired
+    difference a - b over seeds (negative: a left sooner) with its bootstrap interval over seeds, and the sd of the
+    per-seed differences (what sizes the seeds). Empty where the testbed reports no plateau."""
+    out = {}
+    if testbed.plateau_threshold is None:
+        return out
+    for a, b in testbed.comparisons:
+        if a in summary and b in summary and len(runs[a]) == len(runs[b]):
+            tokens_a = np.array(exit_tokens_per_seed(summary, runs, a), dtype=float)[:, None]  # seeds x 1
+            tokens_b = np.array(exit_tokens_per_seed(summary, runs, b), dtype=float)[:, None]
+            differences = (tokens_a - tokens_b)[:, 0]
+            out[f"{a} - {b}"] = {
+                **interval_dict(paired_bootstrap_interval(tokens_a, tokens_b)),
+                "sd_seed_differences": float(differences.std(ddof=1)) if differences.size > 1 else None,
+            }
+    return out
+
+
 def interval_dict(interval: Interval) -> dict[str, float]:
     return {"mean": interval.mean, "low": interval.low, "high": interval.high}
 
@@ -459,6 +486,22 @@ def markdown(summary: dict[str, dict], differences: dict[str, dict], args: argpa
     return "\n".join(lines) + "\n"
 
 
+def exit_tokens_table(differences: dict[str, dict]) -> list[str]:
+    """The paired differences in tokens to leave the plateau (``compare_exit_tokens``); no lines without any."""
+    if not differences:
+        return []
+    lines = ["", "Paired differences in tokens to leave the plateau (a - b over the same seeds; negative: a left "
+                 "sooner; a run that stayed counts as all the tokens it generated; 95% bootstrap over seeds), with the "
+                 "sd of the per-seed differences:", "",
+             "| a - b | difference in tokens [95% interval] | reading | sd of seed differences |", "|---|---|---|---|"]
+    for name, d in differences.items():
+        reading = ("a left sooner beyond the noise" if d["high"] < 0 else
+                   "a left later beyond the noise" if d["low"] > 0 else "inside the noise")
+        sd = "-" if d["sd_seed_differences"] is None else f"{d['sd_seed_differences']:,.0f}"
+        lines.append(f"| {name} | {d['mean']:+,.0f} [{d['low']:+,.0f}, {d['high']:+,.0f}] | {reading} | {sd} |")
+    return lines
+
+
 def plateau_table(summary: dict[str, dict], args: argparse.Namespace, threshold: float | None) -> list[str]:
     """Where each run's curve left the plateau (the tokens at the first curve point from which every later one is
     >= the threshold; "stayed" if its last point is below it), per setting and seed, and how many runs left it;
@@ -487,9 +530,12 @@ def write_results(testbed: Testbed, runs: dict[str, list[list[dict]]], finals: d
                   output: Path) -> tuple[str, Path]:
     """OUTPUT/NAME.md, NAME.json and NAME.png for the runs so far; (the table, the plot's path)."""
     summary, differences = summarize(testbed, runs, finals, before), compare(testbed, finals, args.delta)
+    exit_differences = compare_exit_tokens(testbed, summary, runs)
     table = markdown(summary, differences, args, warm, wall_s, testbed.plateau_threshold)
+    table += "\n".join(exit_tokens_table(exit_differences)) + ("\n" if exit_differences else "")
     (output / f"{testbed.name}.md").write_text(table, encoding="utf-8")
-    payload = {"settings": vars(args), "world": testbed.world.key, "summary": summary, "differences": differences}
+    payload = {"settings": vars(args), "world": testbed.world.key, "summary": summary, "differences": differences,
+               "exit_token_differences": exit_differences}
     (output / f"{testbed.name}.json").write_text(json.dumps(payload, indent=1), encoding="utf-8")
     # the curves' questions: the first --curve-questions held-out ones, the start point's included
     start = float(np.mean([row["em"] for row in before[: args.curve_questions]]))

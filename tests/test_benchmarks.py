@@ -450,6 +450,25 @@ def test_the_pass_bound_sums_each_rounds_longest_branch_and_takes_the_longest_tr
     assert pass_bound([Tree(Node(TokenTrajectory.from_prompt((5,)), None), 1, 0)]) == 0
 
 
+def test_exit_tokens_are_compared_per_seed_and_a_run_that_stayed_counts_all_its_tokens():
+    testbed = dataclasses.replace(TESTBED, plateau_threshold=0.7, comparisons=(("tree (2,2,1)", "chain G=4"),))
+    summary = {"tree (2,2,1)": {"plateau_exit_per_seed": [100, None, 300]},
+               "chain G=4": {"plateau_exit_per_seed": [200, 250, None]}}
+    runs = {"tree (2,2,1)": [[{"tokens_generated_total": 50}, {"tokens_generated_total": 500}]] * 3,
+            "chain G=4": [[{"tokens_generated_total": 400}]] * 3}
+    assert learning_runs.exit_tokens_per_seed(summary, runs, "tree (2,2,1)") == [100, 500, 300]
+    d = learning_runs.compare_exit_tokens(testbed, summary, runs)["tree (2,2,1) - chain G=4"]
+    # per seed: 100 - 200, 500 - 250, 300 - 400 = -100, +250, -100
+    assert d["mean"] == pytest.approx(50 / 3) and -100 - 1e-9 <= d["low"] <= d["mean"] <= d["high"] <= 250 + 1e-9
+    assert d["sd_seed_differences"] == pytest.approx(np.std([-100, 250, -100], ddof=1))
+    lines = learning_runs.exit_tokens_table({"tree (2,2,1) - chain G=4": d})
+    assert lines[-1].startswith("| tree (2,2,1) - chain G=4 | +17 [") and "| inside the noise | 202 |" in lines[-1]
+    sooner = {"a - b": {"mean": -5.0, "low": -9.0, "high": -1.0, "sd_seed_differences": None}}
+    assert "| -5 [-9, -1] | a left sooner beyond the noise | - |" in learning_runs.exit_tokens_table(sooner)[-1]
+    assert learning_runs.compare_exit_tokens(TESTBED, summary, runs) == {}  # no plateau reported: no comparison
+    assert learning_runs.exit_tokens_table({}) == []
+
+
 def test_a_run_leaves_the_plateau_at_the_first_point_it_never_falls_back_below(tmp_path, capsys):
     from benchmarks.plateau_exit import main, plateau_exit_tokens, runs_left_by, silent_update_share
 
