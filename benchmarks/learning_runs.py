@@ -365,8 +365,9 @@ def exit_tokens_per_seed(summary: dict[str, dict], runs: dict[str, list[list[dic
 def compare_exit_tokens(testbed: Testbed, summary: dict[str, dict],
                         runs: dict[str, list[list[dict]]]) -> dict[str, dict]:
     """Every comparison whose two settings ran on the same seeds, in tokens to leave the plateau: the mean paired
-    difference a - b over seeds (negative: a left sooner) with its bootstrap interval over seeds, and the sd of the
-    per-seed differences (what sizes the seeds). Empty where the testbed reports no plateau."""
+    difference a - b over seeds (negative: a left sooner) with its bootstrap interval over seeds, the sd of the
+    per-seed differences (what sizes the seeds) and the smallest difference in tokens that this many seeds detect at
+    80% power with that sd (``detectable_difference``). Empty where the testbed reports no plateau."""
     out = {}
     if testbed.plateau_threshold is None:
         return out
@@ -375,9 +376,11 @@ def compare_exit_tokens(testbed: Testbed, summary: dict[str, dict],
             tokens_a = np.array(exit_tokens_per_seed(summary, runs, a), dtype=float)[:, None]  # seeds x 1
             tokens_b = np.array(exit_tokens_per_seed(summary, runs, b), dtype=float)[:, None]
             differences = (tokens_a - tokens_b)[:, 0]
+            sd = float(differences.std(ddof=1)) if differences.size > 1 else None
             out[f"{a} - {b}"] = {
                 **interval_dict(paired_bootstrap_interval(tokens_a, tokens_b)),
-                "sd_seed_differences": float(differences.std(ddof=1)) if differences.size > 1 else None,
+                "sd_seed_differences": sd,
+                "detectable": None if sd is None else detectable_difference(sd, differences.size),
             }
     return out
 
@@ -492,13 +495,17 @@ def exit_tokens_table(differences: dict[str, dict]) -> list[str]:
         return []
     lines = ["", "Paired differences in tokens to leave the plateau (a - b over the same seeds; negative: a left "
                  "sooner; a run that stayed counts as all the tokens it generated; 95% bootstrap over seeds), with the "
-                 "sd of the per-seed differences:", "",
-             "| a - b | difference in tokens [95% interval] | reading | sd of seed differences |", "|---|---|---|---|"]
+                 "sd of the per-seed differences and the smallest difference these seeds detect with it (80% power, "
+                 "two-sided, 5%):", "",
+             "| a - b | difference in tokens [95% interval] | reading | sd of seed differences | detectable |",
+             "|---|---|---|---|---|"]
     for name, d in differences.items():
         reading = ("a left sooner beyond the noise" if d["high"] < 0 else
                    "a left later beyond the noise" if d["low"] > 0 else "inside the noise")
-        sd = "-" if d["sd_seed_differences"] is None else f"{d['sd_seed_differences']:,.0f}"
-        lines.append(f"| {name} | {d['mean']:+,.0f} [{d['low']:+,.0f}, {d['high']:+,.0f}] | {reading} | {sd} |")
+        sd, detectable = ("-" if d.get(key) is None else f"{d[key]:,.0f}"
+                          for key in ("sd_seed_differences", "detectable"))
+        lines.append(f"| {name} | {d['mean']:+,.0f} [{d['low']:+,.0f}, {d['high']:+,.0f}] | {reading} | {sd} | "
+                     f"{detectable} |")
     return lines
 
 

@@ -460,11 +460,13 @@ def test_exit_tokens_are_compared_per_seed_and_a_run_that_stayed_counts_all_its_
     d = learning_runs.compare_exit_tokens(testbed, summary, runs)["tree (2,2,1) - chain G=4"]
     # per seed: 100 - 200, 500 - 250, 300 - 400 = -100, +250, -100
     assert d["mean"] == pytest.approx(50 / 3) and -100 - 1e-9 <= d["low"] <= d["mean"] <= d["high"] <= 250 + 1e-9
-    assert d["sd_seed_differences"] == pytest.approx(np.std([-100, 250, -100], ddof=1))
+    assert d["sd_seed_differences"] == pytest.approx(np.std([-100, 250, -100], ddof=1))  # 202.07
+    assert d["detectable"] == pytest.approx((1.959964 + 0.841621) * 202.0726 / np.sqrt(3), rel=1e-5)  # 326.85
     lines = learning_runs.exit_tokens_table({"tree (2,2,1) - chain G=4": d})
-    assert lines[-1].startswith("| tree (2,2,1) - chain G=4 | +17 [") and "| inside the noise | 202 |" in lines[-1]
-    sooner = {"a - b": {"mean": -5.0, "low": -9.0, "high": -1.0, "sd_seed_differences": None}}
-    assert "| -5 [-9, -1] | a left sooner beyond the noise | - |" in learning_runs.exit_tokens_table(sooner)[-1]
+    assert lines[-1].startswith("| tree (2,2,1) - chain G=4 | +17 [")
+    assert "| inside the noise | 202 | 327 |" in lines[-1]
+    sooner = {"a - b": {"mean": -5.0, "low": -9.0, "high": -1.0, "sd_seed_differences": None, "detectable": None}}
+    assert "| -5 [-9, -1] | a left sooner beyond the noise | - | - |" in learning_runs.exit_tokens_table(sooner)[-1]
     assert learning_runs.compare_exit_tokens(TESTBED, summary, runs) == {}  # no plateau reported: no comparison
     assert learning_runs.exit_tokens_table({}) == []
 
