@@ -373,12 +373,11 @@ def compare_exit_tokens(testbed: Testbed, summary: dict[str, dict],
         return out
     for a, b in testbed.comparisons:
         if a in summary and b in summary and len(runs[a]) == len(runs[b]):
-            tokens_a = np.array(exit_tokens_per_seed(summary, runs, a), dtype=float)[:, None]  # seeds x 1
-            tokens_b = np.array(exit_tokens_per_seed(summary, runs, b), dtype=float)[:, None]
-            differences = (tokens_a - tokens_b)[:, 0]
+            tokens_a, tokens_b = (np.array(exit_tokens_per_seed(summary, runs, s), dtype=float) for s in (a, b))
+            differences = tokens_a - tokens_b
             sd = float(differences.std(ddof=1)) if differences.size > 1 else None
-            out[f"{a} - {b}"] = {
-                **interval_dict(paired_bootstrap_interval(tokens_a, tokens_b)),
+            out[f"{a} - {b}"] = {  # the bootstrap takes seeds x questions: one "question" per seed here
+                **interval_dict(paired_bootstrap_interval(tokens_a[:, None], tokens_b[:, None])),
                 "sd_seed_differences": sd,
                 "detectable": None if sd is None else detectable_difference(sd, differences.size),
             }
@@ -426,7 +425,8 @@ def _share(value: float | None) -> str:
 
 
 def markdown(summary: dict[str, dict], differences: dict[str, dict], args: argparse.Namespace, warm: str,
-             wall_s: float, plateau_threshold: float | None = None) -> str:
+             wall_s: float, plateau_threshold: float | None = None,
+             exit_differences: dict[str, dict] | None = None) -> str:
     run_minutes = sum(sum(s["seconds_per_seed"]) for s in summary.values()) / 60
     budget = getattr(args, "token_budget", None)
     length = (f"each run until it has generated its token budget (T = {budget:,}; the iteration that reaches it "
@@ -486,6 +486,7 @@ def markdown(summary: dict[str, dict], differences: dict[str, dict], args: argpa
         lines += [f"| {name} | {_interval(d)} | {verdict(d)} | {d['sd_paired']:.3f} | {_share(d['sd_seed_means'])} "
                   f"| {d['detectable']:.3f} | {_share(d['detectable_over_seeds'])} | {d['seeds_for_delta'] or '-'} |"
                   for name, d in differences.items()]
+    lines += exit_tokens_table(exit_differences or {})
     return "\n".join(lines) + "\n"
 
 
@@ -538,8 +539,7 @@ def write_results(testbed: Testbed, runs: dict[str, list[list[dict]]], finals: d
     """OUTPUT/NAME.md, NAME.json and NAME.png for the runs so far; (the table, the plot's path)."""
     summary, differences = summarize(testbed, runs, finals, before), compare(testbed, finals, args.delta)
     exit_differences = compare_exit_tokens(testbed, summary, runs)
-    table = markdown(summary, differences, args, warm, wall_s, testbed.plateau_threshold)
-    table += "\n".join(exit_tokens_table(exit_differences)) + ("\n" if exit_differences else "")
+    table = markdown(summary, differences, args, warm, wall_s, testbed.plateau_threshold, exit_differences)
     (output / f"{testbed.name}.md").write_text(table, encoding="utf-8")
     payload = {"settings": vars(args), "world": testbed.world.key, "summary": summary, "differences": differences,
                "exit_token_differences": exit_differences}
