@@ -5,13 +5,19 @@
 #   bash benchmarks/device_check.sh 2   carry .device/call2: the rest of Ray's wheel; runs run.py for 2 iterations
 # Arguments after the call's number go to bench_device.py / run.py, after the defaults (so they override them).
 # What comes back lies in $OUT (the device tool's folder): bench_device_MODEL.md / .log, run_metrics.jsonl, run.log.
+# Sized to the session's device time by MODELS (call 1's columns, one bench each), BENCH_TIMEOUT (seconds per bench)
+# and RUN_TIMEOUT (seconds of run.py in call 2).
 set -uo pipefail
 KIT=/tmp/treegrpo-kit  # survives between calls while the machine stays warm
 OUT=${OUT:-$KIT/out}
 mkdir -p "$KIT" "$OUT"
 export PYTHONPATH=$KIT/site PYTHONUNBUFFERED=1 TREEGRPO_CACHE_DIR=$KIT/cache TREEGRPO_DATA_DIR=$KIT/data \
        RAY_AUTH_MODE=disabled
+MODELS=${MODELS:-smollm2-135m-random llama-3.2-1b-random}
+BENCH_TIMEOUT=${BENCH_TIMEOUT:-270}
+RUN_TIMEOUT=${RUN_TIMEOUT:-540}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 
 install() {  # wheels into $KIT/site, ahead of the image's packages
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$KIT/site" "$@"
@@ -25,8 +31,8 @@ case "$call" in
   install .device/call1/wheels/*.whl || exit 1
   mkdir -p "$KIT/data" "$KIT/cache/models"
   tar xzf .device/call1/data.tgz -C "$KIT/data" && cp -r .device/call1/models/. "$KIT/cache/models/" || exit 1
-  for model in smollm2-135m-random llama-3.2-1b-random; do  # one at a time: a timeout loses only its own table
-    timeout 270 python3 benchmarks/bench_device.py --model "$model" --output "$OUT/bench_device_$model.md" "$@" 2>&1 \
+  for model in $MODELS; do  # one at a time: a timeout loses only its own table
+    timeout "$BENCH_TIMEOUT" python3 benchmarks/bench_device.py --model "$model" --output "$OUT/bench_device_$model.md" "$@" 2>&1 \
       | tee "$OUT/bench_device_$model.log"
   done
   ;;
@@ -43,7 +49,7 @@ from benchmarks.bench_device import build_policy
 model, tokenizer = build_policy('smollm2-135m-random', torch.bfloat16, 'cpu')
 model.save_pretrained(sys.argv[1]); tokenizer.save_pretrained(sys.argv[1])" "$KIT/smollm2-135m-random" || exit 1
   rm -rf "$KIT/run"
-  timeout 540 python3 experiments/run.py --algo tree_grpo --env HotpotQA-v0 --model "$KIT/smollm2-135m-random" \
+  timeout "$RUN_TIMEOUT" python3 experiments/run.py --algo tree_grpo --env HotpotQA-v0 --model "$KIT/smollm2-135m-random" \
     --dtype bfloat16 --num-learners 1 --num-gpus-per-learner 1 --iterations 2 --max-step-tokens 128 --no-mlflow \
     --output "$KIT/run" "$@" 2>&1 | tee "$OUT/run.log"
   cp "$KIT/run/metrics.jsonl" "$OUT/run_metrics.jsonl"
