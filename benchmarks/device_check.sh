@@ -11,7 +11,7 @@ set -uo pipefail
 KIT=/tmp/treegrpo-kit  # survives between calls while the machine stays warm
 OUT=${OUT:-$KIT/out}
 mkdir -p "$KIT" "$OUT"
-export PYTHONPATH=$KIT/site PYTHONUNBUFFERED=1 TREEGRPO_CACHE_DIR=$KIT/cache TREEGRPO_DATA_DIR=$KIT/data \
+export PYTHONPATH=$KIT/site:$PWD PYTHONUNBUFFERED=1 TREEGRPO_CACHE_DIR=$KIT/cache TREEGRPO_DATA_DIR=$KIT/data \
        RAY_AUTH_MODE=disabled
 MODELS=${MODELS:-smollm2-135m-random llama-3.2-1b-random}
 BENCH_TIMEOUT=${BENCH_TIMEOUT:-270}

@@ -171,10 +171,10 @@ class MLflowRun:
         """Nested params, flattened (``env_config/topk``). MLflow params cannot change: a value that differs from
         the one already logged (a resumed run) becomes the tag ``changed_on_resume/<name>``, naming
         ``first_iteration``, the first iteration the value applies to."""
-        from mlflow.entities import Param
-
         if not self.enabled:
             return
+        from mlflow.entities import Param  # here, after the check: --no-mlflow runs without mlflow installed
+
         flat = flatten(params)
         new = [Param(k, v) for k, v in flat.items() if k not in self.params]
         for start in range(0, len(new), BATCH_LIMIT):
@@ -191,10 +191,10 @@ class MLflowRun:
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int) -> None:
         """The finite numbers of ``metrics`` at ``step`` (None and NaN are skipped)."""
-        from mlflow.entities import Metric
-
         if not self.enabled:
             return
+        from mlflow.entities import Metric  # after the check, as in log_params
+
         now = int(time.time() * 1000)
         batch = [Metric(k, v, now, step) for k, v in numeric_metrics(metrics).items()]
         if batch:

@@ -65,8 +65,7 @@ class StaticDecode:
         size = self.bucket(count)
         self.pool.ensure(size, self.pool.capacity, used_rows=count)
         if self.pool.allocations != self._allocation:  # the buffers moved: graphs would write to freed memory
-            self._shapes.clear()
-            self._allocation = self.pool.allocations
+            self._discard_graphs()
         shape = self._shapes.get(size) or self._new_shape(size)
         shape.inputs[:, :count] = inputs
         shape.inputs[:, count:] = shape.padding
@@ -78,6 +77,15 @@ class StaticDecode:
             shape.logits = self._run(shape)
         self.passes += 1
         return shape.logits[:count]
+
+    def _discard_graphs(self) -> None:
+        """Forget every shape and its graph. Later captures go to a new graph pool: the allocator refuses a
+        capture into a pool whose graphs are all gone while blocks of it are still cached (torch's internal
+        assert ``use_count > 0``, seen on an H200 with torch 2.11)."""
+        self._shapes.clear()
+        self._allocation = self.pool.allocations
+        if self.capture:
+            self._graph_pool = torch.cuda.graph_pool_handle()
 
     def _new_shape(self, size: int) -> _Shape:
         device = self.model.device
