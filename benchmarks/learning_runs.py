@@ -47,6 +47,9 @@ from policies.generation import SamplingSettings
 DELTA = 0.03
 # benchmark option -> (run.py's option, what it is): design choices a benchmark can set for every setting
 DESIGN_OPTIONS = {"top_p": ("--top-p", "rollouts' top-p"), "entropy_coef": ("--entropy-coef", "entropy bonus")}
+# the same for the options every run is given (run_options): a design choice where set away from the benchmark's
+# default, which the parser records in ``schedule_defaults``
+SCHEDULE_OPTIONS = {"lr": ("--lr", "lr"), "warmup_steps": ("--warmup-steps", "warm-up steps")}
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,7 @@ def add_run_options(p: argparse.ArgumentParser, settings: list[str], *, seeds: l
                    help="optimizer steps of learning-rate warm-up, the same for every setting (default: %(default)s; "
                         "None: run.py's, the paper's share of the --iterations cap's steps, 0.285 for trees and 0.5 "
                         "for chains)")
+    p.set_defaults(schedule_defaults={"lr": p.get_default("lr"), "warmup_steps": warmup_steps})
     p.add_argument("--eval-every", type=int, default=eval_every, help="learning-curve evaluations every k iterations")
     p.add_argument("--curve-questions", type=int, default=100, help="held-out questions of each curve point")
     p.add_argument("--eval-questions", type=int, default=300, help="held-out questions of the final evaluation")
@@ -184,17 +188,25 @@ def design_options(args: argparse.Namespace) -> list[str]:
             for item in (flag, str(getattr(args, name)))]
 
 
+def design_choices(args: argparse.Namespace) -> list[tuple[str, str, float]]:
+    """(run.py's option, what it is, value) of each design choice set on the benchmark: the ``DESIGN_OPTIONS``
+    given at all, the ``SCHEDULE_OPTIONS`` given away from the benchmark's defaults."""
+    defaults = getattr(args, "schedule_defaults", {})
+    return ([(flag, what, getattr(args, name)) for name, (flag, what) in DESIGN_OPTIONS.items()
+             if getattr(args, name) is not None]
+            + [(flag, what, getattr(args, name)) for name, (flag, what) in SCHEDULE_OPTIONS.items()
+               if name in defaults and getattr(args, name) != defaults[name]])
+
+
 def design_suffix(args: argparse.Namespace) -> str:
     """``-top-p-1-entropy-coef-0.01``-like: the design choices set on the benchmark, for its outputs' names."""
-    return "".join(f"-{flag.strip('-')}-{getattr(args, name):g}" for name, (flag, _) in DESIGN_OPTIONS.items()
-                   if getattr(args, name) is not None)
+    return "".join(f"-{flag.strip('-')}-{value:g}" for flag, _, value in design_choices(args))
 
 
 def with_design(testbed: Testbed, args: argparse.Namespace) -> Testbed:
     """The testbed under the design choices set on the benchmark: its section and files named after them, so a
     design's report sits beside the first design's instead of over it."""
-    chosen = [f"{what} {getattr(args, name):g}" for name, (_, what) in DESIGN_OPTIONS.items()
-              if getattr(args, name) is not None]
+    chosen = [f"{what} {value:g}" for _, what, value in design_choices(args)]
     if not chosen:
         return testbed
     return dataclasses.replace(testbed, name=testbed.name + design_suffix(args),

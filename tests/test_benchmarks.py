@@ -415,6 +415,17 @@ def test_a_branching_design_trains_every_setting_with_its_choices_into_its_own_o
     assert "a start misrouting 0.85 of the chair questions" in bench_branching.testbed(start).title
     role_only = bench_branching.parse_args(["--start-misroute-role", "founder"])  # WARM_START's share, one role
     assert bench_branching.testbed(role_only).name == "branching-start-misroute-0.7-founder"
+    # a learning-rate schedule away from the benchmark's defaults is a design too (its runs would otherwise be taken
+    # for, and trained over, the default design's); given at its default it is not
+    started = ["--start-misroute", "0.85", "--start-misroute-role", "chair"]
+    schedule = bench_branching.parse_args([*started, "--lr", "2e-5", "--warmup-steps", "0"])
+    assert (bench_branching.testbed(schedule).name, schedule.output) == (
+        "branching-start-misroute-0.85-chair-lr-2e-05-warmup-steps-0",
+        "outputs/bench_branching_start_misroute_0.85_chair_lr_2e_05_warmup_steps_0")
+    assert bench_branching.testbed(schedule).title.endswith("a start misrouting 0.85 of the chair questions, "
+                                                            "lr 2e-05, warm-up steps 0")
+    at_defaults = bench_branching.parse_args([*started, "--lr", "2e-4", "--warmup-steps", "67"])
+    assert bench_branching.testbed(at_defaults).name == "branching-start-misroute-0.85-chair"
     # the learning benchmark too: a design's runs get their own directory (a run of other options in a setting's
     # directory would be trained over) and section
     assert bench_learning.parse_args([]).output == "outputs/bench_learning"
