@@ -30,7 +30,12 @@ import numpy as np
 
 from algos.evaluation import failure_mix, occurring_failures, routing
 from algos.tree_grpo.settings import TreeGRPOSettings
-from benchmarks.plateau_exit import SILENT_GRAD_NORM, plateau_exit_tokens, silent_update_share
+from benchmarks.plateau_exit import (
+    SILENT_GRAD_NORM,
+    first_passage_tokens,
+    plateau_exit_tokens,
+    silent_update_share,
+)
 from envs.synthetic import BranchSpec, WorldSpec, world_data_dir
 from experiments.confidence import (
     Interval,
@@ -336,6 +341,8 @@ def summarize(testbed: Testbed, runs: dict[str, list[list[dict]]], finals: dict[
         if testbed.plateau_threshold is not None:
             summary[setting]["plateau_exit_per_seed"] = [plateau_exit_tokens(rows, testbed.plateau_threshold)
                                                          for rows in seeds]
+            summary[setting]["first_passage_per_seed"] = [first_passage_tokens(rows, testbed.plateau_threshold)
+                                                          for rows in seeds]
             summary[setting]["silent_update_share_per_seed"] = [silent_update_share(rows) for rows in seeds]
     return summary
 
@@ -367,25 +374,32 @@ def compare(testbed: Testbed, finals: dict[str, list[list[dict]]], delta: float 
     return out
 
 
-def exit_tokens_per_seed(summary: dict[str, dict], runs: dict[str, list[list[dict]]], setting: str) -> list[int]:
-    """Each seed's tokens to leave the plateau (``plateau_exit_per_seed``); a run that stayed counts as the tokens it
-    generated in all (its budget, as the protocol's speed outcome counts it)."""
+# the two speed outcomes, keys of a setting's summary: tokens to leave the plateau for good (the fourth design's),
+# tokens to first reach the threshold (the fifth's)
+PLATEAU_EXIT, FIRST_PASSAGE = "plateau_exit_per_seed", "first_passage_per_seed"
+
+
+def exit_tokens_per_seed(summary: dict[str, dict], runs: dict[str, list[list[dict]]], setting: str,
+                         outcome: str = PLATEAU_EXIT) -> list[int]:
+    """Each seed's tokens to the speed ``outcome`` (``PLATEAU_EXIT`` or ``FIRST_PASSAGE``); a run that never got
+    there counts as the tokens it generated in all (its budget, as the protocol's speed outcome counts it)."""
     return [int(rows[-1]["tokens_generated_total"]) if tokens is None else tokens
-            for tokens, rows in zip(summary[setting]["plateau_exit_per_seed"], runs[setting], strict=True)]
+            for tokens, rows in zip(summary[setting][outcome], runs[setting], strict=True)]
 
 
-def compare_exit_tokens(testbed: Testbed, summary: dict[str, dict],
-                        runs: dict[str, list[list[dict]]]) -> dict[str, dict]:
-    """Every comparison whose two settings ran on the same seeds, in tokens to leave the plateau: the mean paired
-    difference a - b over seeds (negative: a left sooner) with its bootstrap interval over seeds, the sd of the
-    per-seed differences (what sizes the seeds) and the smallest difference in tokens that this many seeds detect at
-    80% power with that sd (``detectable_difference``). Empty where the testbed reports no plateau."""
+def compare_exit_tokens(testbed: Testbed, summary: dict[str, dict], runs: dict[str, list[list[dict]]],
+                        outcome: str = PLATEAU_EXIT) -> dict[str, dict]:
+    """Every comparison whose two settings ran on the same seeds, in tokens to the speed ``outcome``: the mean
+    paired difference a - b over seeds (negative: a got there sooner) with its bootstrap interval over seeds, the sd
+    of the per-seed differences (what sizes the seeds) and the smallest difference in tokens that this many seeds
+    detect at 80% power with that sd (``detectable_difference``). Empty where the testbed reports no plateau."""
     out = {}
     if testbed.plateau_threshold is None:
         return out
     for a, b in testbed.comparisons:
         if a in summary and b in summary and len(runs[a]) == len(runs[b]):
-            tokens_a, tokens_b = (np.array(exit_tokens_per_seed(summary, runs, s), dtype=float) for s in (a, b))
+            tokens_a, tokens_b = (np.array(exit_tokens_per_seed(summary, runs, s, outcome), dtype=float)
+                                  for s in (a, b))
             differences = tokens_a - tokens_b
             sd = float(differences.std(ddof=1)) if differences.size > 1 else None
             out[f"{a} - {b}"] = {  # the bootstrap takes seeds x questions: one "question" per seed here
@@ -438,7 +452,9 @@ def _share(value: float | None) -> str:
 
 def markdown(summary: dict[str, dict], differences: dict[str, dict], args: argparse.Namespace, warm: str,
              wall_s: float, plateau_threshold: float | None = None,
-             exit_differences: dict[str, dict] | None = None) -> str:
+             exit_differences: dict[str, dict[str, dict]] | None = None) -> str:
+    """The report: the settings' table, the failure mix, the speed outcomes per seed, the paired differences of
+    final dev EM and, per speed outcome (``exit_differences``: outcome -> ``compare_exit_tokens``), in tokens."""
     run_minutes = sum(sum(s["seconds_per_seed"]) for s in summary.values()) / 60
     budget = getattr(args, "token_budget", None)
     length = (f"each run until it has generated its token budget (T = {budget:,}; the iteration that reaches it "
@@ -498,23 +514,30 @@ def markdown(summary: dict[str, dict], differences: dict[str, dict], args: argpa
         lines += [f"| {name} | {_interval(d)} | {verdict(d)} | {d['sd_paired']:.3f} | {_share(d['sd_seed_means'])} "
                   f"| {d['detectable']:.3f} | {_share(d['detectable_over_seeds'])} | {d['seeds_for_delta'] or '-'} |"
                   for name, d in differences.items()]
-    lines += exit_tokens_table(exit_differences or {})
+    for outcome, outcome_differences in (exit_differences or {}).items():
+        lines += exit_tokens_table(outcome_differences, outcome)
     return "\n".join(lines) + "\n"
 
 
-def exit_tokens_table(differences: dict[str, dict]) -> list[str]:
-    """The paired differences in tokens to leave the plateau (``compare_exit_tokens``); no lines without any."""
+# per speed outcome: what it is, and the verb of a run that got there
+OUTCOME_WORDS = {PLATEAU_EXIT: ("to leave the plateau", "left", "a run that stayed"),
+                 FIRST_PASSAGE: ("to first reach the threshold (the first curve point at or above it, whatever "
+                                 "follows)", "reached it", "a run that never reached it")}
+
+
+def exit_tokens_table(differences: dict[str, dict], outcome: str = PLATEAU_EXIT) -> list[str]:
+    """The paired differences in tokens to the speed ``outcome`` (``compare_exit_tokens``); no lines without any."""
     if not differences:
         return []
-    lines = ["", "Paired differences in tokens to leave the plateau (a - b over the same seeds; negative: a left "
-                 "sooner; a run that stayed counts as all the tokens it generated; 95% bootstrap over seeds), with the "
-                 "sd of the per-seed differences and the smallest difference these seeds detect with it (80% power, "
-                 "two-sided, 5%):", "",
+    what, verb, never = OUTCOME_WORDS[outcome]
+    lines = ["", f"Paired differences in tokens {what} (a - b over the same seeds; negative: a {verb} sooner; {never} "
+                 "counts as all the tokens it generated; 95% bootstrap over seeds), with the sd of the per-seed "
+                 "differences and the smallest difference these seeds detect with it (80% power, two-sided, 5%):", "",
              "| a - b | difference in tokens [95% interval] | reading | sd of seed differences | detectable |",
              "|---|---|---|---|---|"]
     for name, d in differences.items():
-        reading = ("a left sooner beyond the noise" if d["high"] < 0 else
-                   "a left later beyond the noise" if d["low"] > 0 else "inside the noise")
+        reading = (f"a {verb} sooner beyond the noise" if d["high"] < 0 else
+                   f"a {verb} later beyond the noise" if d["low"] > 0 else "inside the noise")
         sd, detectable = ("-" if d.get(key) is None else f"{d[key]:,.0f}"
                           for key in ("sd_seed_differences", "detectable"))
         lines.append(f"| {name} | {d['mean']:+,.0f} [{d['low']:+,.0f}, {d['high']:+,.0f}] | {reading} | {sd} | "
@@ -530,19 +553,25 @@ def plateau_table(summary: dict[str, dict], args: argparse.Namespace, threshold:
         return []
     lines = ["", f"Plateau exit (benchmarks/plateau_exit.py, threshold {threshold}): tokens generated "
                  f"when the dev EM curve (first {args.curve_questions} held-out questions) reached the threshold and "
-                 f"stayed at or above it to the run's end; \"stayed\": its last point is below. In parentheses: the "
-                 f"share of the run's second half of iterations whose gradient norm was below {SILENT_GRAD_NORM} "
-                 f"(silent updates: every prompt's leaves rewarded alike).", "",
-             "| setting | " + " | ".join(f"seed {seed}" for seed in args.seeds) + " | runs that left |",
+                 f"stayed at or above it to the run's end; \"stayed\": its last point is below. After \"first\": the "
+                 f"tokens at its first curve point at or above the threshold, whatever follows (\"never\": none). In "
+                 f"parentheses: the share of the run's second half of iterations whose gradient norm was below "
+                 f"{SILENT_GRAD_NORM} (silent updates: every prompt's leaves rewarded alike).", "",
+             "| setting | " + " | ".join(f"seed {seed}" for seed in args.seeds) + " | runs that left / reached it |",
              "|---" * (len(args.seeds) + 2) + "|"]
     for setting, s in summary.items():
-        per_seed = s["plateau_exit_per_seed"]
-        cells = [("stayed" if tokens is None else f"{tokens:,}") + ("" if share is None else f" ({share:.2f})")
-                 for tokens, share in zip(per_seed, s["silent_update_share_per_seed"], strict=True)]
+        exits, firsts = s[PLATEAU_EXIT], s[FIRST_PASSAGE]
+        cells = [f"{_tokens(tokens, 'stayed')}; first {_tokens(first, 'never')}"
+                 + ("" if share is None else f" ({share:.2f})")
+                 for tokens, first, share in zip(exits, firsts, s["silent_update_share_per_seed"], strict=True)]
         cells += [""] * (len(args.seeds) - len(cells))  # seeds not run yet
-        left = sum(tokens is not None for tokens in per_seed)
-        lines.append(f"| {setting} | " + " | ".join(cells) + f" | {left} of {len(per_seed)} |")
+        left, reached = (sum(tokens is not None for tokens in per_seed) for per_seed in (exits, firsts))
+        lines.append(f"| {setting} | " + " | ".join(cells) + f" | {left} / {reached} of {len(exits)} |")
     return lines
+
+
+def _tokens(tokens: int | None, none: str) -> str:
+    return none if tokens is None else f"{tokens:,}"
 
 
 def write_results(testbed: Testbed, runs: dict[str, list[list[dict]]], finals: dict[str, list[list[dict]]],
@@ -550,7 +579,8 @@ def write_results(testbed: Testbed, runs: dict[str, list[list[dict]]], finals: d
                   output: Path) -> tuple[str, Path]:
     """OUTPUT/NAME.md, NAME.json and NAME.png for the runs so far; (the table, the plot's path)."""
     summary, differences = summarize(testbed, runs, finals, before), compare(testbed, finals, args.delta)
-    exit_differences = compare_exit_tokens(testbed, summary, runs)
+    exit_differences = {outcome: compare_exit_tokens(testbed, summary, runs, outcome)
+                        for outcome in (PLATEAU_EXIT, FIRST_PASSAGE)}
     table = markdown(summary, differences, args, warm, wall_s, testbed.plateau_threshold, exit_differences)
     (output / f"{testbed.name}.md").write_text(table, encoding="utf-8")
     payload = {"settings": vars(args), "world": testbed.world.key, "summary": summary, "differences": differences,

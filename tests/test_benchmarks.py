@@ -176,12 +176,15 @@ def test_a_testbed_with_a_plateau_reports_where_each_run_left_it(tmp_path, monke
     saved = json.loads((tmp_path / "learning.json").read_text(encoding="utf-8"))
     assert saved["summary"]["tree (2,2,1)"]["plateau_exit_per_seed"] == [150, None]
     assert "Plateau exit (benchmarks/plateau_exit.py, threshold 0.4)" in table
-    assert "| setting | seed 0 | seed 1 | seed 2 | runs that left |" in table
-    assert "| tree (2,2,1) | 150 | stayed |  | 1 of 2 |" in table  # no gradient norms in these rows: no share
+    assert saved["summary"]["tree (2,2,1)"]["first_passage_per_seed"] == [150, None]
+    assert "| setting | seed 0 | seed 1 | seed 2 | runs that left / reached it |" in table
+    # no gradient norms in these rows: no share
+    assert "| tree (2,2,1) | 150; first 150 | stayed; first never |  | 1 / 1 of 2 |" in table
     runs["tree (2,2,1)"][1] = [{**row, "grad_norm": norm} for row, norm in zip(runs["tree (2,2,1)"][1], (0.5, 0.0),
                                                                              strict=False)]
     table, _ = learning_runs.write_results(testbed, runs, finals, scores(1, 1, 0, 0), args, "W", 1.0, tmp_path)
-    assert "| tree (2,2,1) | 150 | stayed (1.00) |  | 1 of 2 |" in table and "below 0.001 (silent updates" in table
+    assert "| tree (2,2,1) | 150; first 150 | stayed; first never (1.00) |  | 1 / 1 of 2 |" in table
+    assert "below 0.001 (silent updates" in table
 
 
 def test_reward_first_and_last_averages_a_tenth_of_the_iterations_at_each_end():
@@ -480,10 +483,26 @@ def test_exit_tokens_are_compared_per_seed_and_a_run_that_stayed_counts_all_its_
     assert "| -5 [-9, -1] | a left sooner beyond the noise | - | - |" in learning_runs.exit_tokens_table(sooner)[-1]
     assert learning_runs.compare_exit_tokens(TESTBED, summary, runs) == {}  # no plateau reported: no comparison
     assert learning_runs.exit_tokens_table({}) == []
+    # the other speed outcome, tokens to first reach the threshold, read from its own key the same way
+    summary["tree (2,2,1)"]["first_passage_per_seed"] = [60, None, 80]
+    summary["chain G=4"]["first_passage_per_seed"] = [90, 100, 120]
+    first = learning_runs.compare_exit_tokens(testbed, summary, runs, learning_runs.FIRST_PASSAGE)
+    # per seed: 60 - 90, 500 - 100, 80 - 120 = -30, +400, -40 (the run that never reached it counts its 500 tokens)
+    assert first["tree (2,2,1) - chain G=4"]["mean"] == pytest.approx(110)
+    assert first["tree (2,2,1) - chain G=4"]["sd_seed_differences"] == pytest.approx(np.std([-30, 400, -40], ddof=1))
+    lines = learning_runs.exit_tokens_table(sooner, learning_runs.FIRST_PASSAGE)
+    assert lines[1].startswith("Paired differences in tokens to first reach the threshold")
+    assert "| a reached it sooner beyond the noise |" in lines[-1]
 
 
 def test_a_run_leaves_the_plateau_at_the_first_point_it_never_falls_back_below(tmp_path, capsys):
-    from benchmarks.plateau_exit import main, plateau_exit_tokens, runs_left_by, silent_update_share
+    from benchmarks.plateau_exit import (
+        first_passage_tokens,
+        main,
+        plateau_exit_tokens,
+        runs_left_by,
+        silent_update_share,
+    )
 
     def rows(curve):  # (tokens, dev EM or None) per iteration
         return [{"iteration": i, "tokens_generated_total": t, **({} if em is None else {"dev_em": em})}
@@ -494,6 +513,9 @@ def test_a_run_leaves_the_plateau_at_the_first_point_it_never_falls_back_below(t
     assert plateau_exit_tokens(rows([(100, 0.4), (200, 0.69)]), 0.7) is None  # ends below: stayed
     assert plateau_exit_tokens(rows([(100, 0.9), (200, 0.95)]), 0.7) == 100
     assert plateau_exit_tokens(rows([(100, None)]), 0.7) is None
+    assert first_passage_tokens(back_down, 0.7) == 200  # the first point at or above, whatever follows
+    assert first_passage_tokens(rows([(100, 0.4), (200, 0.69)]), 0.7) is None
+    assert first_passage_tokens(rows([(100, None), (200, 0.7)]), 0.7) == 200  # a point without a curve is skipped
     assert [runs_left_by([500, None, 100], budget) for budget in (99, 100, 499, 500)] == [0, 1, 1, 2]
     norms = [{"grad_norm": g} for g in (0.0, 0.3, 0.2, 0.0009, 0.001)] + [{"grad_norm": None}, {}]
     assert silent_update_share(norms) == pytest.approx(1 / 3)  # second half: 0.2, 0.0009 (silent), 0.001
