@@ -15,7 +15,9 @@ Then, with the device tool, one call right after the other (the machine stays wa
     run(command="bash benchmarks/device_check.sh 2", carry=[".device/call2"], timeout_s=600)
 
 Call 1 installs the small wheels and runs ``bench_device.py`` (it needs no Ray); call 2 joins and installs Ray and
-runs ``experiments/run.py --algo tree_grpo --env HotpotQA-v0`` for two iterations with one GPU learner.
+runs ``experiments/run.py --algo tree_grpo --env HotpotQA-v0`` for two iterations with one GPU learner. Fit them to
+the session's device time with ``MODELS``, ``BENCH_TIMEOUT`` and ``RUN_TIMEOUT`` (``device_check.sh``): on the first
+lent H200 a 32-prompt bench needed more than 160 s per model, one run.py iteration 75 s after 20 s of setup.
 """
 
 from __future__ import annotations
