@@ -11,7 +11,8 @@ capture itself.
 
 Padding rows feed token 0 at position 0 of their own pool rows, the rows past the batch, which hold nothing in a
 decode-only pass; their logits are dropped. A graph reads the pool's buffers at fixed addresses, so a pool
-reallocation (rare: buffers grow by half again) discards every captured graph.
+reallocation (buffers grow by half again: a few times in a rollout whose branches multiply, as a tree's do) discards
+every captured graph, and the shapes are captured again on the new buffers.
 """
 
 from __future__ import annotations
