@@ -14,6 +14,12 @@ the protocol (comparisons, metric, sizes, decision rule) is docs/protocol_branch
     python benchmarks/bench_branching.py --pilot --resume --entropy-coef 0.01       # a larger entropy bonus
     python benchmarks/bench_branching.py --pilot --resume --start-misroute 0.85 --start-misroute-role chair
                                                                     # a start misrouting only the chair questions
+    # the fifth design, the one that measured it (a constant lr: --lr and --warmup-steps away from their defaults
+    # name a design too), 4 settings x 10 seeds, curve points every iteration
+    python benchmarks/bench_branching.py --resume --start-misroute 0.85 --start-misroute-role chair --lr 2e-5 \
+        --warmup-steps 0 --token-budget 60000 --chain-group-size 5 --iterations 100 --eval-every 1 \
+        --curve-questions 50 --seeds 0 1 2 3 4 5 6 7 8 9 --settings "tree (2,2,1) uniform" "chain at equal tokens" \
+        "chain G=16 at 4x tokens" "tree (2,2,1) entropy" --report
 
 The testbed (``WORLD``, ``TOPK``): 3-hop SynthBranch questions, each turning on one decision after the first
 search (follow the company's founder or its chair), 300 held out; one passage per search; people named by one
