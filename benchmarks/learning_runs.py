@@ -55,6 +55,9 @@ DESIGN_OPTIONS = {"top_p": ("--top-p", "rollouts' top-p"), "entropy_coef": ("--e
 # the same for the options every run is given (run_options): a design choice where set away from the benchmark's
 # default, which the parser records in ``schedule_defaults``
 SCHEDULE_OPTIONS = {"lr": ("--lr", "lr"), "warmup_steps": ("--warmup-steps", "warm-up steps")}
+# the two speed outcomes, keys of a setting's summary: tokens to leave the plateau for good (the fourth design's),
+# tokens to first reach the threshold (the fifth's)
+PLATEAU_EXIT, FIRST_PASSAGE = "plateau_exit_per_seed", "first_passage_per_seed"
 
 
 @dataclass(frozen=True)
@@ -196,11 +199,9 @@ def design_options(args: argparse.Namespace) -> list[str]:
 def design_choices(args: argparse.Namespace) -> list[tuple[str, str, float]]:
     """(run.py's option, what it is, value) of each design choice set on the benchmark: the ``DESIGN_OPTIONS``
     given at all, the ``SCHEDULE_OPTIONS`` given away from the benchmark's defaults."""
-    defaults = getattr(args, "schedule_defaults", {})
-    return ([(flag, what, getattr(args, name)) for name, (flag, what) in DESIGN_OPTIONS.items()
-             if getattr(args, name) is not None]
-            + [(flag, what, getattr(args, name)) for name, (flag, what) in SCHEDULE_OPTIONS.items()
-               if name in defaults and getattr(args, name) != defaults[name]])
+    defaults = {**dict.fromkeys(DESIGN_OPTIONS), **getattr(args, "schedule_defaults", {})}
+    return [(flag, what, getattr(args, name)) for name, (flag, what) in {**DESIGN_OPTIONS, **SCHEDULE_OPTIONS}.items()
+            if name in defaults and getattr(args, name) != defaults[name]]
 
 
 def design_suffix(args: argparse.Namespace) -> str:
@@ -339,10 +340,8 @@ def summarize(testbed: Testbed, runs: dict[str, list[list[dict]]], finals: dict[
             "reward_first_last": [float(v) for v in np.mean([reward_first_and_last(rows) for rows in seeds], axis=0)],
         }
         if testbed.plateau_threshold is not None:
-            summary[setting]["plateau_exit_per_seed"] = [plateau_exit_tokens(rows, testbed.plateau_threshold)
-                                                         for rows in seeds]
-            summary[setting]["first_passage_per_seed"] = [first_passage_tokens(rows, testbed.plateau_threshold)
-                                                          for rows in seeds]
+            summary[setting][PLATEAU_EXIT] = [plateau_exit_tokens(rows, testbed.plateau_threshold) for rows in seeds]
+            summary[setting][FIRST_PASSAGE] = [first_passage_tokens(rows, testbed.plateau_threshold) for rows in seeds]
             summary[setting]["silent_update_share_per_seed"] = [silent_update_share(rows) for rows in seeds]
     return summary
 
@@ -372,11 +371,6 @@ def compare(testbed: Testbed, finals: dict[str, list[list[dict]]], delta: float 
                 "seeds_for_delta": seeds_for_power(sd, delta, questions=questions) if sd > 0 else None,
             }
     return out
-
-
-# the two speed outcomes, keys of a setting's summary: tokens to leave the plateau for good (the fourth design's),
-# tokens to first reach the threshold (the fifth's)
-PLATEAU_EXIT, FIRST_PASSAGE = "plateau_exit_per_seed", "first_passage_per_seed"
 
 
 def exit_tokens_per_seed(summary: dict[str, dict], runs: dict[str, list[list[dict]]], setting: str,
