@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from datetime import timedelta
 
 import pytest
@@ -142,6 +143,7 @@ def test_ddp_wrapped_module_reaches_custom_methods(tmp_path):
     # wait out gloo's 30-minute default; the short timeout bounds any collective too.
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'ddp_store'}", rank=0, world_size=1,
                             timeout=timedelta(seconds=60))
+    wrapped = out = None
     try:
         module = build()
         wrapped = TorchDDPRLModule(module)
@@ -150,4 +152,8 @@ def test_ddp_wrapped_module_reaches_custom_methods(tmp_path):
         out = wrapped.forward_train(batch)
         out[LOGPROBS].sum().backward()
     finally:
+        # DDP's reducer holds the process group: free it first. Freed after the group's destruction (when the test
+        # returned), gloo's destructor once hung joining its threads in a full run of the suite.
+        wrapped = out = None
+        gc.collect()
         dist.destroy_process_group()
