@@ -8,7 +8,9 @@ CKPT is what ``run.py --resume`` takes: a run directory (its newest checkpoint),
 ``config.json``, ``generation_config.json`` and the tokenizer files (with the chat template), the layout
 ``AutoModelForCausalLM.from_pretrained(OUT)`` and ``AutoTokenizer.from_pretrained(OUT)`` read; ``run.py --model OUT``
 and ``evaluate.py --model OUT`` take it too. A policy trained with LoRA is exported with its adapters merged into
-the base weights (a plain model, no peft needed to load it). The weights keep the run's dtype.
+the base weights (a plain model, no peft needed to load it). The weights are the learner's master weights in
+float32 (a ``--dtype bfloat16`` run trains float32 masters under bf16 compute), or ``--dtype bfloat16`` for a
+file half the size.
 
 Checkpoints are pickles (load only your own); the export holds no pickle. OUT is written beside its final place
 and renamed into it, so it is never left half-written; an OUT that exists and is not empty is refused unless
@@ -25,6 +27,7 @@ from pathlib import Path
 
 from experiments.checkpoints import CheckpointError, resolve_checkpoint
 from experiments.evaluate import load_policy
+from policies.precision import DTYPES
 
 
 class ExportError(ValueError):
@@ -46,16 +49,18 @@ def merged(model):
     return model.merge_and_unload() if hasattr(model, "merge_and_unload") else model
 
 
-def export_policy(checkpoint: str | Path, output: str | Path, *, overwrite: bool = False) -> Path:
+def export_policy(checkpoint: str | Path, output: str | Path, *, overwrite: bool = False,
+                  dtype: str = "float32") -> Path:
     """Write the policy of ``checkpoint`` (any spelling ``resolve_checkpoint`` takes) as a Hugging Face model
-    directory ``output``; returns ``output``. ``CheckpointError`` / ``ExportError`` name what is wrong."""
+    directory ``output`` with weights in ``dtype``; returns ``output``. ``CheckpointError`` / ``ExportError`` name
+    what is wrong."""
     source, output = resolve_checkpoint(checkpoint), Path(output)
     check_output(output, source, overwrite)
     model, tokenizer = load_policy(str(source))
     staging = output.with_name(f".{output.name}.tmp-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     try:
-        merged(model).save_pretrained(staging, safe_serialization=True)
+        merged(model).to(DTYPES[dtype]).save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
         # transformers writes the weights through a private temporary file (mode 0600): give them the mode the
         # umask gave every other file
@@ -75,6 +80,8 @@ def export_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint", metavar="CKPT", help="a run directory or one of its checkpoints")
     p.add_argument("output", metavar="OUT", help="the model directory to write")
     p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists and is not empty")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="dtype of the written weights (default: float32, the learner's master weights)")
     return p
 
 
@@ -82,7 +89,7 @@ def main(argv: list[str] | None = None) -> Path:
     parser = export_parser()
     args = parser.parse_args(argv)
     try:
-        output = export_policy(args.checkpoint, args.output, overwrite=args.overwrite)
+        output = export_policy(args.checkpoint, args.output, overwrite=args.overwrite, dtype=args.dtype)
     except (CheckpointError, ExportError) as error:
         parser.exit(2, f"export.py: error: {error}\n")
     print(f"model: {output} (AutoModelForCausalLM.from_pretrained({str(output)!r}), or --model {output})")

@@ -284,7 +284,8 @@ def progress_line(row: dict[str, Any], total: int) -> str:
             f"leaves {f(M.LEAVES, 'd')}  tokens {f(M.TOKENS_GENERATED, 'd')}  tool calls {f(M.TOOL_CALLS, 'd')}  "
             f"KL {f(M.KL, '.4f')}  {f('time_s', '.1f')} s"
             + (f"  dev EM {f('dev_em', '.3f')}" if "dev_em" in row else "")
-            + (f"  runner restarts {f(M.ENV_RUNNER_RESTARTS, 'd')}" if row.get(M.ENV_RUNNER_RESTARTS) else ""))
+            + (f"  runner restarts {f(M.ENV_RUNNER_RESTARTS, 'd')}" if row.get(M.ENV_RUNNER_RESTARTS) else "")
+            + ("  update skipped (every prompt's leaves rewarded alike)" if row.get(M.UPDATE_SKIPPED) else ""))
 
 
 def build_algorithm(run: RunPlan):

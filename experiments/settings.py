@@ -15,12 +15,13 @@ from pydantic import Field, field_validator, model_validator
 
 import envs
 from algos.tree_grpo import TreeGRPOConfig
-from algos.tree_grpo.settings import ALGORITHM_FIELDS, TreeGRPOSettings
+from algos.tree_grpo.settings import ALGORITHM_FIELDS, TreeGRPOSettings, per_device
 from envs.datasets import resolve_data_dir
 from envs.retrieval import check_retriever_spec
 from policies.models import LoraSettings
 
 EnvId = Literal[tuple(envs.ENV_IDS)]  # type: ignore[valid-type]
+GPU_DEFAULT_MODEL = "Qwen/Qwen2.5-1.5B-Instruct"  # the paper's smallest model: SmolLM2 earns nothing on HotpotQA
 
 
 def dashboard_dependency_error() -> ImportError | None:
@@ -89,9 +90,22 @@ class RunSettings(TreeGRPOSettings):
                                        "in Search-R1's protocol (http://HOST:PORT/retrieve; python -m "
                                        "envs.retrieval.serve starts one)")
     # model
-    model: str = Field("smollm2-135m", description="tiny-random, smollm2-135m, a Hugging Face hub id or a "
-                                                   "model directory (e.g. one written by experiments/export.py)")
-    dtype: Literal["float32", "bfloat16"] = Field("float32", description="model weights' dtype")
+    model: str = Field(
+        default_factory=per_device(cpu="smollm2-135m", gpu=GPU_DEFAULT_MODEL),
+        description=f"tiny-random, smollm2-135m, a Hugging Face hub id or a model directory (e.g. one written by "
+                    f"experiments/export.py) (default: smollm2-135m on CPU; with a GPU the paper's smallest model, "
+                    f"{GPU_DEFAULT_MODEL}, downloaded from the hub on first use, about 3 GB)")
+    dtype: Literal["float32", "bfloat16"] = Field(
+        default_factory=per_device(cpu="float32", gpu="bfloat16"),
+        description="compute dtype: bfloat16 runs the learner's passes under autocast over float32 master weights, "
+                    "gradients and AdamW state, and the rollout engines in bf16 weights cast from the master at each "
+                    "sync; export writes float32 (default: float32 on CPU, bfloat16 with a GPU)")
+    pure_bf16: bool = Field(False, description="with --dtype bfloat16: bf16 master weights and optimizer state too "
+                                               "(half the learner's static memory; updates below half a bf16 ulp "
+                                               "round away, so small learning rates do not learn; warns)")
+    gradient_checkpointing: bool = Field(
+        False, description="recompute each decoder layer's activations in the backward pass instead of keeping "
+                           "them (same loss and gradients; less learner memory, about a third more compute)")
     lora_rank: int | None = Field(None, ge=1, description="train LoRA adapters of this rank (default: full "
                                                           "fine-tuning)")
     lora_alpha: int = Field(LoraSettings.alpha, ge=1, description="LoRA alpha (with --lora-rank)")
@@ -158,6 +172,15 @@ class RunSettings(TreeGRPOSettings):
     @classmethod
     def _custom_resources_only(cls, value: dict[str, float] | None) -> dict[str, float] | None:
         return check_custom_resources(value)
+
+    @model_validator(mode="after")
+    def _precision_and_reference(self) -> RunSettings:
+        if self.pure_bf16 and self.dtype != "bfloat16":
+            raise ValueError("pure_bf16: needs --dtype bfloat16 (bf16 master weights)")
+        if self.reference_offload and self.lora_rank is not None:
+            raise ValueError("reference_offload: with LoRA the reference is the base model with its adapters off, "
+                             "which the policy holds anyway: nothing to offload; drop --reference-offload")
+        return self
 
     @model_validator(mode="after")
     def _resources_need_remote_runners(self) -> RunSettings:
@@ -242,7 +265,8 @@ def env_config(settings: RunSettings) -> dict[str, Any]:
 
 def model_config(settings: RunSettings) -> dict[str, Any]:
     lora = None if settings.lora_rank is None else {"rank": settings.lora_rank, "alpha": settings.lora_alpha}
-    return {"model": settings.model, "dtype": settings.dtype, "seed": settings.seed, "lora": lora}
+    return {"model": settings.model, "dtype": settings.dtype, "pure_bf16": settings.pure_bf16,
+            "gradient_checkpointing": settings.gradient_checkpointing, "seed": settings.seed, "lora": lora}
 
 
 def build_config(settings: RunSettings) -> TreeGRPOConfig:

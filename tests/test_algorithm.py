@@ -192,3 +192,19 @@ def test_resume_in_a_new_process(ray_session, data_dir, tmp_path):
     subprocess.run(command, check=True, capture_output=True, timeout=900)
     rows = read_rows(tmp_path / "metrics.jsonl")
     assert [r["iteration"] for r in rows] == [1, 2]
+
+
+def test_an_iteration_whose_leaves_are_rewarded_alike_skips_the_update(ray_session, data_dir, tmp_path):
+    """tiny-random earns nothing: every advantage is 0, so the update is skipped, counted, and the weights stay."""
+    main([*FAST, "--iterations", "2", "--skip-uniform-rewards", "--no-mlflow", "--output", str(tmp_path)])
+    rows = read_rows(tmp_path / "metrics.jsonl")
+    assert all(row["reward_mean"] == 0 for row in rows)
+    assert [(row["update_skipped"], row["updates_skipped_total"]) for row in rows] == [(1, 1), (1, 2)]
+    assert all(row["update_time_s"] == 0 and row["grad_norm"] is None and row["kl"] is None for row in rows)
+    algo = TreeGRPO.from_checkpoint(str(tmp_path / "checkpoints" / "latest"))
+    try:
+        trained = algo.learner_group._learner.module["default_policy"].model.state_dict()
+    finally:
+        algo.stop()
+    initial = load_model("tiny-random", seed=0)[0].state_dict()
+    assert all(torch.equal(trained[name], initial[name]) for name in initial)

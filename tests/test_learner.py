@@ -31,10 +31,10 @@ ADVANTAGES = (1.0, -1.0, 0.5, -0.5, 0.25)
 ONE_STEP = {"ppo_mini_batches": 1, "old_logprobs": "recompute", "tis_cap": None}  # one on-policy step per update
 
 
-def build_learner(dtype: str = "float32", **training) -> TreeGRPOTorchLearner:
+def build_learner(dtype: str = "float32", *, model_config: dict | None = None, **training) -> TreeGRPOTorchLearner:
     """A learner over a fresh tiny-random model (seeded: every learner starts from the same weights); one
-    on-policy optimizer step per update unless ``training`` says otherwise."""
-    config = (TreeGRPOConfig().rl_module(model_config={"model": "tiny-random", "dtype": dtype})
+    on-policy optimizer step per update unless ``training`` says otherwise; ``model_config`` adds module keys."""
+    config = (TreeGRPOConfig().rl_module(model_config={"model": "tiny-random", "dtype": dtype, **(model_config or {})})
               .training(**{"lr": LR, **ONE_STEP, **training}))
     text = UnicodeText(100)
     return config.build_learner(spaces={DEFAULT_MODULE_ID: (text, text)})
@@ -125,11 +125,13 @@ def test_resuming_continues_the_warm_up_and_the_optimizer_bit_for_bit(arrays, re
     assert first.get_state()[OPTIMIZER_STEPS] == 1 and resumed.get_state()[OPTIMIZER_STEPS] == 3
 
 
+@pytest.mark.filterwarnings("ignore:pure_bf16")
 def test_a_bfloat16_learner_checkpoints_its_optimizer(arrays, tmp_path):
-    learner = build_learner(dtype="bfloat16")
+    pure = {"pure_bf16": True}  # bf16 AdamW moments (mixed precision keeps them float32)
+    learner = build_learner(dtype="bfloat16", model_config=pure)
     update(learner, arrays)
     learner.save_to_path(tmp_path / "learner")  # numpy has no bfloat16: RLlib's own optimizer state fails here
-    restored = build_learner(dtype="bfloat16")
+    restored = build_learner(dtype="bfloat16", model_config=pure)
     restored.restore_from_path(tmp_path / "learner")
     state = adam_state(restored)
     assert state[0]["exp_avg"].dtype == torch.bfloat16

@@ -344,11 +344,11 @@ def test_old_logprobs_are_recomputed_for_another_engine():
 
     from algos.tree_grpo.learner import old_logprobs_source
 
-    model = torch.nn.Linear(2, 2)
-    assert old_logprobs_source("auto", model, "hf") == "sampler"
-    assert old_logprobs_source("auto", model, "vllm") == "recompute"
-    assert old_logprobs_source("auto", model.to(torch.bfloat16), "hf") == "recompute"
-    assert old_logprobs_source("sampler", model, "vllm") == "sampler"  # asked for explicitly
+    assert old_logprobs_source("auto", torch.float32, "hf") == "sampler"
+    assert old_logprobs_source("auto", torch.float32, "vllm") == "recompute"
+    # bf16 compute (over float32 master weights too): the sampler's numerics are not the learner's
+    assert old_logprobs_source("auto", torch.bfloat16, "hf") == "recompute"
+    assert old_logprobs_source("sampler", torch.float32, "vllm") == "sampler"  # asked for explicitly
 
 
 def test_the_retriever_setting_reaches_the_env_and_is_checked_before_ray(tmp_path):
@@ -391,3 +391,28 @@ def test_bad_env_runner_resources_name_the_option(tmp_path, value, message):
 def test_env_runner_resources_need_remote_runners(tmp_path):
     error = error_of(["--env-runner-resources", "rollout_node=1", "--output", str(tmp_path)])
     assert "env_runner_resources: places remote env runners, but num_env_runners is 0" in error
+
+
+def test_precision_and_memory_options_reach_the_module_and_learner_and_bad_ones_are_named(tmp_path):
+    s = settings_of(["--dtype", "bfloat16", "--gradient-checkpointing", "--reference-offload", "--output",
+                     str(tmp_path)])
+    config = build_config(s)
+    assert (config.model_config["dtype"], config.model_config["gradient_checkpointing"],
+            config.model_config["pure_bf16"], config.reference_offload) == ("bfloat16", True, False, True)
+    assert "pure_bf16: needs --dtype bfloat16" in error_of(["--pure-bf16"])
+    assert "reference_offload: with LoRA the reference is the base model with its adapters off" in error_of(
+        ["--reference-offload", "--lora-rank", "4"])
+    assert "reference_offload: kl_coef is 0, so there is no reference model to offload" in error_of(
+        ["--reference-offload", "--kl-coef", "0"])
+    assert not ray.is_initialized()
+
+
+def test_the_gpu_defaults_are_the_papers_smallest_model_in_bf16_that_skips_idle_updates(monkeypatch, tmp_path):
+    import algos.tree_grpo.settings as algorithm_settings
+
+    monkeypatch.setattr(algorithm_settings, "gpu_visible", lambda: True)
+    gpu = settings_of(["--output", str(tmp_path)])
+    assert (gpu.model, gpu.dtype, gpu.skip_uniform_rewards) == ("Qwen/Qwen2.5-1.5B-Instruct", "bfloat16", True)
+    monkeypatch.setattr(algorithm_settings, "gpu_visible", lambda: False)
+    cpu = settings_of(["--output", str(tmp_path)])
+    assert (cpu.model, cpu.dtype, cpu.skip_uniform_rewards) == ("smollm2-135m", "float32", False)

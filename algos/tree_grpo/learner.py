@@ -22,7 +22,6 @@ the optimizer state, so a resumed run continues its warm-up and decay instead of
 from __future__ import annotations
 
 import contextlib
-import copy
 import math
 
 import torch
@@ -62,6 +61,7 @@ from policies.logprobs import (
     pack_rows,
 )
 from policies.memory import peak_memory_gib, reset_peak_memory
+from policies.reference_model import ReferenceModel
 
 OPTIMIZER_STEPS = M.OPTIMIZER_STEPS  # learner state key too: optimizer steps taken so far (the schedule position)
 OLD, REF, TIS = "old_logprobs", "ref_logprobs", "tis_weights"  # columns the update adds to its batch
@@ -74,14 +74,13 @@ def mismatch_metrics(stats: MismatchStats) -> dict[str, float]:
             M.SAMPLER_RATIO_OUTSIDE: stats.outside}
 
 
-def old_logprobs_source(choice: str, model: torch.nn.Module, generator: str = "hf") -> str:
-    """``sampler`` or ``recompute``: ``auto`` takes the sampler's when the HF generator samples a float32 model
-    (it then computes what the learner would, up to KV-cache rounding), and recomputes otherwise (bf16, or
+def old_logprobs_source(choice: str, compute_dtype: torch.dtype, generator: str = "hf") -> str:
+    """``sampler`` or ``recompute``: ``auto`` takes the sampler's when the HF generator computes in float32 (it
+    then computes what the learner would, up to KV-cache rounding), and recomputes otherwise (bf16 compute, or
     another engine such as vLLM, whose kernels differ)."""
     if choice != "auto":
         return choice
-    float32 = next(model.parameters()).dtype == torch.float32
-    return "sampler" if generator == "hf" and float32 else "recompute"
+    return "sampler" if generator == "hf" and compute_dtype == torch.float32 else "recompute"
 
 
 def gradient_norm(gradients: list[torch.Tensor]) -> float:
@@ -104,16 +103,19 @@ class TreeGRPOTorchLearner(TorchLearner):
     @override(TorchLearner)
     def build(self) -> None:
         super().build()
-        model = self.module[DEFAULT_MODULE_ID].unwrapped().model
+        module = self.module[DEFAULT_MODULE_ID].unwrapped()
+        model = module.model
         self._uses_lora = hasattr(model, "disable_adapter")
         self._reference = None
-        if not self._uses_lora and self.config.kl_coef > 0:
-            self._reference = copy.deepcopy(model).eval().requires_grad_(False)
+        if not self._uses_lora and self.config.kl_coef > 0:  # in the compute dtype: the passes run in it anyway
+            self._reference = ReferenceModel(model, dtype=module.precision.compute, device=self._device,
+                                             offload=self.config.reference_offload)
         self._optimizer_steps = 0
         settings = self.config.settings
         self._mini_batches, self._epochs = settings.mini_batches, settings.ppo_epochs
         self._warmup_steps, self._total_steps = settings.warmup_optimizer_steps, settings.total_optimizer_steps
-        self._old_source = old_logprobs_source(self.config.old_logprobs, model, settings.generator_backend)
+        self._old_source = old_logprobs_source(self.config.old_logprobs, module.precision.compute,
+                                               settings.generator_backend)
         if settings.learner_attention is not None:  # this learner's copy only: the env runners keep theirs
             base = model.get_base_model() if self._uses_lora else model
             base.set_attn_implementation(settings.learner_attention)
@@ -162,7 +164,7 @@ class TreeGRPOTorchLearner(TorchLearner):
             with module.model.disable_adapter():
                 return self._forward(module, part)[LOGPROBS]
         live = module.model
-        module.model = self._reference  # the same log-prob code path, on the frozen weights
+        module.model = self._reference.model  # the same log-prob code path, on the frozen weights
         try:
             return self._forward(module, part)[LOGPROBS]
         finally:
@@ -236,7 +238,8 @@ class TreeGRPOTorchLearner(TorchLearner):
         the sampler's: the first step measures it then)."""
         cfg, module = self.config, self.module[DEFAULT_MODULE_ID].unwrapped()
         olds, refs = [], []
-        with torch.no_grad():
+        reference = self._reference.on_device() if self._reference is not None else contextlib.nullcontext()
+        with torch.no_grad(), reference:  # an offloaded reference comes in once for all the micro-batches
             for piece in pieces:
                 part = self._part(data, piece, packings)
                 old = (self._forward(module, part)[LOGPROBS] if self._old_source == "recompute"

@@ -54,4 +54,6 @@ PROMPTS = "prompts"
 ITERATION_TIME_S = "iteration_time_s"  # sampling + update + sync (evaluation not included)
 UPDATE_TIME_S = "update_time_s"  # the learner group's update, as the driver waits for it
 SYNC_TIME_S = "sync_time_s"  # the weight sync to the env runners
+UPDATE_SKIPPED = "update_skipped"  # 1: every prompt's leaves rewarded alike, no learner update (skip_uniform_rewards)
+UPDATES_SKIPPED_TOTAL = "updates_skipped_total"  # iterations without an update so far (resumes too)
 DEV_PREFIX = "dev_"  # metrics.jsonl: the greedy evaluation's columns (dev_em, dev_f1, ...) on evaluating iterations

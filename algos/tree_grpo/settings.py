@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -44,7 +45,8 @@ def gpu_visible() -> bool:
     return torch.cuda.is_available()
 
 
-def _per_device(cpu: int, gpu: int):
+def per_device(cpu: Any, gpu: Any) -> Callable[[], Any]:
+    """A default factory: ``gpu`` when this process sees a CUDA device, else ``cpu``."""
     return lambda: gpu if gpu_visible() else cpu
 
 
@@ -78,7 +80,7 @@ class TreeGRPOSettings(BaseModel):
                                "entropy, distinct; needs the hf generator), after_tool (the nodes after tool calls, "
                                "uniformly with replacement)")
     prompts_per_iteration: int = Field(
-        default_factory=_per_device(cpu=4, gpu=32), ge=1,
+        default_factory=per_device(cpu=4, gpu=32), ge=1,
         description="prompts sampled from the training split per iteration (default: 4 on CPU, 32 with a GPU)")
     train_questions: int | None = Field(
         None, ge=1, description="draw prompts from the first k training questions only (default: all); "
@@ -136,7 +138,18 @@ class TreeGRPOSettings(BaseModel):
     clip_eps: float = Field(0.2, gt=0, lt=1, description="PPO ratio clip, both sides")
     dual_clip: float | None = Field(3.0, gt=1, description="dual-clip bound for negative advantages (None: off)")
     kl_coef: float = Field(0.001, ge=0, description="k3 KL to the frozen initial policy (0: no reference model)")
+    reference_offload: bool = Field(
+        False, description="keep the KL's reference model (a frozen copy in the compute dtype) in CPU memory, "
+                           "brought to the learner's device for its one no-gradient pass per update (saves a "
+                           "model's weights on the GPU; not with LoRA, whose reference is the base with adapters "
+                           "off)")
     entropy_coef: float = Field(0.001, ge=0, description="entropy bonus")
+    skip_uniform_rewards: bool = Field(
+        default_factory=per_device(cpu=False, gpu=True),
+        description="skip the learner update of an iteration in which every prompt's leaves are rewarded alike "
+                    "(every advantage 0: only the KL and entropy terms would move the weights), counted in "
+                    "update_skipped (default: on with a GPU, where such an update of a large model costs minutes; "
+                    "off on CPU)")
     prefix_sharing: bool = Field(
         True, description="forward and backpropagate each unique token of a micro-batch's rows once (a tree "
                           "attention mask over their trie; micro-batches then hold whole prompt groups); same "
@@ -170,6 +183,8 @@ class TreeGRPOSettings(BaseModel):
         if self.lr_schedule == "cosine" and self.total_iterations is None:
             raise ValueError("lr_schedule: cosine decays to 0 at the last step: set total_iterations")
         self._check_generator()
+        if self.reference_offload and self.kl_coef == 0:
+            raise ValueError("reference_offload: kl_coef is 0, so there is no reference model to offload")
         if self.mini_batches > self.prompts_per_iteration:
             raise ValueError(f"ppo_mini_batches ({self.mini_batches}) must not exceed prompts_per_iteration "
                              f"({self.prompts_per_iteration}): a mini-batch holds whole prompt groups")

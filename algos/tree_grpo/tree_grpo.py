@@ -119,6 +119,20 @@ class TreeGRPO(Algorithm):
 
         advantages = prompt_advantages(records, mode=self.config.advantage_mode)
         self.exported_trees = annotated_trees(results, advantages, trees_count) if export else []
+        skip = self.config.skip_uniform_rewards and rewarded_alike(records)
+        self.metrics.log_value(M.UPDATE_SKIPPED, int(skip), window=1)
+        self.metrics.log_value(M.UPDATES_SKIPPED_TOTAL, int(skip), reduce="lifetime_sum")
+        self.metrics.log_value(M.PROMPTS, len(prompts), reduce="sum")
+        if skip:  # every advantage is 0: no update, so the weights (and the runners' copies) stay as they are
+            for key in (M.UPDATE_TIME_S, M.SYNC_TIME_S):
+                self.metrics.log_value(key, 0.0, window=1)
+            self.metrics.log_value(M.ITERATION_TIME_S, time.perf_counter() - start, window=1)
+            return
+        self.update_learners(records, advantages)
+        self.metrics.log_value(M.ITERATION_TIME_S, time.perf_counter() - start, window=1)  # evaluation not included
+
+    def update_learners(self, records: Sequence, advantages: np.ndarray) -> None:
+        """One learner update on the iteration's leaves, then the weight sync to the env runners."""
         batch = MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(pad_batch(records, advantages, pad_id=0))},
                                 env_steps=len(records))
         self.mid_update = True  # from here until train() returns, the weights are ahead of the iteration count
@@ -138,8 +152,6 @@ class TreeGRPO(Algorithm):
         # this iteration's own times (RLlib's timers above are smoothed over iterations)
         self.metrics.log_value(M.UPDATE_TIME_S, sync_start - update_start, window=1)
         self.metrics.log_value(M.SYNC_TIME_S, time.perf_counter() - sync_start, window=1)
-        self.metrics.log_value(M.PROMPTS, len(prompts), reduce="sum")
-        self.metrics.log_value(M.ITERATION_TIME_S, time.perf_counter() - start, window=1)  # evaluation not included
 
     def on_env_runners(self, items: Sequence[int], call: Callable[[TreeSearchEnvRunner, list[int]], Any],
                        what: str) -> list:
@@ -280,6 +292,14 @@ def check_evaluation_settings(config: AlgorithmConfig) -> None:
     wrong = [f"{name} {message}" for name, (bad, message) in problems.items() if bad]
     if wrong:
         raise ValueError("; ".join(wrong))
+
+
+def rewarded_alike(records: Sequence) -> bool:
+    """Whether every prompt's leaves in ``records`` got one reward (so every group-relative advantage is 0)."""
+    rewards: dict[int, set[float]] = {}
+    for record in records:
+        rewards.setdefault(record.prompt_index, set()).add(float(record.reward))
+    return all(len(seen) == 1 for seen in rewards.values())
 
 
 GRAD_CLIP_MODES = ("value", "norm", "global_norm")  # what RLlib's Learner.postprocess_gradients understands
