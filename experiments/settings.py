@@ -92,7 +92,9 @@ class RunSettings(TreeGRPOSettings):
     # model
     model: str = Field(
         default_factory=per_device(cpu="smollm2-135m", gpu=GPU_DEFAULT_MODEL),
-        description=f"tiny-random, smollm2-135m, a Hugging Face hub id or a model directory (e.g. one written by "
+        description=f"tiny-random (tiny-random-qwen2, tiny-random-llama3: the same in the paper's Qwen2.5 / "
+                    f"Llama-3.2 architectures and chat formats), smollm2-135m, a Hugging Face hub id or a model "
+                    f"directory (e.g. one written by "
                     f"experiments/export.py) (default: smollm2-135m on CPU; with a GPU the paper's smallest model, "
                     f"{GPU_DEFAULT_MODEL}, downloaded from the hub on first use, about 3 GB)")
     dtype: Literal["float32", "bfloat16"] = Field(

@@ -30,6 +30,10 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 STOP_STRINGS = ("</search>", "</answer>")
 GENERATORS = ("auto", "hf", "vllm")  # the rollout engines (auto: vllm when installed and a GPU is visible)
+# The date a chat template writes into a prompt (Llama-3.x's system header says "Today Date: ...", today's date
+# unless given one): fixed, so a prompt's token ids do not change with the day and a resumed run replays exactly.
+# Meta's template falls back to this date where it cannot read the clock.
+CHAT_TEMPLATE_DATE = "26 Jul 2024"
 
 
 def default_max_step_tokens() -> int:
@@ -178,10 +182,12 @@ def generate_steps(generator: StepGenerator, branches: Sequence[Branch], seed: i
 
 
 def prompt_ids(tokenizer: PreTrainedTokenizerBase, prompt: str) -> tuple[int, ...]:
-    """The env's prompt as one user message through the chat template, ready for the assistant's reply."""
+    """The env's prompt as one user message through the chat template, ready for the assistant's reply (with
+    :data:`CHAT_TEMPLATE_DATE` for templates that write a date)."""
     if tokenizer.chat_template:
         ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                            tokenize=True, return_dict=True)["input_ids"]
+                                            tokenize=True, return_dict=True,
+                                            date_string=CHAT_TEMPLATE_DATE)["input_ids"]
     else:
         ids = tokenizer(prompt, add_special_tokens=True)["input_ids"]
     return tuple(int(i) for i in ids)

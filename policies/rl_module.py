@@ -27,6 +27,7 @@ import torch
 from ray.rllib.core.rl_module.torch import TorchRLModule
 from ray.rllib.utils.annotations import override
 
+from policies.activation_checkpointing import enable_gradient_checkpointing
 from policies.generation import SamplingSettings
 from policies.hf_generation import HFStepGenerator
 from policies.logprobs import sequence_logprobs
@@ -37,21 +38,6 @@ DEFAULT_MODEL_CONFIG: dict[str, Any] = {
     "model": "tiny-random", "dtype": "float32", "pure_bf16": False, "gradient_checkpointing": False, "lora": None,
     "seed": 0, "logprob_chunk": 256,
 }
-
-
-def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
-    """Recompute each decoder layer's activations in the backward pass (non-reentrant checkpoints: any inputs,
-    the tree mask and flex_attention's block mask included, and frozen inputs under LoRA). A ``ValueError`` names
-    the model class when transformers has no checkpointing for it."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    if not getattr(base, "supports_gradient_checkpointing", False):
-        raise ValueError(f"gradient_checkpointing: {type(base).__name__} does not support activation checkpointing "
-                         f"in transformers; run without --gradient-checkpointing")
-    kwargs = {"use_reentrant": False}
-    if hasattr(base, "activation_checkpointing_enable"):  # transformers >= 5.20's name; the old one warns there
-        base.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-    else:
-        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 class LLMRLModule(TorchRLModule):

@@ -22,7 +22,7 @@ import envs
 import envs.search_qa
 from algos.tree_grpo import TreeGRPOConfig
 from algos.tree_grpo import metrics as M
-from algos.tree_grpo.env_runner import TreeSearchEnvRunner
+from algos.tree_grpo.env_runner import TreeSearchEnvRunner, module_device
 from algos.tree_grpo.sharding import run_sharded, shard
 
 LEAVES_PER_PROMPT = 6  # the default shape (2, 2, 1)
@@ -312,3 +312,9 @@ def test_a_runner_killed_between_iterations_is_counted_and_samples_again_with_cu
     assert first[M.SAMPLED_BY] == [1, 2] and first[M.ENV_RUNNER_RESTARTS] == 0
     assert second[M.ENV_RUNNER_RESTARTS] == 1 and second[M.SAMPLED_BY] == [1, 2]  # both runners, counted
     assert [r.info["weights_checksum"] for r in batches[1]] == pytest.approx([current] * len(batches[1]), rel=1e-12)
+
+
+def test_a_runner_keeps_its_module_on_the_gpu_only_for_the_hf_generator():
+    assert module_device("hf", cuda_available=True) == "cuda"
+    assert module_device("vllm", cuda_available=True) == "cpu"  # the engine holds the GPU copy: no second one
+    assert module_device("hf", cuda_available=False) == module_device("vllm", cuda_available=False) == "cpu"

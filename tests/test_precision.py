@@ -16,11 +16,12 @@ from algos.batch import pad_batch
 from algos.tree_grpo import metrics as M
 from algos.tree_grpo.tree_grpo import rewarded_alike
 from envs.search_qa import UnicodeText
+from policies.activation_checkpointing import enable_gradient_checkpointing
 from policies.logprobs import ENTROPY, GENERATED_MASK, LOGPROBS
 from policies.models import build_tiny_random, smollm2_tokenizer
 from policies.precision import PURE_BF16_WARNING, Precision, cast_floating, precision_of, weights_dtype
 from policies.reference_model import ReferenceModel, frozen_copy
-from policies.rl_module import LLMRLModule, enable_gradient_checkpointing
+from policies.rl_module import LLMRLModule
 
 
 @pytest.fixture(scope="module")

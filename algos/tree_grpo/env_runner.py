@@ -48,6 +48,13 @@ class RunnerResult:
     trees: list[dict[str, Any]] = field(default_factory=list)  # exported trees; leaf indices count over ``records``
 
 
+def module_device(generator_backend: str, cuda_available: bool) -> str:
+    """Where a runner's module lives. Ray hides the GPUs an actor was not given, so a visible GPU is the runner's
+    (or the driver's, in-process): the HF generator runs the module there. A vLLM engine holds the GPU's copy
+    itself, so the module stays in host memory, what each weight sync loads into the engine from."""
+    return "cuda" if cuda_available and generator_backend == "hf" else "cpu"
+
+
 class TreeSearchEnvRunner(EnvRunner, Checkpointable):
     """Samples trees (or chains) of agent steps with the current policy."""
 
@@ -73,9 +80,9 @@ class TreeSearchEnvRunner(EnvRunner, Checkpointable):
     def make_module(self) -> None:
         spec = self.config.get_rl_module_spec(spaces=self.get_spaces(), inference_only=True)
         self.module = spec.build()
-        # Ray hides the GPUs an actor was not given, so a visible GPU is ours (or the driver's, in-process).
-        if torch.cuda.is_available():
-            self.module.to("cuda")
+        device = module_device(self.config.settings.generator_backend, torch.cuda.is_available())
+        if device != "cpu":
+            self.module.to(device)
 
     @override(EnvRunner)
     def get_spaces(self) -> dict[str, tuple[gym.Space, gym.Space]]:
