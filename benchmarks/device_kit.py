@@ -113,12 +113,14 @@ def folder_bytes(folder: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from envs.cache import DEVICE_WHEELS_DIR, default_cache_dir
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", default=os.environ.get("TREEGRPO_DATA_DIR"),
                         help="the QA data directory (default: $TREEGRPO_DATA_DIR)")
     parser.add_argument("--output", default=str(ROOT / ".device"), help="where the two call folders go")
-    parser.add_argument("--wheel-cache", default=str(Path.home() / ".cache" / "tree-grpo" / "device-wheels"),
-                        help="downloaded wheels, kept between builds")
+    parser.add_argument("--wheel-cache", default=str(default_cache_dir() / DEVICE_WHEELS_DIR),
+                        help="downloaded wheels, kept between builds (default: device-wheels/ in the project's cache)")
     parser.add_argument("--python-version", default=DEVICE_PYTHON,
                         help="the Python the wheels are for (default: the lent machine's; this machine's "
                              "to rehearse the device script here)")

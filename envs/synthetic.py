@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from envs.retrieval.corpus import default_cache_dir
+from envs.cache import default_cache_dir
 
 SYLLABLES = ("ka", "ren", "vo", "mi", "tal", "dor", "sa", "lin", "bra", "nu", "kel", "ta", "vi", "mor", "el",
              "an", "is", "ga", "ru", "fen", "lo", "quin", "ze", "har", "to", "wyn", "bel", "cor", "da", "ith")

@@ -38,7 +38,7 @@ from typing import Any
 
 from algos.evaluation import failure_mix, mean_results, occurring_failures
 from algos.tree_grpo import metrics as M
-from envs.retrieval.corpus import default_cache_dir
+from envs.cache import default_cache_dir
 from envs.synthetic import WorldSpec, world_data_dir
 from experiments.confidence import Interval, mean_interval, paired_difference_interval
 from experiments.evaluate import world_held_out

@@ -40,8 +40,9 @@ import numpy as np
 import torch
 
 import envs
+from envs.cache import WARM_START_LOCK, WARM_START_STAGING, WARM_STARTS_DIR, default_cache_dir
 from envs.datasets import resolve_data_dir
-from envs.retrieval.corpus import default_cache_dir, replace_atomically
+from envs.retrieval.corpus import replace_atomically
 from envs.synthetic import (
     BRANCH_ROLES,
     SPECS,
@@ -257,14 +258,14 @@ def cached_warm_start(world: WorldSpec | BranchSpec, recipe: Sequence[str], *, t
         start = ["--model", str(cached_warm_start(world, continues, topk=topk, cache_dir=cache_dir))]
         stages = [continues, recipe]
     key = f"{world.key}-topk{topk}-" + "-then-".join("-".join(stage).replace("--", "") for stage in stages)
-    model = cache_dir / "warm_starts" / key / "model"
+    model = cache_dir / WARM_STARTS_DIR / key / "model"
     model.parent.parent.mkdir(parents=True, exist_ok=True)
-    with open(model.parent.parent / f"{key}.lock", "w") as lock:
+    with open(model.parent.parent / f"{key}{WARM_START_LOCK}", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also when the process dies
         if (model / "config.json").exists():
             print(f"warm start: cached at {model}")
             return model
-        staging = model.parent.parent / f"{key}.partial"
+        staging = model.parent.parent / f"{key}{WARM_START_STAGING}"
         print(f"warm start: training the start policy (once; cached at {model}; staged in {staging}) ...",
               flush=True)
         env_id = next(env_id for env_id, (dataset, *_) in envs.ENV_IDS.items() if dataset == world.DATASET)

@@ -35,6 +35,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from envs.cache import MODELS_DIR, default_cache_dir
 from policies.precision import DTYPES
 from policies.tiny_models import TINY_MODELS, build_tiny_model
 
@@ -66,12 +67,11 @@ class LoraSettings:
 
 
 def model_cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:
-    """Where rebuilt models live: ``cache_dir``, else ``models/`` in ``$TREEGRPO_CACHE_DIR`` (default
-    ``$XDG_CACHE_HOME/tree-grpo``, else ``~/.cache/tree-grpo``), the cache the retrieval indexes use too."""
+    """Where rebuilt models live: ``cache_dir``, else ``models/`` in the project's cache (``envs.cache``, which
+    the retrieval indexes and warm starts use too, so one setting moves them all)."""
     if cache_dir is not None:
         return Path(cache_dir)
-    xdg = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return Path(os.environ.get("TREEGRPO_CACHE_DIR") or xdg / "tree-grpo") / "models"
+    return default_cache_dir() / MODELS_DIR
 
 
 def load_model(

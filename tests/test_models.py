@@ -12,7 +12,7 @@ from policies.models import LoraSettings, ModelNotFoundError, disable_dropout, l
 
 @pytest.fixture(scope="module")
 def cache():
-    return None  # the default cache: the GGUF conversions happen once per machine, as for users
+    return None  # the default cache: the test run's, with the user's GGUF conversions linked in (conftest)
 
 
 def test_tiny_random_has_a_real_tokenizer_with_chat_template(cache):

@@ -23,11 +23,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from envs.cache import CACHE_DIR_ENV
 from envs.datasets import corpus_path, load_dataset, parse_passage
 from envs.retrieval import BACKENDS, Corpus, get_retriever
 from envs.retrieval.base import Retriever, SearchHit, top_k
 from envs.retrieval.bm25 import passage_text
-from envs.retrieval.corpus import CACHE_DIR_ENV, cache_entry, prune_stale_entries
+from envs.retrieval.corpus import cache_entry, prune_stale_entries
 from envs.retrieval.text import tokenize
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -18,9 +18,9 @@ import gymnasium as gym
 import pytest
 
 import envs  # noqa: F401  (registers the env ids)
+from envs.cache import CACHE_DIR_ENV
 from envs.datasets import corpus_path, load_dataset
 from envs.retrieval import RemoteRetriever, RetrievalError, get_retriever
-from envs.retrieval.corpus import CACHE_DIR_ENV
 from envs.retrieval.serve import parse_args
 from tests.ports import free_port, refused_port
 

@@ -7,7 +7,7 @@
 
 Backends held in this process: ``bm25`` (default; memory-mapped postings), ``rank_bm25`` (the rank-bm25 library,
 the slow reference), ``dense`` (a sentence encoder + faiss; the ``dense`` extra). Their indexes are built once and
-cached on disk (see ``envs.retrieval.corpus.default_cache_dir``), keyed by the corpus file's path, size and
+cached on disk (see ``envs.cache.default_cache_dir``), keyed by the corpus file's path, size and
 mtime; stale ones (their file changed or gone) are pruned (``envs.retrieval.corpus.prune_stale_entries``). A URL
 instead of a backend name searches a server in Search-R1's protocol (``envs.retrieval.remote``).
 """

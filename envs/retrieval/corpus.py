@@ -18,19 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
+from envs.cache import default_cache_dir
 from envs.datasets import CORPUS_LAYOUT, DataError, MissingDataError, Passage, parse_passage
 from envs.retrieval.progress import timed
 
-CACHE_DIR_ENV = "TREEGRPO_CACHE_DIR"
 SOURCE_SUFFIX = ".source.json"  # beside each cache entry: the signature of the file it was built from
-
-
-def default_cache_dir() -> Path:
-    """``$TREEGRPO_CACHE_DIR``, else ``$XDG_CACHE_HOME/tree-grpo``, else ``~/.cache/tree-grpo``."""
-    if os.environ.get(CACHE_DIR_ENV):
-        return Path(os.environ[CACHE_DIR_ENV])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "tree-grpo"
 
 
 def file_signature(path: Path) -> dict:
@@ -51,7 +43,9 @@ def cache_entry(cache_dir: Path, kind: str, path: Path, options: dict) -> Path:
     record = source_record(entry)
     if not record.is_file():
         prune_stale_entries(Path(cache_dir))
-        replace_atomically(record, lambda tmp: tmp.write_text(json.dumps({"file": signature}), encoding="utf-8"))
+        # kind and options too, for `python -m experiments.cache list` to say what the entry is
+        content = json.dumps({"file": signature, "kind": kind, "options": options}, sort_keys=True)
+        replace_atomically(record, lambda tmp: tmp.write_text(content, encoding="utf-8"))
     return entry
 
 
@@ -60,25 +54,46 @@ def source_record(entry: Path) -> Path:
     return entry.with_name(entry.name + SOURCE_SUFFIX)
 
 
+def recorded_entries(cache_dir: Path) -> list[Path]:
+    """Every cache entry that has a source record in ``cache_dir`` (built or still to be built)."""
+    records = sorted(cache_dir.glob(f"*{SOURCE_SUFFIX}")) if cache_dir.is_dir() else []
+    return [record.with_name(record.name[: -len(SOURCE_SUFFIX)]) for record in records]
+
+
+def recorded_source(entry: Path) -> dict | None:
+    """What ``entry``'s record says it was built from: ``file`` (the signature), and in records written since they
+    hold them, ``kind`` and ``options``; None for a record being written by another process, or not ours."""
+    try:
+        record = json.loads(source_record(entry).read_text(encoding="utf-8"))
+        readable = isinstance(record["file"]["path"], str)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return record if readable else None
+
+
+def source_state(record: dict) -> str:
+    """``current`` when the file a record names still has the size and mtime the entry was built from, else
+    ``changed`` or ``gone``: the key holds the mtime, so the entry of a changed or gone file is never read again."""
+    built_from = record["file"]
+    try:
+        current = file_signature(Path(built_from["path"]))
+    except FileNotFoundError:
+        return "gone"
+    return "current" if current == built_from else "changed"
+
+
+def stale_entries(cache_dir: Path) -> list[Path]:
+    """The recorded entries whose source file is gone or changed; unreadable records are left out."""
+    return [entry for entry in recorded_entries(cache_dir)
+            if (record := recorded_source(entry)) is not None and source_state(record) != "current"]
+
+
 def prune_stale_entries(cache_dir: Path) -> list[Path]:
-    """Remove every recorded cache entry (and its record) whose source file is gone or no longer has the size and
-    mtime it was built from; the entries removed. Unreadable records are left alone."""
-    removed = []
-    for record in sorted(cache_dir.glob(f"*{SOURCE_SUFFIX}")) if cache_dir.is_dir() else []:
-        try:
-            built_from = json.loads(record.read_text(encoding="utf-8"))["file"]
-            source = Path(built_from["path"])
-        except (OSError, ValueError, KeyError, TypeError):
-            continue  # being written by another process, or not ours
-        try:
-            current = file_signature(source)
-        except FileNotFoundError:
-            current = None
-        if current != built_from:
-            entry = record.with_name(record.name[: -len(SOURCE_SUFFIX)])
-            shutil.rmtree(entry, ignore_errors=True)
-            record.unlink(missing_ok=True)
-            removed.append(entry)
+    """Remove every stale entry (``stale_entries``) and its record; the entries removed."""
+    removed = stale_entries(cache_dir)
+    for entry in removed:
+        shutil.rmtree(entry, ignore_errors=True)
+        source_record(entry).unlink(missing_ok=True)
     return removed
 
 

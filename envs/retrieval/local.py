@@ -16,9 +16,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from envs.cache import default_cache_dir
 from envs.datasets import CORPUS_LAYOUT, MissingDataError
 from envs.retrieval.base import Retriever, SearchHit
-from envs.retrieval.corpus import Corpus, default_cache_dir
+from envs.retrieval.corpus import Corpus
 
 
 class LocalRetriever(Retriever):
