@@ -8,6 +8,7 @@ from dataclasses import replace
 import gymnasium as gym
 import numpy as np
 import pytest
+import torch
 
 import envs  # noqa: F401  (registers the env ids)
 from algos.batch import leaf_records
@@ -60,8 +61,16 @@ def test_leaves_per_prompt(grown):
     assert all(node.cache is None for tree in trees for node in tree.nodes())  # freed after growing
 
 
+def full_forward_logprobs(model, token_ids: tuple[int, ...]) -> torch.Tensor:
+    """log p(token t | tokens < t) for t >= 1, from one plain forward of the whole sequence (no cache, no engine):
+    at temperature 1 the distribution the sampler records its log-probs from."""
+    with torch.no_grad():
+        logp = torch.log_softmax(model(torch.tensor([token_ids])).logits[0, :-1].float(), dim=-1)
+    return logp.gather(-1, torch.tensor(token_ids[1:])[:, None]).squeeze(-1)
+
+
 def test_leaf_trajectories_are_token_exact(grown, tiny):
-    _, tokenizer = tiny
+    model, tokenizer = tiny
     trees, _, _ = grown
     env = gym.make("HotpotQA-v0", split="dev").unwrapped
     for tree in trees:
@@ -73,12 +82,19 @@ def test_leaf_trajectories_are_token_exact(grown, tiny):
                 step = node.trajectory.token_ids[start:]
                 generated = node.trajectory.generated_mask[start:]
                 n_gen = sum(generated)
-                assert all(generated[:n_gen]) and not any(generated[n_gen:])  # step ids, then observation ids
+                assert n_gen > 0 and all(generated[:n_gen]) and not any(generated[n_gen:])  # step, then observation
                 assert step[n_gen:] == observation_ids(tokenizer, node.observation)
-                expected = TokenTrajectory(expected.token_ids + step, expected.generated_mask + generated,
-                                           node.trajectory.sampling_logprobs[: len(expected) + len(step)])
-            assert leaf.trajectory.token_ids == expected.token_ids
-            assert leaf.trajectory.generated_mask == expected.generated_mask
+                expected = TokenTrajectory(expected.token_ids + step, expected.generated_mask + generated, ())
+            trajectory = leaf.trajectory
+            assert trajectory.token_ids == expected.token_ids
+            assert trajectory.generated_mask == expected.generated_mask
+            # the sampling log-probs, recomputed independently: one full forward of the leaf's tokens
+            sampled = torch.tensor(trajectory.sampling_logprobs, dtype=torch.float32)
+            mask = torch.tensor(trajectory.generated_mask)
+            assert len(sampled) == len(mask) and mask[0].item() is False  # the prompt's first token is never sampled
+            reference = full_forward_logprobs(model, trajectory.token_ids)
+            torch.testing.assert_close(sampled[1:][mask[1:]], reference[mask[1:]], atol=1e-4, rtol=0)
+            assert sampled[~mask].abs().sum() == 0  # prompt and observation tokens carry none
 
 
 def test_env_clones_see_what_the_path_saw(grown):

@@ -11,7 +11,7 @@ from mlflow.tracking import MlflowClient
 from algos.rollout import TreeShape
 from experiments.cli import SettingsError
 from experiments.settings import RunSettings, tracked_params
-from experiments.tracking import flatten
+from experiments.tracking import METRICS_FILE, flatten, read_rows
 from experiments.tune import (
     budget_points,
     main,
@@ -121,9 +121,14 @@ def test_two_trial_grid_is_tracked_in_mlflow(data_dir, tmp_path):
     assert {r.data.params["model"] for r in runs} == {"tiny-random"}
     # leaves per prompt = M (1 + L N): 3 and 6, two prompts
     assert sorted(r.data.metrics["leaves"] for r in runs) == [6, 12]  # the same metric names as run.py
-    for trial in (tmp_path / "sweep").iterdir():  # the same files as run.py, one tracking path
-        if trial.is_dir():
-            assert (trial / "metrics.jsonl").is_file(), trial
+    # one directory per trial, first (a sweep that kept none would pass any check of their contents), each the one
+    # its results row names, holding Tune's params.json and run.py's metrics.jsonl (one tracking path)
+    trial_dirs = sorted(path for path in (tmp_path / "sweep").iterdir() if path.is_dir())
+    assert len(trial_dirs) == 2, f"the sweep kept {len(trial_dirs)} trial directories, not 2: {trial_dirs}"
+    assert sorted(path.name for path in trial_dirs) == sorted(t["trial"] for t in results["trials"])
+    for trial in trial_dirs:
+        assert json.loads((trial / "params.json").read_text())["M"] in (1, 2), trial
+        assert [row["iteration"] for row in read_rows(trial / METRICS_FILE)] == [1], trial
 
 
 def test_a_one_valued_grid_key_is_what_the_trial_trains_and_a_token_budget_stops_it(data_dir, tmp_path):
