@@ -1,4 +1,4 @@
-"""Learning benchmark on SynthHop-v0 (issue 15): tree vs chain at matched budgets and the advantage ablation,
+"""Learning benchmark on SynthHop-v0: tree vs chain at matched budgets and the advantage ablation,
 from the same warm start, several seeds, with bootstrap intervals.
 
     python benchmarks/bench_learning.py --report             # warm start (18-26 min) + 7 settings x 5 seeds: about 1 h
@@ -30,14 +30,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from benchmarks.learning_runs import (
-    Testbed,
-    add_run_options,
-    check_eval_questions,
-    design_output,
-    run_benchmark,
-    with_design,
-)
+from benchmarks.learning_options import add_run_options, check_eval_questions, design_output, with_design
+from benchmarks.learning_runs import run_benchmark
+from benchmarks.learning_testbed import Testbed
 from envs.synthetic import WorldSpec, world_data_dir
 
 TREE = ["--algo", "tree_grpo", "--M", "2", "--N", "2", "--L", "1"]

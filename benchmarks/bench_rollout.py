@@ -7,10 +7,10 @@
 Part 1: the same questions, the same model and seed: tree (2,2,1) against chains G=4 and G=6; per leaf:
 tokens generated, tokens prefilled, LLM calls, tool calls, wall seconds (prefix reuse on for all).
 Part 2: Tree-GRPO training iterations (RLlib, env runner in-process): the share of their time spent in
-generation, env steps (retrieval), the learner update, weight sync, and the rest (Ray + bookkeeping), with the
-update as it was before the update issue (one optimizer step on recomputed old log-probs, every row forwarded
-whole) and with today's defaults (PPO mini-batches, the sampler's old log-probs, shared prefixes trained once),
-the same seed and prompts, one after the other.
+generation, env steps (retrieval), the learner update, weight sync, and the rest (Ray + bookkeeping), with a
+single-step update (one optimizer step on recomputed old log-probs, every row forwarded whole) and with the
+defaults (PPO mini-batches, the sampler's old log-probs, shared prefixes trained once), the same seed and
+prompts, one after the other: what the defaults' update costs and saves.
 Results replace the ``rollout`` section of docs/benchmarks.md.
 """
 
@@ -25,7 +25,7 @@ import gymnasium as gym
 import envs
 from algos.rollout import TreeRollout, TreeShape
 from algos.tree_grpo import TreeGRPOConfig
-from algos.tree_grpo import metrics as M
+from algos.tree_grpo import metrics as metric_keys
 from benchmarks.report import machine_description, replace_section
 from envs.datasets import resolve_data_dir
 from policies.generation import SamplingSettings, default_max_step_tokens
@@ -37,7 +37,7 @@ NO_TOOL_CALLS_NOTE = (
     "leaf cannot be compared with it; tests/test_rollout.py::test_tree_costs_less_per_leaf_than_chains checks "
     "the tool-call accounting with a scripted searching policy."
 )
-# the update before the PPO mini-batch / shared-prefix work, spelled in today's settings
+# a single-step update (no PPO mini-batches, recomputed old log-probs, no shared prefixes) against the defaults
 UPDATES = {"before (1 step, recomputed old log-probs, per row)":
            {"ppo_mini_batches": 1, "old_logprobs": "recompute", "prefix_sharing": False, "warmup_steps": 0},
            "after (defaults)": {}}
@@ -82,12 +82,12 @@ def iteration_shares(model_name: str, env_id: str, prompts: int, settings: Sampl
     try:
         for _ in range(iterations):
             result = algo.train()
-            total += result[M.ITERATION_TIME_S]
+            total += result[metric_keys.ITERATION_TIME_S]
             runners = result["env_runners"]
-            for name, seconds in (("generation", runners[M.GENERATION_TIME_S]),
-                                  ("env steps (retrieval)", runners[M.ENV_TIME_S]),
-                                  ("learner update", result[M.UPDATE_TIME_S]),
-                                  ("weight sync", result[M.SYNC_TIME_S])):
+            for name, seconds in (("generation", runners[metric_keys.GENERATION_TIME_S]),
+                                  ("env steps (retrieval)", runners[metric_keys.ENV_TIME_S]),
+                                  ("learner update", result[metric_keys.UPDATE_TIME_S]),
+                                  ("weight sync", result[metric_keys.SYNC_TIME_S])):
                 parts[name] = parts.get(name, 0.0) + seconds
     finally:
         algo.stop()
@@ -140,7 +140,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--env", default="HotpotQA-v0", choices=list(envs.ENV_IDS))
     parser.add_argument("--data-dir", default=None, help="data directory (SynthHop-v0: a world written by "
-                                                         "envs/synthetic.py; default: the project's)")
+                                                         "python -m envs.synthetic; default: the project's)")
     parser.add_argument("--questions", type=int, default=8)
     parser.add_argument("--max-step-tokens", type=int, default=default_max_step_tokens(),
                         help="token cap of one agent step (default: the project's, %(default)s on this machine)")

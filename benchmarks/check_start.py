@@ -33,7 +33,7 @@ import torch
 
 import envs  # noqa: F401  (registers the env ids)
 from benchmarks.bench_branching import TOPK, WORLD
-from benchmarks.learning_runs import top_p_option
+from benchmarks.learning_options import top_p_option
 from envs.synthetic import BRANCH_ROLES, world_data_dir
 from experiments.checkpoints import RLLIB_MARKER, CheckpointError
 from experiments.cli import read_yaml

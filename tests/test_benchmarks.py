@@ -18,10 +18,15 @@ import numpy as np
 import pytest
 
 import benchmarks.bench_learning as bench_learning
+import benchmarks.learning_options as learning_options
+import benchmarks.learning_report as learning_report
 import benchmarks.learning_runs as learning_runs
+import benchmarks.learning_stats as learning_stats
 import experiments.run
 from benchmarks.bench_learning import COMPARISONS, SETTINGS, TESTBED
-from benchmarks.learning_runs import compare, mean_rows, reward_first_and_last, summarize, train_run, verdict
+from benchmarks.learning_report import verdict
+from benchmarks.learning_runs import train_run
+from benchmarks.learning_stats import compare, mean_rows, reward_first_and_last, summarize
 from experiments.confidence import detectable_difference, seeds_for_power
 from policies.generation import default_max_step_tokens
 
@@ -152,10 +157,10 @@ def test_learning_summary_and_plot_rows():
 
 def test_results_are_written_and_the_curves_start_on_the_curve_questions(tmp_path, monkeypatch):
     plotted = {}
-    monkeypatch.setattr(learning_runs, "plot_runs", lambda runs, path, metrics: plotted.update(runs) or Path(path))
+    monkeypatch.setattr(learning_report, "plot_runs", lambda runs, path, metrics: plotted.update(runs) or Path(path))
     args = bench_learning.parse_args(["--curve-questions", "2", "--output", str(tmp_path)])
     runs, finals = two_seed_runs()
-    table, plot = learning_runs.write_results(TESTBED, runs, finals, scores(1, 1, 0, 0), args, "W", 120.0, tmp_path)
+    table, plot = learning_report.write_results(TESTBED, runs, finals, scores(1, 1, 0, 0), args, "W", 120.0, tmp_path)
     # the curves' dev EM is on the first 2 held-out questions: so is their start point (1.0, not 0.5 over all 4)
     assert plotted["tree (2,2,1)"][0]["dev_em"] == 1.0 and plot == tmp_path / "learning.png"
     saved = json.loads((tmp_path / "learning.json").read_text(encoding="utf-8"))
@@ -168,11 +173,11 @@ def test_results_are_written_and_the_curves_start_on_the_curve_questions(tmp_pat
 
 
 def test_a_testbed_with_a_plateau_reports_where_each_run_left_it(tmp_path, monkeypatch):
-    monkeypatch.setattr(learning_runs, "plot_runs", lambda runs, path, metrics: Path(path))
+    monkeypatch.setattr(learning_report, "plot_runs", lambda runs, path, metrics: Path(path))
     args = bench_learning.parse_args(["--seeds", "0", "1", "2", "--output", str(tmp_path)])
     runs, finals = two_seed_runs()  # curves end at 0.5 (150 tokens) and at 0.3; the third seed has not run
     testbed = dataclasses.replace(TESTBED, plateau_threshold=0.4)
-    table, _ = learning_runs.write_results(testbed, runs, finals, scores(1, 1, 0, 0), args, "W", 1.0, tmp_path)
+    table, _ = learning_report.write_results(testbed, runs, finals, scores(1, 1, 0, 0), args, "W", 1.0, tmp_path)
     saved = json.loads((tmp_path / "learning.json").read_text(encoding="utf-8"))
     assert saved["summary"]["tree (2,2,1)"]["plateau_exit_per_seed"] == [150, None]
     assert "Plateau exit (benchmarks/plateau_exit.py, threshold 0.4)" in table
@@ -182,7 +187,7 @@ def test_a_testbed_with_a_plateau_reports_where_each_run_left_it(tmp_path, monke
     assert "| tree (2,2,1) | 150; first 150 | stayed; first never |  | 1 / 1 of 2 |" in table
     runs["tree (2,2,1)"][1] = [{**row, "grad_norm": norm} for row, norm in zip(runs["tree (2,2,1)"][1], (0.5, 0.0),
                                                                              strict=False)]
-    table, _ = learning_runs.write_results(testbed, runs, finals, scores(1, 1, 0, 0), args, "W", 1.0, tmp_path)
+    table, _ = learning_report.write_results(testbed, runs, finals, scores(1, 1, 0, 0), args, "W", 1.0, tmp_path)
     assert "| tree (2,2,1) | 150; first 150 | stayed; first never (1.00) |  | 1 / 1 of 2 |" in table
     assert "below 0.001 (silent updates" in table
 
@@ -434,8 +439,8 @@ def test_a_branching_design_trains_every_setting_with_its_choices_into_its_own_o
     assert bench_learning.parse_args([]).output == "outputs/bench_learning"
     design = bench_learning.parse_args(["--entropy-coef", "0.01"])
     assert design.output == "outputs/bench_learning_entropy_coef_0.01"
-    assert learning_runs.with_design(TESTBED, design).name == "learning-entropy-coef-0.01"
-    assert learning_runs.with_design(TESTBED, bench_learning.parse_args([])) is TESTBED
+    assert learning_options.with_design(TESTBED, design).name == "learning-entropy-coef-0.01"
+    assert learning_options.with_design(TESTBED, bench_learning.parse_args([])) is TESTBED
     assert bench_learning.parse_args(["--top-p", "1", "--output", "mine"]).output == "mine"
 
 
@@ -470,27 +475,27 @@ def test_exit_tokens_are_compared_per_seed_and_a_run_that_stayed_counts_all_its_
                "chain G=4": {"plateau_exit_per_seed": [200, 250, None]}}
     runs = {"tree (2,2,1)": [[{"tokens_generated_total": 50}, {"tokens_generated_total": 500}]] * 3,
             "chain G=4": [[{"tokens_generated_total": 400}]] * 3}
-    assert learning_runs.exit_tokens_per_seed(summary, runs, "tree (2,2,1)") == [100, 500, 300]
-    d = learning_runs.compare_exit_tokens(testbed, summary, runs)["tree (2,2,1) - chain G=4"]
+    assert learning_stats.exit_tokens_per_seed(summary, runs, "tree (2,2,1)") == [100, 500, 300]
+    d = learning_stats.compare_exit_tokens(testbed, summary, runs)["tree (2,2,1) - chain G=4"]
     # per seed: 100 - 200, 500 - 250, 300 - 400 = -100, +250, -100
     assert d["mean"] == pytest.approx(50 / 3) and -100 - 1e-9 <= d["low"] <= d["mean"] <= d["high"] <= 250 + 1e-9
     assert d["sd_seed_differences"] == pytest.approx(np.std([-100, 250, -100], ddof=1))  # 202.07
     assert d["detectable"] == pytest.approx((1.959964 + 0.841621) * 202.0726 / np.sqrt(3), rel=1e-5)  # 326.85
-    lines = learning_runs.exit_tokens_table({"tree (2,2,1) - chain G=4": d})
+    lines = learning_report.exit_tokens_table({"tree (2,2,1) - chain G=4": d})
     assert lines[-1].startswith("| tree (2,2,1) - chain G=4 | +17 [")
     assert "| inside the noise | 202 | 327 |" in lines[-1]
     sooner = {"a - b": {"mean": -5.0, "low": -9.0, "high": -1.0, "sd_seed_differences": None, "detectable": None}}
-    assert "| -5 [-9, -1] | a left sooner beyond the noise | - | - |" in learning_runs.exit_tokens_table(sooner)[-1]
-    assert learning_runs.compare_exit_tokens(TESTBED, summary, runs) == {}  # no plateau reported: no comparison
-    assert learning_runs.exit_tokens_table({}) == []
+    assert "| -5 [-9, -1] | a left sooner beyond the noise | - | - |" in learning_report.exit_tokens_table(sooner)[-1]
+    assert learning_stats.compare_exit_tokens(TESTBED, summary, runs) == {}  # no plateau reported: no comparison
+    assert learning_report.exit_tokens_table({}) == []
     # the other speed outcome, tokens to first reach the threshold, read from its own key the same way
     summary["tree (2,2,1)"]["first_passage_per_seed"] = [60, None, 80]
     summary["chain G=4"]["first_passage_per_seed"] = [90, 100, 120]
-    first = learning_runs.compare_exit_tokens(testbed, summary, runs, learning_runs.FIRST_PASSAGE)
+    first = learning_stats.compare_exit_tokens(testbed, summary, runs, learning_stats.FIRST_PASSAGE)
     # per seed: 60 - 90, 500 - 100, 80 - 120 = -30, +400, -40 (the run that never reached it counts its 500 tokens)
     assert first["tree (2,2,1) - chain G=4"]["mean"] == pytest.approx(110)
     assert first["tree (2,2,1) - chain G=4"]["sd_seed_differences"] == pytest.approx(np.std([-30, 400, -40], ddof=1))
-    lines = learning_runs.exit_tokens_table(sooner, learning_runs.FIRST_PASSAGE)
+    lines = learning_report.exit_tokens_table(sooner, learning_stats.FIRST_PASSAGE)
     assert lines[1].startswith("Paired differences in tokens to first reach the threshold")
     assert "| a reached it sooner beyond the noise |" in lines[-1]
 

@@ -1,0 +1,205 @@
+"""The report of a learning benchmark: the markdown (the settings' table, the failure mix, the plateau exits, the
+paired differences in EM and in tokens), OUTPUT/NAME.md, NAME.json and NAME.png, and its section of
+docs/benchmarks.md."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from algos.evaluation import occurring_failures
+from algos.tree_grpo.settings import TreeGRPOSettings
+from benchmarks.learning_stats import (
+    FIRST_PASSAGE,
+    PLATEAU_EXIT,
+    compare,
+    compare_exit_tokens,
+    mean_rows,
+    summarize,
+)
+from benchmarks.learning_testbed import Testbed
+from benchmarks.plateau_exit import SILENT_GRAD_NORM
+from experiments.plot import plot_runs
+from policies.generation import SamplingSettings
+
+
+def verdict(difference: dict[str, float]) -> str:
+    """Whether a - b >= 0 (the direction expected) holds beyond the noise, is reversed beyond it, or neither."""
+    if difference["low"] > 0:
+        return "a > b beyond the noise: the expected direction holds"
+    if difference["high"] < 0:
+        return "a < b beyond the noise: the expected direction does not hold here"
+    return "inside the noise: no difference shown"
+
+
+def _interval(d: dict[str, float]) -> str:
+    return f"{d['mean']:.3f} [{d['low']:.3f}, {d['high']:.3f}]"
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None or np.isnan(value) else f"{value:.3f}"
+
+
+def markdown(summary: dict[str, dict], differences: dict[str, dict], args: argparse.Namespace, warm: str,
+             wall_s: float, plateau_threshold: float | None = None,
+             exit_differences: dict[str, dict[str, dict]] | None = None) -> str:
+    """The report: the settings' table, the failure mix, the speed outcomes per seed, the paired differences of
+    final dev EM and, per speed outcome (``exit_differences``: outcome -> ``compare_exit_tokens``), in tokens."""
+    run_minutes = sum(sum(s["seconds_per_seed"]) for s in summary.values()) / 60
+    budget = getattr(args, "token_budget", None)
+    length = (f"each run until it has generated its token budget (T = {budget:,}; the iteration that reaches it "
+              f"ends the run), at most {args.iterations} iterations" if budget else f"{args.iterations} iterations")
+    first = next(iter(summary.values()), None)
+    routed = bool(first and first["routing_before"])
+    warmup = ("the paper's share of the cap's steps" if args.warmup_steps is None
+              else f"{args.warmup_steps} optimizer steps")
+    nucleus = SamplingSettings().top_p if args.top_p is None else args.top_p
+    bonus = TreeGRPOSettings.model_fields["entropy_coef"].default if args.entropy_coef is None else args.entropy_coef
+    lines = [f"Warm start: `{warm}`; {args.prompts_per_iter} prompts per iteration, {length}, lr {args.lr} "
+             f"(warm-up: {warmup}), entropy bonus {bonus}, rollouts sampled at temperature 1, top-p {nucleus}, seeds "
+             f"{args.seeds}; final dev EM: greedy, on the first {args.eval_questions} held-out questions, mean over "
+             f"seeds x questions with its 95% bootstrap interval (seeds and questions resampled). Training "
+             f"iterations, summed over the runs: {run_minutes:.0f} min (from their metrics; warm start and final "
+             f"evaluations not included); this invocation: {wall_s / 60:.0f} min (runs reused with --resume cost it "
+             f"nothing).", ""]
+    if routed:
+        start = first["routing_before"]
+        lines += [f"Start point: routed right on {start['routed_right']:.3f} of the held-out questions (the second "
+                  f"search names the question's person); EM on those {_share(start['em_routed_right'])} (the "
+                  f"testbed's copying check asks >= 0.9).", ""]
+    header = ("| setting | budget (chains, nominal) | tokens generated per run (measured) | tokens per prompt | "
+              "iterations per run | dev EM before | dev EM after [95% interval] | per seed | "
+              + ("routed right (after) | EM on routed right (after) | " if routed else "")
+              + "tool calls per question (after) | tool calls per run | training reward (first -> last tenth) | "
+              "minutes per run |")
+    lines += [header, "|---" * (header.count("|") - 1) + "|"]
+    for setting, s in summary.items():
+        seeds = ", ".join(f"{v:.3f}" for v in s["dev_em_per_seed"])
+        per_prompt = "-" if s["tokens_per_prompt"] is None else f"{s['tokens_per_prompt']:,.0f}"
+        reward_first, reward_last = s["reward_first_last"]
+        routing_cells = (f"{_share(s['routing'].get('routed_right'))} | "
+                         f"{_share(s['routing'].get('em_routed_right'))} | " if routed else "")
+        lines.append(f"| {setting} | {s['budget']} | {np.mean(s['tokens_generated_per_seed']):,.0f} | {per_prompt} | "
+                     f"{np.mean(s['iterations_per_seed']):.1f} | {_interval(s['dev_em_before'])} | "
+                     f"{_interval(s['dev_em'])} | {seeds} | {routing_cells}{s['tool_calls']:.2f} | "
+                     f"{np.mean(s['tool_calls_per_seed']):,.0f} | {reward_first:.3f} -> {reward_last:.3f} | "
+                     f"{np.mean(s['seconds_per_seed']) / 60:.1f} |")
+    mixes = ([("start point", first["failures_before"])] if first else []) + [
+        (setting, s["failures"]) for setting, s in summary.items()]
+    kinds = occurring_failures(*(mix for _, mix in mixes))
+    lines += ["", "Failure mix of the held-out questions (shares; after: pooled over seeds):", "",
+              "| setting | " + " | ".join(kinds) + " |", "|---" * (len(kinds) + 1) + "|"]
+    lines += [f"| {name} | " + " | ".join(f"{mix.get(kind, 0.0):.2f}" for kind in kinds) + " |" for name, mix in mixes]
+    lines += plateau_table(summary, args, plateau_threshold)
+    if differences:
+        lines += ["", "Paired differences of final dev EM (a - b; same seeds, same questions; 95% paired bootstrap), "
+                      "with what a power analysis needs: the std of the per-question paired differences over seeds x "
+                      "questions, that of the per-seed mean differences, the smallest difference these cells detect "
+                      "at 80% power (two-sided, 5%) if they were independent and from the per-seed means (the one to "
+                      "read when seeds differ more than their questions explain), and the seeds at "
+                      f"{args.eval_questions} questions that {args.delta} EM needs (experiments/confidence.py, "
+                      "`seeds_for_power`):", "",
+                  "| a - b | difference [95% interval] | reading | sd paired | sd of seed means | detectable (cells) | "
+                  f"detectable (seed means) | seeds for {args.delta} |", "|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {name} | {_interval(d)} | {verdict(d)} | {d['sd_paired']:.3f} | {_share(d['sd_seed_means'])} "
+                  f"| {d['detectable']:.3f} | {_share(d['detectable_over_seeds'])} | {d['seeds_for_delta'] or '-'} |"
+                  for name, d in differences.items()]
+    for outcome, outcome_differences in (exit_differences or {}).items():
+        lines += exit_tokens_table(outcome_differences, outcome)
+    return "\n".join(lines) + "\n"
+
+
+# per speed outcome: what it is, and the verb of a run that got there
+OUTCOME_WORDS = {PLATEAU_EXIT: ("to leave the plateau", "left", "a run that stayed"),
+                 FIRST_PASSAGE: ("to first reach the threshold (the first curve point at or above it, whatever "
+                                 "follows)", "reached it", "a run that never reached it")}
+
+
+def exit_tokens_table(differences: dict[str, dict], outcome: str = PLATEAU_EXIT) -> list[str]:
+    """The paired differences in tokens to the speed ``outcome`` (``compare_exit_tokens``); no lines without any."""
+    if not differences:
+        return []
+    what, verb, never = OUTCOME_WORDS[outcome]
+    lines = ["", f"Paired differences in tokens {what} (a - b over the same seeds; negative: a {verb} sooner; {never} "
+                 "counts as all the tokens it generated; 95% bootstrap over seeds), with the sd of the per-seed "
+                 "differences and the smallest difference these seeds detect with it (80% power, two-sided, 5%):", "",
+             "| a - b | difference in tokens [95% interval] | reading | sd of seed differences | detectable |",
+             "|---|---|---|---|---|"]
+    for name, d in differences.items():
+        reading = (f"a {verb} sooner beyond the noise" if d["high"] < 0 else
+                   f"a {verb} later beyond the noise" if d["low"] > 0 else "inside the noise")
+        sd, detectable = ("-" if d.get(key) is None else f"{d[key]:,.0f}"
+                          for key in ("sd_seed_differences", "detectable"))
+        lines.append(f"| {name} | {d['mean']:+,.0f} [{d['low']:+,.0f}, {d['high']:+,.0f}] | {reading} | {sd} | "
+                     f"{detectable} |")
+    return lines
+
+
+def plateau_table(summary: dict[str, dict], args: argparse.Namespace, threshold: float | None) -> list[str]:
+    """Where each run's curve left the plateau (the tokens at the first curve point from which every later one is
+    >= the threshold; "stayed" if its last point is below it), per setting and seed, and how many runs left it;
+    no lines where the testbed does not report it."""
+    if threshold is None:
+        return []
+    lines = ["", f"Plateau exit (benchmarks/plateau_exit.py, threshold {threshold}): tokens generated "
+                 f"when the dev EM curve (first {args.curve_questions} held-out questions) reached the threshold and "
+                 f"stayed at or above it to the run's end; \"stayed\": its last point is below. After \"first\": the "
+                 f"tokens at its first curve point at or above the threshold, whatever follows (\"never\": none). In "
+                 f"parentheses: the share of the run's second half of iterations whose gradient norm was below "
+                 f"{SILENT_GRAD_NORM} (silent updates: every prompt's leaves rewarded alike).", "",
+             "| setting | " + " | ".join(f"seed {seed}" for seed in args.seeds) + " | runs that left / reached it |",
+             "|---" * (len(args.seeds) + 2) + "|"]
+    for setting, s in summary.items():
+        exits, firsts = s[PLATEAU_EXIT], s[FIRST_PASSAGE]
+        cells = [f"{_tokens(tokens, 'stayed')}; first {_tokens(first, 'never')}"
+                 + ("" if share is None else f" ({share:.2f})")
+                 for tokens, first, share in zip(exits, firsts, s["silent_update_share_per_seed"], strict=True)]
+        cells += [""] * (len(args.seeds) - len(cells))  # seeds not run yet
+        left, reached = (sum(tokens is not None for tokens in per_seed) for per_seed in (exits, firsts))
+        lines.append(f"| {setting} | " + " | ".join(cells) + f" | {left} / {reached} of {len(exits)} |")
+    return lines
+
+
+def _tokens(tokens: int | None, none: str) -> str:
+    return none if tokens is None else f"{tokens:,}"
+
+
+def write_results(testbed: Testbed, runs: dict[str, list[list[dict]]], finals: dict[str, list[list[dict]]],
+                  before: list[dict[str, Any]], args: argparse.Namespace, warm: str, wall_s: float,
+                  output: Path) -> tuple[str, Path]:
+    """OUTPUT/NAME.md, NAME.json and NAME.png for the runs so far; (the table, the plot's path)."""
+    summary, differences = summarize(testbed, runs, finals, before), compare(testbed, finals, args.delta)
+    exit_differences = {outcome: compare_exit_tokens(testbed, summary, runs, outcome)
+                        for outcome in (PLATEAU_EXIT, FIRST_PASSAGE)}
+    table = markdown(summary, differences, args, warm, wall_s, testbed.plateau_threshold, exit_differences)
+    (output / f"{testbed.name}.md").write_text(table, encoding="utf-8")
+    payload = {"settings": vars(args), "world": testbed.world.key, "summary": summary, "differences": differences,
+               "exit_token_differences": exit_differences}
+    (output / f"{testbed.name}.json").write_text(json.dumps(payload, indent=1), encoding="utf-8")
+    # the curves' questions: the first --curve-questions held-out ones, the start point's included
+    start = float(np.mean([row["em"] for row in before[: args.curve_questions]]))
+    plot = plot_runs({name: mean_rows(seeds, start) for name, seeds in runs.items()}, output / f"{testbed.name}.png",
+                     metrics=("dev_em", "reward_mean"))
+    return table, plot
+
+
+def write_docs_section(testbed: Testbed, args: argparse.Namespace, table: str, plot: Path, argv: list[str] | None,
+                       script: str) -> None:
+    """The testbed's section of docs/benchmarks.md (the command of ``script`` with ``argv``, else this process's
+    arguments, the machine, the table) and its plot's compact copy, docs/NAME.png."""
+    from benchmarks.report import compact_plot_copy, machine_description, replace_section
+
+    command = shlex.join(["python", script, *(sys.argv[1:] if argv is None else argv)])
+    docs_plot = compact_plot_copy(plot, Path("docs") / f"{testbed.name}.png")
+    replace_section("docs/benchmarks.md", testbed.name, testbed.title,
+                    f"Command: `{command}`. Machine: {machine_description()}.\n\n{table}\n"
+                    f"![dev EM and training reward, mean over seeds]({docs_plot.name})\n\n"
+                    f"Plot: `{docs_plot}` (a copy of `{plot}`): dev EM on the first {args.curve_questions} "
+                    f"held-out questions and the training reward, mean over seeds against iterations, tokens "
+                    f"generated and tool calls (dev EM with a band of one std over seeds).\n")
