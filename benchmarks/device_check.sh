@@ -3,8 +3,13 @@
 # (benchmarks/device_kit.py packs what they carry; its docstring gives the two calls):
 #   bash benchmarks/device_check.sh 1   carry .device/call1: small wheels, data, tokenizer; runs bench_device.py
 #   bash benchmarks/device_check.sh 2   carry .device/call2: the rest of Ray's wheel; runs run.py for 2 iterations
+#   bash benchmarks/device_check.sh precision   carry .device/call1/wheels and .device/call1/models (no Ray): one call,
+#       gpu_check.py (a Qwen2.5-1.5B-shape bf16-over-float32 learner step with checkpointing against its memory
+#       plan, checkpointing under flex_attention, the offloaded reference), then bench_device.py for SmolLM2-135M's
+#       shape (CUDA graphs, tokens/s, busy share, learner steps); sized by CHECK_TIMEOUT and BENCH_TIMEOUT
 # Arguments after the call's number go to bench_device.py / run.py, after the defaults (so they override them).
-# What comes back lies in $OUT (the device tool's folder): bench_device_MODEL.md / .log, run_metrics.jsonl, run.log.
+# What comes back lies in $OUT (the device tool's folder): bench_device_MODEL.md / .log, run_metrics.jsonl, run.log,
+# gpu_check.md / .log.
 # Sized to the session's device time by MODELS (call 1's columns, one bench each), BENCH_TIMEOUT (seconds per bench)
 # and RUN_TIMEOUT (seconds of run.py in call 2).
 set -uo pipefail
@@ -16,6 +21,7 @@ export PYTHONPATH=$KIT/site:$PWD PYTHONUNBUFFERED=1 TREEGRPO_CACHE_DIR=$KIT/cach
 MODELS=${MODELS:-smollm2-135m-random llama-3.2-1b-random}
 BENCH_TIMEOUT=${BENCH_TIMEOUT:-270}
 RUN_TIMEOUT=${RUN_TIMEOUT:-540}
+CHECK_TIMEOUT=${CHECK_TIMEOUT:-200}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 
@@ -55,7 +61,15 @@ model.save_pretrained(sys.argv[1]); tokenizer.save_pretrained(sys.argv[1])" "$KI
   cp "$KIT/run/metrics.jsonl" "$OUT/run_metrics.jsonl"
   cp "$KIT/run/config.yaml" "$OUT/run_config.yaml"
   ;;
+precision)
+  install .device/call1/wheels/*.whl || exit 1
+  mkdir -p "$KIT/cache/models" && cp -r .device/call1/models/. "$KIT/cache/models/" || exit 1
+  # the precision check first: a run that cannot learn is the worst defect, speed comes second
+  timeout "$CHECK_TIMEOUT" python3 benchmarks/gpu_check.py --output "$OUT/gpu_check.md" 2>&1 | tee "$OUT/gpu_check.log"
+  timeout "$BENCH_TIMEOUT" python3 benchmarks/bench_device.py --model smollm2-135m-random \
+    --output "$OUT/bench_device_smollm2-135m-random.md" "$@" 2>&1 | tee "$OUT/bench_device_smollm2-135m-random.log"
+  ;;
 *)
-  echo "usage: bash benchmarks/device_check.sh 1|2 (see benchmarks/device_kit.py)"; exit 2
+  echo "usage: bash benchmarks/device_check.sh 1|2|precision (see benchmarks/device_kit.py)"; exit 2
   ;;
 esac

@@ -1,4 +1,5 @@
-"""Pack what the lent GPU machine lacks into ``.device/``, for the GPU check of issue 25 in two device calls.
+"""Pack what the lent GPU machine lacks into ``.device/``, for the GPU check (``device_check.sh``) in two device
+calls.
 
 The lent machine has torch, transformers, pyarrow, grpcio, msgpack and aiohttp, and reaches no network: it has
 no Ray, gymnasium or pydantic, no QA data and no tokenizer files, and one call carries at most 64 MiB (Ray's
@@ -16,8 +17,8 @@ Then, with the device tool, one call right after the other (the machine stays wa
 
 Call 1 installs the small wheels and runs ``bench_device.py`` (it needs no Ray); call 2 joins and installs Ray and
 runs ``experiments/run.py --algo tree_grpo --env HotpotQA-v0`` for two iterations with one GPU learner. Fit them to
-the session's device time with ``MODELS``, ``BENCH_TIMEOUT`` and ``RUN_TIMEOUT`` (``device_check.sh``): on the first
-lent H200 a 32-prompt bench needed more than 160 s per model, one run.py iteration 75 s after 20 s of setup.
+the session's device time with ``MODELS``, ``BENCH_TIMEOUT`` and ``RUN_TIMEOUT`` (``device_check.sh``): a 32-prompt
+bench takes more than 160 s per model on an H200, one run.py iteration 75 s after 20 s of setup.
 """
 
 from __future__ import annotations

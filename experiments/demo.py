@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from algos.evaluation import failure_mix, mean_results, occurring_failures
-from algos.tree_grpo import metrics as M
+from algos.tree_grpo import metrics as metric_keys
 from envs.cache import default_cache_dir
 from envs.synthetic import WorldSpec, world_data_dir
 from experiments.confidence import Interval, mean_interval, paired_difference_interval
@@ -81,8 +81,8 @@ def summary_text(comparison: Mapping[str, Any], run_dir: Path, rows: Sequence[Ma
     mix = comparison["failures"]
     lines += [f"| {kind} | {mix['before'].get(kind, 0.0):.0%} | {mix['after'].get(kind, 0.0):.0%} |"
               for kind in occurring_failures(mix["before"], mix["after"])]
-    tokens = sum(row.get(M.TOKENS_GENERATED) or 0 for row in rows)
-    tool_calls = sum(row.get(M.TOOL_CALLS) or 0 for row in rows)
+    tokens = sum(row.get(metric_keys.TOKENS_GENERATED) or 0 for row in rows)
+    tool_calls = sum(row.get(metric_keys.TOOL_CALLS) or 0 for row in rows)
     trees = sorted((run_dir / "trees").glob("*.html"))
     mlflow_db = run_dir / "mlflow.db"
     lines += ["", f"Training: {len(rows)} iterations, {tokens:,} tokens generated, {tool_calls:,} tool calls, "

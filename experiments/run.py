@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import functools
 import math
-import os
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -38,8 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import envs
-from algos.tree_grpo import metrics as M
-from envs.datasets import DataError, MissingDataError
+from algos.tree_grpo import metrics as metric_keys
 from experiments.checkpoints import (
     CheckpointError,
     CheckpointManager,
@@ -51,11 +49,11 @@ from experiments.checkpoints import (
 from experiments.cli import SettingsError, build_parser, dump_yaml, given_options, read_yaml, validate
 from experiments.evaluate import write_results
 from experiments.plot import load_metrics, plot_runs
+from experiments.preflight import check_before_ray, check_resources, node_resources, start_ray
 from experiments.settings import (
     CLI_ALIASES,
     RunSettings,
     build_config,
-    env_config,
     help_sections,
     resume_conflicts,
     tracked_params,
@@ -155,122 +153,6 @@ def record_settings(run: RunPlan, first_iteration: int) -> Path:
     return path
 
 
-def check_data(settings: RunSettings) -> None:
-    """The data directory and the question files the run reads (its training split; with evaluations, the
-    evaluation splits), or a ``SettingsError`` naming the path and the expected layout; and, for a generated
-    world, that ``--max-turns`` allows the searches its questions need."""
-    evaluated = ({settings.env} if settings.eval_every else set()) | (
-        set(settings.eval_envs or [settings.env]) if settings.final_eval else set())
-    try:
-        config = env_config(settings)  # resolves the data directory
-        envs.question_count(settings.env, **config)
-        for env_id in sorted(evaluated):
-            envs.question_count(env_id, **{**config, "split": envs.eval_split(env_id)})
-        hops = envs.world_hops(settings.env, **config)
-    except (MissingDataError, DataError) as error:
-        raise SettingsError(str(error)) from None
-    if hops is not None and hops > settings.max_turns:
-        raise SettingsError(f"--max-turns {settings.max_turns}: the {settings.env} world the run would serve asks "
-                            f"{hops}-hop questions, one search per hop, which {settings.max_turns} search steps "
-                            f"cannot answer: raise --max-turns to {hops}, or write a world with fewer hops "
-                            f"(python -m envs.synthetic --help) and pass its directory as --data-dir")
-
-
-def check_before_ray(settings: RunSettings) -> None:
-    """What can be checked without Ray, before it starts and before anything is written: the data and the
-    algorithm config as RLlib's ``validate`` sees it (e.g. more env runners than prompts). (``start_ray`` checks
-    the actors' resources.)"""
-    check_data(settings)
-    try:
-        build_config(settings).validate()
-    except ValueError as error:
-        raise SettingsError(str(error)) from None
-
-
-def local_resources() -> dict[str, float]:
-    """The resources of the local Ray instance ``start_ray`` starts: every CPU of the machine and every GPU this
-    process sees."""
-    import torch
-
-    return {"CPU": float(os.cpu_count() or 1), "GPU": float(torch.cuda.device_count())}
-
-
-def start_ray(settings: RunSettings) -> None:
-    """Join the cluster that ``--ray-address`` (else ``$RAY_ADDRESS``) names, passing no resources (its nodes bring
-    theirs); else start a local Ray instance listening on loopback only, with the dashboard only if asked for,
-    whatever cluster ``ray start`` left behind (``/tmp/ray/ray_current_cluster``). The actors' resources are checked
-    against the local instance's before it starts. Nothing if Ray is up."""
-    import ray
-    from ray._private import ray_constants
-
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    if ray.is_initialized():
-        return
-    address = settings.ray_address or os.environ.get("RAY_ADDRESS")
-    if address:
-        ray.init(address=address, log_to_driver=settings.log_rollout_steps)
-        return
-    # Ray turns _node_ip_address="127.0.0.1" into the machine's address and its gRPC servers bind to all
-    # interfaces; with clusters off (the switch Ray reads on macOS/Windows) the node is 127.0.0.1 and every
-    # server binds there. The constant is read at import, so set it too; spawned processes read the env.
-    os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
-    ray_constants.ENABLE_RAY_CLUSTER = False
-    resources = local_resources()
-    check_resources(settings, resources)
-    ray.init(address="local", num_cpus=int(resources["CPU"]), num_gpus=int(resources["GPU"]),
-             object_store_memory=1_000_000_000,
-             include_dashboard=settings.ray_dashboard, log_to_driver=settings.log_rollout_steps)
-
-
-def check_resources(settings: RunSettings, available: dict[str, float],
-                    nodes: list[dict[str, float]] | None = None) -> None:
-    """Fail fast, naming the options, when the actors cannot all be placed (Ray would wait forever): the
-    cluster's totals (``available``) must cover every actor, and each actor must fit on one of ``nodes`` (their
-    resources, when known: a GPU split over two nodes does not host a one-GPU learner)."""
-    demands = actor_demands(settings)
-    cpus, gpus = (sum(count * demand.get(key, 0) for _, count, demand, _ in demands) for key in ("CPU", "GPU"))
-    if cpus > available.get("CPU", 0) or gpus > available.get("GPU", 0):
-        raise SettingsError(
-            f"the requested actors need {cpus:g} CPUs and {gpus:g} GPUs but Ray has {available.get('CPU', 0):g} "
-            f"CPUs and {available.get('GPU', 0):g} GPUs: lower --num-env-runners / --num-learners, or "
-            f"--num-cpus-per-env-runner / --num-cpus-per-learner / --num-gpus-per-env-runner / --num-gpus-per-learner "
-            f"(fractions are fine, e.g. 0.5)")
-    for name, amount in (settings.env_runner_resources or {}).items():
-        needed = settings.num_env_runners * amount
-        if needed > available.get(name, 0):
-            raise SettingsError(
-                f"--env-runner-resources {name}={amount:g}: {settings.num_env_runners} env runner(s) need {needed:g} "
-                f"{name} but Ray has {available.get(name, 0):g} (a node offers it with ray start --resources "
-                f"'{{\"{name}\": N}}', and only a cluster joined with --ray-address has such nodes)")
-    for actor, _, demand, options in demands:
-        if nodes is not None and not any(all(node.get(k, 0) >= v for k, v in demand.items()) for node in nodes):
-            largest = ", ".join(f"{k} {max(node.get(k, 0) for node in nodes):g}" for k in demand)
-            raise SettingsError(
-                f"one {actor} needs {', '.join(f'{v:g} {k}' for k, v in demand.items())} on a single node, but no "
-                f"node of the cluster has that (the most any node has: {largest}): lower {options}")
-
-
-def node_resources() -> list[dict[str, float]]:
-    """The resources of each live node of the Ray cluster this process is connected to."""
-    import ray
-
-    return [node["Resources"] for node in ray.nodes() if node.get("Alive")]
-
-
-def actor_demands(settings: RunSettings) -> list[tuple[str, int, dict[str, float], str]]:
-    """(actor kind, how many the run starts, the resources one asks Ray for, the options that set them), for the
-    kinds the run starts with a demand (a learner on a GPU asks for no CPU)."""
-    runner = {"CPU": settings.num_cpus_per_env_runner, "GPU": settings.num_gpus_per_env_runner,
-              **(settings.env_runner_resources or {})}
-    learner = ({"GPU": settings.num_gpus_per_learner} if settings.num_gpus_per_learner
-               else {"CPU": settings.num_cpus_per_learner})
-    kinds = [("env runner", settings.num_env_runners, runner,
-              "--num-cpus-per-env-runner / --num-gpus-per-env-runner / --env-runner-resources"),
-             ("learner", settings.num_learners, learner, "--num-cpus-per-learner / --num-gpus-per-learner")]
-    return [(actor, count, {k: v for k, v in demand.items() if v}, options) for actor, count, demand, options in kinds
-            if count and any(demand.values())]
-
-
 def progress_line(row: dict[str, Any], total: int) -> str:
     """One console line per iteration (counts are ints whatever the number of runners)."""
 
@@ -280,12 +162,15 @@ def progress_line(row: dict[str, Any], total: int) -> str:
             return "-"
         return format(round(value) if fmt == "d" else value, fmt)
 
-    return (f"iter {row['iteration']:>4}/{total}  reward {f(M.REWARD, '.3f')}  EM {f(M.EM, '.3f')}  "
-            f"leaves {f(M.LEAVES, 'd')}  tokens {f(M.TOKENS_GENERATED, 'd')}  tool calls {f(M.TOOL_CALLS, 'd')}  "
-            f"KL {f(M.KL, '.4f')}  {f('time_s', '.1f')} s"
+    return (f"iter {row['iteration']:>4}/{total}  reward {f(metric_keys.REWARD, '.3f')}  "
+            f"EM {f(metric_keys.EM, '.3f')}  leaves {f(metric_keys.LEAVES, 'd')}  "
+            f"tokens {f(metric_keys.TOKENS_GENERATED, 'd')}  tool calls {f(metric_keys.TOOL_CALLS, 'd')}  "
+            f"KL {f(metric_keys.KL, '.4f')}  {f('time_s', '.1f')} s"
             + (f"  dev EM {f('dev_em', '.3f')}" if "dev_em" in row else "")
-            + (f"  runner restarts {f(M.ENV_RUNNER_RESTARTS, 'd')}" if row.get(M.ENV_RUNNER_RESTARTS) else "")
-            + ("  update skipped (every prompt's leaves rewarded alike)" if row.get(M.UPDATE_SKIPPED) else ""))
+            + (f"  runner restarts {f(metric_keys.ENV_RUNNER_RESTARTS, 'd')}"
+               if row.get(metric_keys.ENV_RUNNER_RESTARTS) else "")
+            + ("  update skipped (every prompt's leaves rewarded alike)"
+               if row.get(metric_keys.UPDATE_SKIPPED) else ""))
 
 
 def build_algorithm(run: RunPlan):
@@ -324,7 +209,7 @@ def final_evaluation(algo, settings: RunSettings, output: Path) -> list[Path]:
 def save_learning_curve(output: Path) -> Path | None:
     if not (output / METRICS_FILE).exists() or not (rows := load_metrics(output / METRICS_FILE)):
         return None
-    metrics = [m for m in (M.REWARD, M.EM, "dev_em") if any(row.get(m) is not None for row in rows)]
+    metrics = [m for m in (metric_keys.REWARD, metric_keys.EM, "dev_em") if any(row.get(m) is not None for row in rows)]
     return plot_runs({output.resolve().name: rows}, output / "learning_curve.png", metrics=metrics)
 
 

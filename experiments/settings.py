@@ -18,6 +18,8 @@ from algos.tree_grpo import TreeGRPOConfig
 from algos.tree_grpo.settings import ALGORITHM_FIELDS, TreeGRPOSettings, per_device
 from envs.datasets import resolve_data_dir
 from envs.retrieval import check_retriever_spec
+from policies.logprobs import FLEX_ATTENTION
+from policies.memory_plan import CUDA_OVERHEAD_GIB, MemoryOptions
 from policies.models import LoraSettings
 
 EnvId = Literal[tuple(envs.ENV_IDS)]  # type: ignore[valid-type]
@@ -106,8 +108,10 @@ class RunSettings(TreeGRPOSettings):
                                                "(half the learner's static memory; updates below half a bf16 ulp "
                                                "round away, so small learning rates do not learn; warns)")
     gradient_checkpointing: bool = Field(
-        False, description="recompute each decoder layer's activations in the backward pass instead of keeping "
-                           "them (same loss and gradients; less learner memory, about a third more compute)")
+        default_factory=per_device(cpu=False, gpu=True),
+        description="recompute each decoder layer's activations in the backward pass instead of keeping them (same "
+                    "loss and gradients; a fraction of the activations' memory for about a third more compute) "
+                    "(default: on with a GPU, where the default model's plan needs it to fit 80 GB; off on CPU)")
     lora_rank: int | None = Field(None, ge=1, description="train LoRA adapters of this rank (default: full "
                                                           "fine-tuning)")
     lora_alpha: int = Field(LoraSettings.alpha, ge=1, description="LoRA alpha (with --lora-rank)")
@@ -128,6 +132,9 @@ class RunSettings(TreeGRPOSettings):
                                                       "without either, start a local Ray on loopback)")
     ray_dashboard: bool = Field(False, description="start Ray's dashboard (on 127.0.0.1:8265) with the local "
                                 "Ray instance (needs pip install -e .[dashboard])")
+    memory_check: bool = Field(
+        True, description="print the run's memory plan per GPU (experiments/plan_memory.py) before anything loads, "
+                          "and refuse a run planned above its GPU's memory (--no-memory-check: go on anyway)")
     # the run
     iterations: int = Field(20, ge=1, description="training iterations (of this invocation, also when resuming)")
     token_budget: int | None = Field(
@@ -243,7 +250,7 @@ def help_sections() -> dict[str, str]:
 MAY_CHANGE_ON_RESUME = frozenset({
     "iterations", "token_budget", "checkpoint_every", "keep_checkpoints", "eval_every", "eval_questions", "final_eval",
     "eval_envs", "mlflow", "mlflow_uri", "experiment", "run_name", "log_rollout_steps", "trees_every", "trees_count",
-    "data_dir", "ray_dashboard", "ray_address", "env_runner_resources", "num_cpus_per_env_runner",
+    "data_dir", "ray_dashboard", "ray_address", "memory_check", "env_runner_resources", "num_cpus_per_env_runner",
     "num_gpus_per_env_runner", "num_cpus_per_learner", "num_gpus_per_learner",
 })
 
@@ -269,6 +276,25 @@ def model_config(settings: RunSettings) -> dict[str, Any]:
     lora = None if settings.lora_rank is None else {"rank": settings.lora_rank, "alpha": settings.lora_alpha}
     return {"model": settings.model, "dtype": settings.dtype, "pure_bf16": settings.pure_bf16,
             "gradient_checkpointing": settings.gradient_checkpointing, "seed": settings.seed, "lora": lora}
+
+
+def memory_options(settings: RunSettings, gpu_memory_gib: float | None) -> MemoryOptions:
+    """The memory plan's options of a run: its learners, precision and memory options; a colocated rollout engine
+    when the driver's env runner samples on the visible GPU or the runners take a share of one. Without
+    ``--micro-batch-tokens`` the plan assumes its default micro-batch (a (2,2,1) prompt group at 500-token
+    steps)."""
+    colocated = gpu_memory_gib is not None and (settings.num_env_runners == 0
+                                                or 0 < settings.num_gpus_per_env_runner < 1)
+    tokens = {} if settings.micro_batch_tokens is None else {"micro_batch_tokens": settings.micro_batch_tokens}
+    return MemoryOptions(
+        learners=max(1, settings.num_learners), dtype=settings.dtype, pure_bf16=settings.pure_bf16,
+        gradient_checkpointing=settings.gradient_checkpointing, reference=settings.kl_coef > 0,
+        reference_offload=settings.reference_offload, lora_rank=settings.lora_rank,
+        learner_attention="flex_attention" if settings.learner_attention == FLEX_ATTENTION else "sdpa",
+        generator=settings.generator_backend, colocated=colocated,
+        vllm_gpu_memory_utilization=settings.vllm_gpu_memory_utilization, vllm_sleep=settings.vllm_sleep,
+        overhead_gib=CUDA_OVERHEAD_GIB if gpu_memory_gib is not None else 0.0, gpu_memory_gib=gpu_memory_gib,
+        **tokens)
 
 
 def build_config(settings: RunSettings) -> TreeGRPOConfig:

@@ -25,7 +25,7 @@ from typing import Any
 from ray.rllib.callbacks.callbacks import RLlibCallback
 from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, EVALUATION_RESULTS, LEARNER_RESULTS
 
-from algos.tree_grpo import metrics as M
+from algos.tree_grpo import metrics as metric_keys
 from algos.tree_view import trees_html
 
 PARAM_VALUE_LIMIT = 6000  # MLflow's limit on a param value
@@ -34,21 +34,28 @@ RUN_ID_FILE = "mlflow_run_id"
 METRICS_FILE = "metrics.jsonl"
 
 # metrics.jsonl columns by where they are in RLlib's result dict
-ENV_RUNNER_KEYS = (M.REWARD, M.EM, M.TREES, M.LEAVES, M.TOKENS_GENERATED, M.TOKENS_PREFILLED, M.LLM_CALLS,
-                   M.FORWARD_PASSES, M.KV_PEAK_MIB, M.TOOL_CALLS, M.RETRIEVAL_RETRIES, M.SAMPLE_TIME_S,
-                   M.GENERATION_TIME_S, M.ENV_TIME_S, M.BUDGET_ESTIMATE, M.BUDGET_MEASURED)
-LEARNER_KEYS = (M.POLICY_LOSS, M.KL, M.ENTROPY, M.CLIP_FRACTION, M.DUAL_CLIP_FRACTION, M.RATIO_MEAN, M.RATIO_MAX,
-                M.RATIO_MIN, M.GRAD_NORM, M.NONFINITE_GRAD_SHARE, M.LEARNING_RATE, M.SAMPLER_LOGPROB_GAP,
-                M.TRAINED_TOKENS, M.OPTIMIZER_STEPS, M.OLD_LOGPROBS_RECOMPUTED, M.SAMPLER_RATIO_MEAN,
-                M.SAMPLER_RATIO_P99, M.SAMPLER_RATIO_OUTSIDE, M.TIS_WEIGHT_MEAN, M.UNIQUE_TOKEN_SHARE,
-                M.FORWARDED_TOKEN_SHARE)
-TOP_LEVEL_KEYS = (M.PROMPTS, M.TOKENS_GENERATED_TOTAL, M.ITERATION_TIME_S, M.UPDATE_TIME_S, M.SYNC_TIME_S,
-                  M.UPDATE_SKIPPED, M.UPDATES_SKIPPED_TOTAL, M.ENV_RUNNER_RESTARTS, M.SAMPLED_BY)
+ENV_RUNNER_KEYS = (metric_keys.REWARD, metric_keys.EM, metric_keys.TREES, metric_keys.LEAVES,
+                   metric_keys.TOKENS_GENERATED, metric_keys.TOKENS_PREFILLED, metric_keys.LLM_CALLS,
+                   metric_keys.FORWARD_PASSES, metric_keys.KV_PEAK_MIB, metric_keys.TOOL_CALLS,
+                   metric_keys.RETRIEVAL_RETRIES, metric_keys.SAMPLE_TIME_S, metric_keys.GENERATION_TIME_S,
+                   metric_keys.ENV_TIME_S, metric_keys.BUDGET_ESTIMATE, metric_keys.BUDGET_MEASURED)
+LEARNER_KEYS = (metric_keys.POLICY_LOSS, metric_keys.KL, metric_keys.ENTROPY, metric_keys.CLIP_FRACTION,
+                metric_keys.DUAL_CLIP_FRACTION, metric_keys.RATIO_MEAN, metric_keys.RATIO_MAX, metric_keys.RATIO_MIN,
+                metric_keys.GRAD_NORM, metric_keys.NONFINITE_GRAD_SHARE, metric_keys.LEARNING_RATE,
+                metric_keys.SAMPLER_LOGPROB_GAP, metric_keys.TRAINED_TOKENS, metric_keys.OPTIMIZER_STEPS,
+                metric_keys.OLD_LOGPROBS_RECOMPUTED, metric_keys.SAMPLER_RATIO_MEAN, metric_keys.SAMPLER_RATIO_P99,
+                metric_keys.SAMPLER_RATIO_OUTSIDE, metric_keys.TIS_WEIGHT_MEAN, metric_keys.UNIQUE_TOKEN_SHARE,
+                metric_keys.FORWARDED_TOKEN_SHARE, metric_keys.LEARNER_PEAK_MEMORY_GIB)
+TOP_LEVEL_KEYS = (metric_keys.PROMPTS, metric_keys.TOKENS_GENERATED_TOTAL, metric_keys.ITERATION_TIME_S,
+                  metric_keys.UPDATE_TIME_S, metric_keys.SYNC_TIME_S, metric_keys.UPDATE_SKIPPED,
+                  metric_keys.UPDATES_SKIPPED_TOTAL, metric_keys.ENV_RUNNER_RESTARTS, metric_keys.SAMPLED_BY)
 # Counts summed over runners come back as floats from RLlib's metrics: written as ints.
-COUNT_KEYS = frozenset({M.TREES, M.LEAVES, M.TOKENS_GENERATED, M.TOKENS_PREFILLED, M.LLM_CALLS, M.FORWARD_PASSES,
-                        M.TOOL_CALLS,
-                        M.RETRIEVAL_RETRIES, M.PROMPTS, M.ENV_RUNNER_RESTARTS, M.OPTIMIZER_STEPS,
-                        M.TOKENS_GENERATED_TOTAL, M.UPDATE_SKIPPED, M.UPDATES_SKIPPED_TOTAL})
+COUNT_KEYS = frozenset({metric_keys.TREES, metric_keys.LEAVES, metric_keys.TOKENS_GENERATED,
+                        metric_keys.TOKENS_PREFILLED, metric_keys.LLM_CALLS, metric_keys.FORWARD_PASSES,
+                        metric_keys.TOOL_CALLS, metric_keys.RETRIEVAL_RETRIES, metric_keys.PROMPTS,
+                        metric_keys.ENV_RUNNER_RESTARTS, metric_keys.OPTIMIZER_STEPS,
+                        metric_keys.TOKENS_GENERATED_TOTAL, metric_keys.UPDATE_SKIPPED,
+                        metric_keys.UPDATES_SKIPPED_TOTAL})
 
 
 def default_tracking_uri(output: str | Path) -> str:
@@ -99,11 +106,11 @@ def metrics_row(result: Mapping[str, Any]) -> dict[str, Any]:
     row.update({key: runners.get(key) for key in ENV_RUNNER_KEYS})
     row.update({key: learner.get(key) for key in LEARNER_KEYS})
     evaluation = result.get(EVALUATION_RESULTS) or {}
-    row.update({f"{M.DEV_PREFIX}{key}": value for key, value in evaluation.items()
+    row.update({f"{metric_keys.DEV_PREFIX}{key}": value for key, value in evaluation.items()
                 if isinstance(value, int | float) and value == value})
-    row["time_s"] = row.pop(M.ITERATION_TIME_S)
-    passes, tokens = row.get(M.FORWARD_PASSES), row.get(M.TOKENS_GENERATED)
-    row[M.TOKENS_PER_FORWARD_PASS] = float(tokens) / float(passes) if passes and tokens is not None else None
+    row["time_s"] = row.pop(metric_keys.ITERATION_TIME_S)
+    passes, tokens = row.get(metric_keys.FORWARD_PASSES), row.get(metric_keys.TOKENS_GENERATED)
+    row[metric_keys.TOKENS_PER_FORWARD_PASS] = float(tokens) / float(passes) if passes and tokens is not None else None
     for key, value in row.items():
         if hasattr(value, "__float__") and not isinstance(value, int | bool):
             value = float(value)

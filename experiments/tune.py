@@ -31,10 +31,10 @@ from typing import Any
 
 from algos.rollout import TreeShape
 from algos.tree_grpo import TreeGRPO
-from algos.tree_grpo import metrics as M
+from algos.tree_grpo import metrics as metric_keys
 from algos.tree_grpo.settings import ALGORITHM_FIELDS
 from experiments.cli import SettingsError, build_parser, given_options, validate, yaml_scalar
-from experiments.run import check_before_ray, check_resources, node_resources, start_ray
+from experiments.preflight import check_before_ray, check_resources, node_resources, start_ray
 from experiments.settings import CLI_ALIASES, RunSettings, build_config, help_sections, tracked_params
 from experiments.tracking import METRICS_FILE, RunTracker, default_tracking_uri, ensure_experiment, read_rows
 
@@ -207,8 +207,8 @@ def plan(argv: list[str] | None = None):
 
 def trial_table(rows: list[dict[str, Any]], metric: str) -> str:
     """Markdown: one line per trial, best ``metric`` first (trials without it last)."""
-    columns = list(dict.fromkeys(["trial", *SUMMARY_FIELDS, "seed", "iterations", metric, M.REWARD,
-                                  M.TOKENS_GENERATED, M.BUDGET_MEASURED]))
+    columns = list(dict.fromkeys(["trial", *SUMMARY_FIELDS, "seed", "iterations", metric, metric_keys.REWARD,
+                                  metric_keys.TOKENS_GENERATED, metric_keys.BUDGET_MEASURED]))
     rows = sorted(rows, key=lambda r: (r.get(metric) is None, -(r.get(metric) or 0.0)))
     lines = ["| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]
     for row in rows:
@@ -226,10 +226,10 @@ def trial_summary(trial_dir: Path, config: dict[str, Any], metric: str, error: A
         values = [row[column] for row in rows if row.get(column) is not None]
         return values[-1] if values else None
 
-    tokens = sum(row.get(M.TOKENS_GENERATED) or 0 for row in rows) if rows else None
+    tokens = sum(row.get(metric_keys.TOKENS_GENERATED) or 0 for row in rows) if rows else None
     return {"trial": trial_dir.name, **{f: config.get(f) for f in SUMMARY_FIELDS}, "seed": config.get("seed"),
-            "iterations": last("iteration"), metric: last(metric), M.REWARD: last(M.REWARD),
-            M.TOKENS_GENERATED: tokens, M.BUDGET_MEASURED: last(M.BUDGET_MEASURED),
+            "iterations": last("iteration"), metric: last(metric), metric_keys.REWARD: last(metric_keys.REWARD),
+            metric_keys.TOKENS_GENERATED: tokens, metric_keys.BUDGET_MEASURED: last(metric_keys.BUDGET_MEASURED),
             "error": str(error) if error else None}
 
 
@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> Path:
     from ray.tune.search.basic_variant import BasicVariantGenerator
 
     output = Path(base.output).resolve()
-    metric = options.metric or (f"{M.DEV_PREFIX}em" if base.eval_every else M.REWARD)
+    metric = options.metric or (f"{metric_keys.DEV_PREFIX}em" if base.eval_every else metric_keys.REWARD)
     varied = varied_fields(trials)
     shown = [{key: values[i] for key, values in varied.items()} for i in range(len(trials))]
     print(f"{len(shown)} trials: " + "; ".join(", ".join(f"{k}={v}" for k, v in p.items()) for p in shown))
@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> Path:
     if options.time_budget_s:
         stop["time_total_s"] = options.time_budget_s
     if base.token_budget:  # as run.py: after the iteration that reaches it
-        stop[M.TOKENS_GENERATED_TOTAL] = base.token_budget
+        stop[metric_keys.TOKENS_GENERATED_TOTAL] = base.token_budget
     tuner = tune.Tuner(
         TreeGRPO,
         param_space=space,

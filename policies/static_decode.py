@@ -82,8 +82,7 @@ class StaticDecode:
     def _discard_graphs(self) -> None:
         """Forget every shape and its graph. Later captures go to a new graph pool: by our reading of torch's
         caching allocator, it refuses a capture into a pool whose graphs are all gone while blocks of it are still
-        cached (the internal assert ``use_count > 0`` seen on an H200 with torch 2.11, after a pool growth; the fix
-        is not yet verified on a GPU)."""
+        cached (an internal assert, ``use_count > 0``, on the first capture after the KV pool grows)."""
         self._shapes.clear()
         self._allocation = self.pool.allocations
         if self.capture:

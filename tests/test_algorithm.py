@@ -99,7 +99,8 @@ def test_chain_grpo_iteration_with_greedy_eval(ray_session, data_dir, tmp_path):
 
 def test_actors_that_cannot_be_placed_are_an_error_not_a_hang(data_dir, tmp_path):
     from experiments.cli import SettingsError
-    from experiments.run import check_resources, plan
+    from experiments.preflight import check_resources
+    from experiments.run import plan
 
     settings = plan(["--num-env-runners", "1", "--num-learners", "2", "--output", str(tmp_path)]).settings
     with pytest.raises(SettingsError, match="num-cpus-per-learner"):

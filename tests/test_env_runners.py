@@ -21,7 +21,7 @@ import algos.tree_grpo.tree_grpo as tree_grpo_module
 import envs
 import envs.search_qa
 from algos.tree_grpo import TreeGRPOConfig
-from algos.tree_grpo import metrics as M
+from algos.tree_grpo import metrics as metric_keys
 from algos.tree_grpo.env_runner import TreeSearchEnvRunner, module_device
 from algos.tree_grpo.sharding import run_sharded, shard
 
@@ -159,13 +159,14 @@ def test_two_remote_runners_share_an_iteration_and_the_evaluation(ray_session, d
 
     (records,) = batches
     runners = result[ENV_RUNNER_RESULTS]
-    assert len(records) == runners[M.LEAVES] == prompts * LEAVES_PER_PROMPT
-    assert runners[M.TREES] == len({(r.prompt_index, r.tree_id) for r in records}) == prompts * 2
+    assert len(records) == runners[metric_keys.LEAVES] == prompts * LEAVES_PER_PROMPT
+    assert runners[metric_keys.TREES] == len({(r.prompt_index, r.tree_id) for r in records}) == prompts * 2
     (sampling,) = [answers for what, _, answers in dispatched if what.startswith("sampling")]
     assert sorted(sampling) == [1, 2] and [len(sampling[w].prompt_indices) for w in (1, 2)] == [2, 1]
-    for key in (M.TOKENS_GENERATED, M.TOKENS_PREFILLED, M.LLM_CALLS, M.TOOL_CALLS, M.LEAVES, M.TREES):
+    for key in (metric_keys.TOKENS_GENERATED, metric_keys.TOKENS_PREFILLED, metric_keys.LLM_CALLS,
+                metric_keys.TOOL_CALLS, metric_keys.LEAVES, metric_keys.TREES):
         assert runners[key] == sum(sampling[w].metrics[key].peek() for w in (1, 2)), key
-    assert result[M.ENV_RUNNER_RESTARTS] == 0
+    assert result[metric_keys.ENV_RUNNER_RESTARTS] == 0
 
     # exported trees: two per runner, each leaf pointing at its own record in the batch
     trees = algo.exported_trees
@@ -276,11 +277,11 @@ def test_a_runner_that_dies_mid_sample_is_restarted_with_current_weights(ray_ses
         algo.stop()
     assert (tmp_path / "died").exists()
     for result, records, sampled_with in zip(results, batches[1:], weights, strict=True):
-        assert len(records) == result[ENV_RUNNER_RESULTS][M.LEAVES] == prompts * LEAVES_PER_PROMPT
+        assert len(records) == result[ENV_RUNNER_RESULTS][metric_keys.LEAVES] == prompts * LEAVES_PER_PROMPT
         # every record (the re-sampled ones included) was sampled with the weights of the last update
         assert [r.info["weights_checksum"] for r in records] == pytest.approx([sampled_with] * len(records), rel=1e-12)
-        assert result[LEARNER_RESULTS]["default_policy"][M.SAMPLER_LOGPROB_GAP] < 1e-3
-    restarts = [result[M.ENV_RUNNER_RESTARTS] for result in results]
+        assert result[LEARNER_RESULTS]["default_policy"][metric_keys.SAMPLER_LOGPROB_GAP] < 1e-3
+    restarts = [result[metric_keys.ENV_RUNNER_RESTARTS] for result in results]
     # a lone runner's iteration waits for its restart; with a survivor, it takes over and the restarted runner is
     # restored before the next iteration (unless Ray had it back before the retry)
     assert restarts == [1, 0] if runners == 1 else sum(restarts) == 1
@@ -309,8 +310,9 @@ def test_a_runner_killed_between_iterations_is_counted_and_samples_again_with_cu
         second = algo.train()
     finally:
         algo.stop()
-    assert first[M.SAMPLED_BY] == [1, 2] and first[M.ENV_RUNNER_RESTARTS] == 0
-    assert second[M.ENV_RUNNER_RESTARTS] == 1 and second[M.SAMPLED_BY] == [1, 2]  # both runners, counted
+    assert first[metric_keys.SAMPLED_BY] == [1, 2] and first[metric_keys.ENV_RUNNER_RESTARTS] == 0
+    # both runners, counted
+    assert second[metric_keys.ENV_RUNNER_RESTARTS] == 1 and second[metric_keys.SAMPLED_BY] == [1, 2]
     assert [r.info["weights_checksum"] for r in batches[1]] == pytest.approx([current] * len(batches[1]), rel=1e-12)
 
 

@@ -21,9 +21,10 @@ import pytest
 import ray
 from ray._private import ray_constants
 
-from algos.tree_grpo import metrics as M
+from algos.tree_grpo import metrics as metric_keys
 from experiments.cli import SettingsError
-from experiments.run import RunPlan, plan, start_ray, train
+from experiments.preflight import start_ray
+from experiments.run import RunPlan, plan, train
 from experiments.settings import RunSettings
 from experiments.tracking import read_rows
 from tests.ports import free_port
@@ -193,8 +194,9 @@ def test_env_runners_on_a_second_node_survive_a_kill_and_the_run_resumes(ray_tem
         finish(runs[0])
         rows = read_rows(output / "metrics.jsonl")
         assert [row["iteration"] for row in rows] == [1, 2]
-        assert [row[M.ENV_RUNNER_RESTARTS] for row in rows] == [0, 1]  # restarted, counted, iteration complete
-        assert [row[M.LEAVES] for row in rows] == [12, 12]
+        # restarted, counted, iteration complete
+        assert [row[metric_keys.ENV_RUNNER_RESTARTS] for row in rows] == [0, 1]
+        assert [row[metric_keys.LEAVES] for row in rows] == [12, 12]
         assert (output / "checkpoints" / "latest").resolve().name == "iter_000002"
 
         # the resumed run joins the same cluster (--ray-address is in its saved settings) from iteration 3
@@ -203,7 +205,7 @@ def test_env_runners_on_a_second_node_survive_a_kill_and_the_run_resumes(ray_tem
         assert busy_env_runner(ray_temp_dir, runs[1]).ppid() == rollout_node.pid
         finish(runs[1])
         rows = read_rows(output / "metrics.jsonl")
-        assert [row["iteration"] for row in rows] == [1, 2, 3] and rows[2][M.ENV_RUNNER_RESTARTS] == 0
+        assert [row["iteration"] for row in rows] == [1, 2, 3] and rows[2][metric_keys.ENV_RUNNER_RESTARTS] == 0
         assert (output / "resumes" / "iter_000003.yaml").is_file()
     finally:
         for run in runs:  # by pid, whatever state it is in (a no-op for one that has exited)

@@ -13,7 +13,7 @@ from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from test_learner import ADVANTAGES, build_learner, synthetic_records, tree_records, update, weights
 
 from algos.batch import pad_batch
-from algos.tree_grpo import metrics as M
+from algos.tree_grpo import metrics as metric_keys
 from algos.tree_grpo.tree_grpo import rewarded_alike
 from envs.search_qa import UnicodeText
 from policies.activation_checkpointing import enable_gradient_checkpointing
@@ -79,7 +79,7 @@ def test_a_bf16_step_at_the_papers_lr_moves_the_float32_master_weights(arrays):
     assert trained and trained_share(before, weights(learner), trained) > 0.5
     optimizer_state = next(iter(learner.get_optimizers_for_module(DEFAULT_MODULE_ID)))[1].state
     assert {state["exp_avg"].dtype for state in optimizer_state.values()} == {torch.float32}
-    assert metrics[M.OLD_LOGPROBS_RECOMPUTED] == 1.0  # the bf16 sampler's numerics are not the learner's
+    assert metrics[metric_keys.OLD_LOGPROBS_RECOMPUTED] == 1.0  # the bf16 sampler's numerics are not the learner's
 
 
 @pytest.mark.filterwarnings("ignore:pure_bf16")
@@ -209,8 +209,8 @@ def test_an_offloaded_reference_is_on_the_device_only_inside_its_pass(tiny):
 def test_an_offloaded_reference_gives_the_same_update(arrays):
     results = [update(build_learner(kl_coef=0.1, ppo_epochs=2, reference_offload=offload), arrays)  # 2nd step: KL > 0
                for offload in (False, True)]
-    assert results[0][M.KL] > 0
-    for key in (M.KL, M.POLICY_LOSS, M.GRAD_NORM):
+    assert results[0][metric_keys.KL] > 0
+    for key in (metric_keys.KL, metric_keys.POLICY_LOSS, metric_keys.GRAD_NORM):
         assert results[1][key] == results[0][key], key
 
 

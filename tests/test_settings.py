@@ -137,10 +137,10 @@ def test_data_and_runner_errors_are_one_line_before_ray_and_write_nothing(argv, 
 
 
 def test_actors_beyond_the_local_resources_are_refused_before_ray_starts(data_dir, tmp_path, monkeypatch):
-    from experiments import run
+    from experiments import preflight, run
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    monkeypatch.setattr(run, "local_resources", lambda: {"CPU": 2.0, "GPU": 0.0})
+    monkeypatch.setattr(preflight, "local_resources", lambda: {"CPU": 2.0, "GPU": 0.0})
     settings = settings_of(["--num-env-runners", "3", "--prompts-per-iter", "4", "--output", str(tmp_path / "run")])
     with pytest.raises(SettingsError, match="need 3 CPUs and 0 GPUs but Ray has 2 CPUs"):
         run.train(run.RunPlan(settings))
@@ -412,7 +412,9 @@ def test_the_gpu_defaults_are_the_papers_smallest_model_in_bf16_that_skips_idle_
 
     monkeypatch.setattr(algorithm_settings, "gpu_visible", lambda: True)
     gpu = settings_of(["--output", str(tmp_path)])
-    assert (gpu.model, gpu.dtype, gpu.skip_uniform_rewards) == ("Qwen/Qwen2.5-1.5B-Instruct", "bfloat16", True)
+    assert (gpu.model, gpu.dtype, gpu.skip_uniform_rewards, gpu.gradient_checkpointing) == (
+        "Qwen/Qwen2.5-1.5B-Instruct", "bfloat16", True, True)
     monkeypatch.setattr(algorithm_settings, "gpu_visible", lambda: False)
     cpu = settings_of(["--output", str(tmp_path)])
-    assert (cpu.model, cpu.dtype, cpu.skip_uniform_rewards) == ("smollm2-135m", "float32", False)
+    assert (cpu.model, cpu.dtype, cpu.skip_uniform_rewards, cpu.gradient_checkpointing) == (
+        "smollm2-135m", "float32", False, False)

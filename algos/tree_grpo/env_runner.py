@@ -31,7 +31,7 @@ from algos.batch import LeafRecord, leaf_records
 from algos.evaluation import greedy_chains
 from algos.rollout import TreeRollout
 from algos.tree import Tree
-from algos.tree_grpo import metrics as M
+from algos.tree_grpo import metrics as metric_keys
 from algos.tree_view import trees_to_dicts
 from policies.generation import SamplingSettings, StepGenerator
 from policies.vllm_generation import VLLMEngine, VLLMStepGenerator
@@ -169,20 +169,24 @@ class TreeSearchEnvRunner(EnvRunner, Checkpointable):
         return trees_to_dicts(self._last_trees[:limit], questions)
 
     def _log(self, records: list[LeafRecord], rollout: TreeRollout, generation: dict[str, int], seconds: float):
-        sums = {M.TOKENS_GENERATED: generation["tokens_generated"], M.TOKENS_PREFILLED: generation["tokens_prefilled"],
-                M.LLM_CALLS: generation["llm_calls"], M.FORWARD_PASSES: generation["forward_passes"],
-                M.TOOL_CALLS: rollout.counters.tool_calls,
-                M.LEAVES: len(records), M.TREES: rollout.counters.trees, M.SAMPLE_TIME_S: seconds,
-                M.GENERATION_TIME_S: rollout.counters.generation_s, M.ENV_TIME_S: rollout.counters.env_s,
-                M.RETRIEVAL_RETRIES: rollout.counters.retrieval_retries}
+        sums = {metric_keys.TOKENS_GENERATED: generation["tokens_generated"],
+                metric_keys.TOKENS_PREFILLED: generation["tokens_prefilled"],
+                metric_keys.LLM_CALLS: generation["llm_calls"],
+                metric_keys.FORWARD_PASSES: generation["forward_passes"],
+                metric_keys.TOOL_CALLS: rollout.counters.tool_calls,
+                metric_keys.LEAVES: len(records), metric_keys.TREES: rollout.counters.trees,
+                metric_keys.SAMPLE_TIME_S: seconds,
+                metric_keys.GENERATION_TIME_S: rollout.counters.generation_s,
+                metric_keys.ENV_TIME_S: rollout.counters.env_s,
+                metric_keys.RETRIEVAL_RETRIES: rollout.counters.retrieval_retries}
         for key, value in sums.items():
             self.metrics.log_value(key, value, reduce="sum")
-        self.metrics.log_value(M.KV_PEAK_MIB, generation["kv_peak_bytes"] / 2**20, reduce="max", window=1)
-        self.metrics.log_value(M.BUDGET_ESTIMATE, self.config.tree_shape.budget_estimate, window=1)
-        self.metrics.log_value(M.BUDGET_MEASURED, rollout.counters.budget_measured, window=1)
+        self.metrics.log_value(metric_keys.KV_PEAK_MIB, generation["kv_peak_bytes"] / 2**20, reduce="max", window=1)
+        self.metrics.log_value(metric_keys.BUDGET_ESTIMATE, self.config.tree_shape.budget_estimate, window=1)
+        self.metrics.log_value(metric_keys.BUDGET_MEASURED, rollout.counters.budget_measured, window=1)
         for record in records:
-            self.metrics.log_value(M.REWARD, record.reward, reduce="mean")
-            self.metrics.log_value(M.EM, record.info.get("em", 0.0), reduce="mean")
+            self.metrics.log_value(metric_keys.REWARD, record.reward, reduce="mean")
+            self.metrics.log_value(metric_keys.EM, record.info.get("em", 0.0), reduce="mean")
         self.num_env_steps_sampled_lifetime += len(records)
 
     @override(EnvRunner)

@@ -32,9 +32,9 @@ import envs
 from algos.batch import pad_batch, prompt_advantages
 from algos.evaluation import QUESTIONS, mean_results
 from algos.rollout import TreeShape
-from algos.tree_grpo import metrics as M
+from algos.tree_grpo import metrics as metric_keys
 from algos.tree_grpo.env_runner import RunnerResult, TreeSearchEnvRunner
-from algos.tree_grpo.learner import TreeGRPOTorchLearner
+from algos.tree_grpo.learner import TreeGRPOTorchLearner, learner_shards
 from algos.tree_grpo.settings import ALGORITHM_FIELDS, TreeGRPOSettings, validated
 from algos.tree_grpo.sharding import run_sharded
 from algos.tree_view import with_advantages
@@ -77,7 +77,8 @@ class TreeGRPO(Algorithm):
     @override(Algorithm)
     def step(self) -> dict:
         result = super().step()
-        result[M.SAMPLED_BY] = self._sampled_by  # here, not in train(): the callbacks see the result before it returns
+        # here, not in train(): the callbacks see the result before it returns
+        result[metric_keys.SAMPLED_BY] = self._sampled_by
         return result
 
     @override(Algorithm)
@@ -113,28 +114,31 @@ class TreeGRPO(Algorithm):
         self._sampled_by = sorted({result.worker_index for result in results})
         self.metrics.aggregate([result.metrics for result in results], key=ENV_RUNNER_RESULTS)
         # a lifetime sum: checkpointed with the algorithm's metrics, so a resumed run counts on from its checkpoint
-        self.metrics.log_value(M.TOKENS_GENERATED_TOTAL, self.metrics.peek(
-            (ENV_RUNNER_RESULTS, M.TOKENS_GENERATED), default=0), reduce="lifetime_sum")
+        self.metrics.log_value(metric_keys.TOKENS_GENERATED_TOTAL, self.metrics.peek(
+            (ENV_RUNNER_RESULTS, metric_keys.TOKENS_GENERATED), default=0), reduce="lifetime_sum")
         self.metrics.log_value(NUM_ENV_STEPS_SAMPLED_LIFETIME, len(records), reduce="sum")
 
         advantages = prompt_advantages(records, mode=self.config.advantage_mode)
         self.exported_trees = annotated_trees(results, advantages, trees_count) if export else []
         skip = self.config.skip_uniform_rewards and rewarded_alike(records)
-        self.metrics.log_value(M.UPDATE_SKIPPED, int(skip), window=1)
-        self.metrics.log_value(M.UPDATES_SKIPPED_TOTAL, int(skip), reduce="lifetime_sum")
-        self.metrics.log_value(M.PROMPTS, len(prompts), reduce="sum")
+        self.metrics.log_value(metric_keys.UPDATE_SKIPPED, int(skip), window=1)
+        self.metrics.log_value(metric_keys.UPDATES_SKIPPED_TOTAL, int(skip), reduce="lifetime_sum")
+        self.metrics.log_value(metric_keys.PROMPTS, len(prompts), reduce="sum")
         if skip:  # every advantage is 0: no update, so the weights (and the runners' copies) stay as they are
-            for key in (M.UPDATE_TIME_S, M.SYNC_TIME_S):
+            for key in (metric_keys.UPDATE_TIME_S, metric_keys.SYNC_TIME_S):
                 self.metrics.log_value(key, 0.0, window=1)
-            self.metrics.log_value(M.ITERATION_TIME_S, time.perf_counter() - start, window=1)
+            self.metrics.log_value(metric_keys.ITERATION_TIME_S, time.perf_counter() - start, window=1)
             return
         self.update_learners(records, advantages)
-        self.metrics.log_value(M.ITERATION_TIME_S, time.perf_counter() - start, window=1)  # evaluation not included
+        # evaluation not included
+        self.metrics.log_value(metric_keys.ITERATION_TIME_S, time.perf_counter() - start, window=1)
 
     def update_learners(self, records: Sequence, advantages: np.ndarray) -> None:
         """One learner update on the iteration's leaves, then the weight sync to the env runners."""
-        batch = MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(pad_batch(records, advantages, pad_id=0))},
-                                env_steps=len(records))
+        # mini-batches cut from the whole batch, each spread over the learners' shards (see learner_shards)
+        arrays = learner_shards(pad_batch(records, advantages, pad_id=0), self.config.settings.mini_batches,
+                                max(1, self.config.num_learners))
+        batch = MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(arrays)}, env_steps=len(records))
         self.mid_update = True  # from here until train() returns, the weights are ahead of the iteration count
         update_start = time.perf_counter()
         if self.config.vllm_sleep:  # one GPU for engine and learner: the engine steps aside during the update
@@ -150,8 +154,8 @@ class TreeGRPO(Algorithm):
         with self.metrics.log_time((TIMERS, SYNCH_WORKER_WEIGHTS_TIMER)):
             self.env_runner_group.sync_weights(from_worker_or_learner_group=self.learner_group, inference_only=True)
         # this iteration's own times (RLlib's timers above are smoothed over iterations)
-        self.metrics.log_value(M.UPDATE_TIME_S, sync_start - update_start, window=1)
-        self.metrics.log_value(M.SYNC_TIME_S, time.perf_counter() - sync_start, window=1)
+        self.metrics.log_value(metric_keys.UPDATE_TIME_S, sync_start - update_start, window=1)
+        self.metrics.log_value(metric_keys.SYNC_TIME_S, time.perf_counter() - sync_start, window=1)
 
     def on_env_runners(self, items: Sequence[int], call: Callable[[TreeSearchEnvRunner, list[int]], Any],
                        what: str) -> list:
@@ -201,7 +205,7 @@ class TreeGRPO(Algorithm):
         if unseen:
             env_runner_group.sync_weights(from_worker_or_learner_group=self.learner_group, to_worker_indices=unseen,
                                           inference_only=True)
-        self.metrics.log_value(M.ENV_RUNNER_RESTARTS, len(restored) + len(unseen), reduce="sum")
+        self.metrics.log_value(metric_keys.ENV_RUNNER_RESTARTS, len(restored) + len(unseen), reduce="sum")
         return restored + unseen
 
     def _new_incarnations(self) -> list[int]:
@@ -226,7 +230,7 @@ class TreeGRPO(Algorithm):
     @property
     def tokens_generated_total(self) -> int:
         """Tokens the run has generated so far (its iterations before a resume included)."""
-        return round(self.metrics.peek(M.TOKENS_GENERATED_TOTAL, default=0))
+        return round(self.metrics.peek(metric_keys.TOKENS_GENERATED_TOTAL, default=0))
 
     def greedy_eval(self, split: str, num_questions: int, env_id: str | None = None) -> dict[str, float]:
         """Greedy single-chain evaluation on the first ``num_questions`` of ``split`` of ``env_id`` (default: the

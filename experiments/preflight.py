@@ -1,0 +1,156 @@
+"""What is checked and started before a run's algorithm is built, in this order: the data files and the algorithm
+config (``check_before_ray``), the memory plan against the GPU (``check_memory``), the local Ray instance or the
+cluster joined (``start_ray``), and whether the cluster holds the actors' resources (``check_resources``). Every
+problem is a ``SettingsError`` naming the option, before any weights load or anything is written."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import envs
+from envs.datasets import DataError, MissingDataError
+from experiments.cli import SettingsError
+from experiments.settings import RunSettings, build_config, env_config, memory_options
+
+
+def check_data(settings: RunSettings) -> None:
+    """The data directory and the question files the run reads (its training split; with evaluations, the
+    evaluation splits), or a ``SettingsError`` naming the path and the expected layout; and, for a generated
+    world, that ``--max-turns`` allows the searches its questions need."""
+    evaluated = ({settings.env} if settings.eval_every else set()) | (
+        set(settings.eval_envs or [settings.env]) if settings.final_eval else set())
+    try:
+        config = env_config(settings)  # resolves the data directory
+        envs.question_count(settings.env, **config)
+        for env_id in sorted(evaluated):
+            envs.question_count(env_id, **{**config, "split": envs.eval_split(env_id)})
+        hops = envs.world_hops(settings.env, **config)
+    except (MissingDataError, DataError) as error:
+        raise SettingsError(str(error)) from None
+    if hops is not None and hops > settings.max_turns:
+        raise SettingsError(f"--max-turns {settings.max_turns}: the {settings.env} world the run would serve asks "
+                            f"{hops}-hop questions, one search per hop, which {settings.max_turns} search steps "
+                            f"cannot answer: raise --max-turns to {hops}, or write a world with fewer hops "
+                            f"(python -m envs.synthetic --help) and pass its directory as --data-dir")
+
+
+def check_before_ray(settings: RunSettings) -> None:
+    """What can be checked without Ray, before it starts and before anything is written: the data and the
+    algorithm config as RLlib's ``validate`` sees it (e.g. more env runners than prompts). (``start_ray`` checks
+    the actors' resources.)"""
+    check_data(settings)
+    try:
+        build_config(settings).validate()
+    except ValueError as error:
+        raise SettingsError(str(error)) from None
+    if settings.memory_check:
+        check_memory(settings)
+
+
+def check_memory(settings: RunSettings) -> None:
+    """Print the run's memory plan (one line, stderr) and refuse a run planned above its GPU's memory: before any
+    weights load. A model whose shape cannot be found (a hub id not yet downloaded) is planned after its first
+    download; the run goes on."""
+    import torch
+
+    from policies.memory import GIB
+    from policies.memory_plan import ModelShapeError, model_shape, plan_line, plan_memory
+
+    try:
+        shape = model_shape(settings.model)
+    except ModelShapeError as error:
+        print(f"memory plan: not made ({error})", file=sys.stderr)
+        return
+    gpu = torch.cuda.get_device_properties(0).total_memory / GIB if torch.cuda.is_available() else None
+    plan = plan_memory(shape, memory_options(settings, gpu))
+    print(plan_line(plan), file=sys.stderr)
+    if plan.fits is False:
+        raise SettingsError(f"the memory plan needs {plan.per_gpu_gib:.1f} GiB per GPU, over the GPU's "
+                            f"{gpu:.1f} GiB: try --gradient-checkpointing, --reference-offload, a smaller "
+                            f"--micro-batch-tokens, LoRA (--lora-rank) or more learners (python "
+                            f"experiments/plan_memory.py compares them), or --no-memory-check to go on anyway")
+
+
+def local_resources() -> dict[str, float]:
+    """The resources of the local Ray instance ``start_ray`` starts: every CPU of the machine and every GPU this
+    process sees."""
+    import torch
+
+    return {"CPU": float(os.cpu_count() or 1), "GPU": float(torch.cuda.device_count())}
+
+
+def start_ray(settings: RunSettings) -> None:
+    """Join the cluster that ``--ray-address`` (else ``$RAY_ADDRESS``) names, passing no resources (its nodes bring
+    theirs); else start a local Ray instance listening on loopback only, with the dashboard only if asked for,
+    whatever cluster ``ray start`` left behind (``/tmp/ray/ray_current_cluster``). The actors' resources are checked
+    against the local instance's before it starts. Nothing if Ray is up."""
+    import ray
+    from ray._private import ray_constants
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if ray.is_initialized():
+        return
+    address = settings.ray_address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, log_to_driver=settings.log_rollout_steps)
+        return
+    # Ray turns _node_ip_address="127.0.0.1" into the machine's address and its gRPC servers bind to all
+    # interfaces; with clusters off (the switch Ray reads on macOS/Windows) the node is 127.0.0.1 and every
+    # server binds there. The constant is read at import, so set it too; spawned processes read the env.
+    os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    resources = local_resources()
+    check_resources(settings, resources)
+    ray.init(address="local", num_cpus=int(resources["CPU"]), num_gpus=int(resources["GPU"]),
+             object_store_memory=1_000_000_000,
+             include_dashboard=settings.ray_dashboard, log_to_driver=settings.log_rollout_steps)
+
+
+def check_resources(settings: RunSettings, available: dict[str, float],
+                    nodes: list[dict[str, float]] | None = None) -> None:
+    """Fail fast, naming the options, when the actors cannot all be placed (Ray would wait forever): the
+    cluster's totals (``available``) must cover every actor, and each actor must fit on one of ``nodes`` (their
+    resources, when known: a GPU split over two nodes does not host a one-GPU learner)."""
+    demands = actor_demands(settings)
+    cpus, gpus = (sum(count * demand.get(key, 0) for _, count, demand, _ in demands) for key in ("CPU", "GPU"))
+    if cpus > available.get("CPU", 0) or gpus > available.get("GPU", 0):
+        raise SettingsError(
+            f"the requested actors need {cpus:g} CPUs and {gpus:g} GPUs but Ray has {available.get('CPU', 0):g} "
+            f"CPUs and {available.get('GPU', 0):g} GPUs: lower --num-env-runners / --num-learners, or "
+            f"--num-cpus-per-env-runner / --num-cpus-per-learner / --num-gpus-per-env-runner / --num-gpus-per-learner "
+            f"(fractions are fine, e.g. 0.5)")
+    for name, amount in (settings.env_runner_resources or {}).items():
+        needed = settings.num_env_runners * amount
+        if needed > available.get(name, 0):
+            raise SettingsError(
+                f"--env-runner-resources {name}={amount:g}: {settings.num_env_runners} env runner(s) need {needed:g} "
+                f"{name} but Ray has {available.get(name, 0):g} (a node offers it with ray start --resources "
+                f"'{{\"{name}\": N}}', and only a cluster joined with --ray-address has such nodes)")
+    for actor, _, demand, options in demands:
+        if nodes is not None and not any(all(node.get(k, 0) >= v for k, v in demand.items()) for node in nodes):
+            largest = ", ".join(f"{k} {max(node.get(k, 0) for node in nodes):g}" for k in demand)
+            raise SettingsError(
+                f"one {actor} needs {', '.join(f'{v:g} {k}' for k, v in demand.items())} on a single node, but no "
+                f"node of the cluster has that (the most any node has: {largest}): lower {options}")
+
+
+def node_resources() -> list[dict[str, float]]:
+    """The resources of each live node of the Ray cluster this process is connected to."""
+    import ray
+
+    return [node["Resources"] for node in ray.nodes() if node.get("Alive")]
+
+
+def actor_demands(settings: RunSettings) -> list[tuple[str, int, dict[str, float], str]]:
+    """(actor kind, how many the run starts, the resources one asks Ray for, the options that set them), for the
+    kinds the run starts with a demand (a learner on a GPU asks for no CPU)."""
+    runner = {"CPU": settings.num_cpus_per_env_runner, "GPU": settings.num_gpus_per_env_runner,
+              **(settings.env_runner_resources or {})}
+    learner = ({"GPU": settings.num_gpus_per_learner} if settings.num_gpus_per_learner
+               else {"CPU": settings.num_cpus_per_learner})
+    kinds = [("env runner", settings.num_env_runners, runner,
+              "--num-cpus-per-env-runner / --num-gpus-per-env-runner / --env-runner-resources"),
+             ("learner", settings.num_learners, learner, "--num-cpus-per-learner / --num-gpus-per-learner")]
+    return [(actor, count, {k: v for k, v in demand.items() if v}, options) for actor, count, demand, options in kinds
+            if count and any(demand.values())]

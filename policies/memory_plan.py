@@ -1,0 +1,489 @@
+"""A memory plan before a run: GiB per GPU for the learner's weights, gradients, optimizer state, the frozen KL
+reference, the activations of one micro-batch and a colocated rollout engine, from the model's config shape alone
+(no weights are read, nothing is allocated; no torch, no Ray).
+
+What is modelled, per GPU (``P``: parameters; bytes per parameter in brackets):
+
+- **Weights.** bf16 mixed precision (``--dtype bfloat16``, the default for a GPU): float32 master weights [4] plus
+  the bf16 copies ``torch.autocast`` casts each weight to and keeps cached while a forward/backward runs [2].
+  ``--pure-bf16``: bf16 weights [2], no copies. float32: [4]. LoRA: the frozen base in the compute dtype plus the
+  float32 adapters (rank R on q, k, v and o).
+- **Gradients** in the trained parameters' dtype [4, pure bf16 2]; with DDP over K > 1 learners a second copy in
+  the reducer's buckets (RLlib passes no ``torch_ddp_kwargs``, so ``gradient_as_bucket_view`` is off).
+- **Optimizer**: AdamW's two moments in the trained parameters' dtype [8, pure bf16 4].
+- **Reference**: the frozen KL reference in the compute dtype [2 in bf16, 4 in float32] on the GPU; 0 with
+  ``--reference-offload`` except during its no-gradient pass (below); none with LoRA (the reference is the base
+  with its adapters off) or without a KL term.
+- **Activations** of one micro-batch of N decoder tokens (:func:`activation_bytes` says what is counted).
+- **Rollout engine**, only when colocated on the learner's GPU: ``hf``, a compute-dtype copy of the weights plus
+  the KV cache of 64 sequences x 4,096 tokens (the GPU defaults' 32 prompts x M = 2 chains, each up to 4,096
+  tokens of context); ``vllm``, its ``gpu_memory_utilization`` share of the GPU (default 0.5, as
+  ``policies.vllm_generation.VLLMSettings``), during rollouts only when the engine sleeps through updates.
+- **Overhead**: a fixed 1 GiB per GPU for the CUDA context, cuBLAS/NCCL workspaces and the caching allocator's
+  fragmentation (0 when planning for the CPU).
+- **FSDP** (``sharding="fsdp"``, the sharded learners): weights, gradients, optimizer and reference divided by K,
+  plus the parameters gathered for compute: two decoder layers (the one running and the one prefetched) and the
+  embeddings/LM head of the root unit, in the compute dtype, and one layer's unsharded float32 gradient before its
+  reduce-scatter. Not measured yet (no GPU at hand).
+
+The total is the maximum over the phases of an iteration: the update's forward and backward (weights with
+autocast's copies, gradients, optimizer, a resident reference, the activations); its optimizer step (torch's AdamW
+on a GPU runs ``foreach``, which takes the square roots of all second moments at once: one more copy of the trained
+parameters, counted in the optimizer row; on the CPU it runs per tensor); the no-gradient passes before the update
+(old and reference log-probs: an offloaded reference is brought in then, while no gradients exist, which assumes
+the learner frees them at the end of each update); and, with a sleeping vLLM engine, the rollout (the engine awake,
+the learner's weights and optimizer state kept, no gradients). The parts reported are those of the phase that peaks.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+GIB = 2**30
+CUDA_OVERHEAD_GIB = 1.0
+DEFAULT_MICRO_BATCH_TOKENS = 10_000  # a (2,2,1) prompt group at 500-token steps is 7-10k unique tokens
+DEFAULT_HEAD_CHUNK_TOKENS = 256 * 6  # policies.logprobs: 256 scored positions per row, a (2,2,1) group has 6 leaves
+DEFAULT_ROLLOUT_SEQUENCES, DEFAULT_ROLLOUT_CONTEXT = 64, 4096
+DEFAULT_VLLM_GPU_MEMORY_UTILIZATION = 0.5  # policies.vllm_generation.VLLMSettings.gpu_memory_utilization
+PARTS = ("weights", "gradients", "optimizer", "reference", "activations", "rollout_engine", "overhead")
+# Live [C, V] float32 tensors of one LM-head chunk at the backward's peak: the recomputed log-softmax and its exp
+# (saved for the entropy), and the gradients flowing through them (of the entropy, of the gather, of the softmax).
+HEAD_BACKWARD_CHUNKS = 5
+HEAD_FORWARD_CHUNKS = 4  # logits, log-softmax, its exp and their product: a no-gradient pass's chunk
+# A checkpointed layer's backward holds its recomputed activations and, besides them, the gradients in flight
+# through it: measured at about 13% of the activations (SmolLM2-135M's layers with a 1,024-token vocabulary, so that
+# the layers and not the LM head set the peak; float32, 4,000 tokens, on the CPU), rounded up.
+LAYER_BACKWARD_EXTRA = 0.15
+TINY_RANDOM, SMOLLM2 = "tiny-random", "smollm2-135m"
+
+
+class ModelShapeError(LookupError):
+    """A model whose config shape cannot be found; the message names every place that was looked at."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The shape of a decoder-only transformer (Llama/Qwen2 family): what memory depends on.
+
+    ``qkv_bias``: biases on the q, k and v projections (Qwen2); ``o_bias``: on the output projection (Llama's
+    ``attention_bias`` puts both); ``mlp_bias``: on the gate, up and down projections."""
+
+    name: str
+    vocab: int
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    tied_embeddings: bool
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+
+    @property
+    def q_dim(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    @property
+    def layer_parameters(self) -> int:
+        """One decoder layer: the q, k, v, o projections, the gated MLP, two RMSNorm weights, and the biases."""
+        h = self.hidden
+        attention = h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h
+        attention += (self.q_dim + 2 * self.kv_dim) * self.qkv_bias + h * self.o_bias
+        mlp = 3 * h * self.intermediate + (2 * self.intermediate + h) * self.mlp_bias
+        return attention + mlp + 2 * h
+
+    @property
+    def embedding_parameters(self) -> int:
+        """The input embedding, plus the LM head when it is not tied to it."""
+        return self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
+
+    @property
+    def parameters(self) -> int:
+        """All parameters: embeddings, decoder layers and the final norm."""
+        return self.embedding_parameters + self.layers * self.layer_parameters + self.hidden
+
+    def lora_parameters(self, rank: int) -> int:
+        """LoRA adapters of ``rank`` on q, k, v and o (``policies.models.LoraSettings``'s targets): A [r, in] and
+        B [out, r] per projection and layer."""
+        h = self.hidden
+        per_layer = rank * ((h + self.q_dim) + 2 * (h + self.kv_dim) + (self.q_dim + h))
+        return self.layers * per_layer
+
+
+def _llama(name: str, vocab: int, hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int,
+           tied: bool, qkv_bias: bool = False) -> ModelShape:
+    return ModelShape(name=name, vocab=vocab, hidden=hidden, intermediate=intermediate, layers=layers, heads=heads,
+                      kv_heads=kv_heads, head_dim=hidden // heads, tied_embeddings=tied, qkv_bias=qkv_bias)
+
+
+# The config.json shapes of the paper's models (shapes only, no weights), and the project's own two names:
+# tiny-random is policies.models.build_tiny_random's default (SmolLM2's vocabulary: len(tokenizer) = 49152).
+PRESETS: dict[str, ModelShape] = {
+    "qwen2.5-1.5b-instruct": _llama("qwen2.5-1.5b-instruct", 151936, 1536, 8960, 28, 12, 2, True, qkv_bias=True),
+    "qwen2.5-3b-instruct": _llama("qwen2.5-3b-instruct", 151936, 2048, 11008, 36, 16, 2, True, qkv_bias=True),
+    "qwen2.5-7b-instruct": _llama("qwen2.5-7b-instruct", 152064, 3584, 18944, 28, 28, 4, False, qkv_bias=True),
+    "llama-3.2-3b-instruct": _llama("llama-3.2-3b-instruct", 128256, 3072, 8192, 28, 24, 8, True),
+    SMOLLM2: _llama(SMOLLM2, 49152, 576, 1536, 30, 9, 3, True),
+    TINY_RANDOM: _llama(TINY_RANDOM, 49152, 64, 128, 2, 2, 1, True),
+}
+
+
+def shape_from_config(config: dict[str, Any], name: str) -> ModelShape:
+    """The shape in a Hugging Face ``config.json`` (Llama, Qwen2 and the configs that share their keys). Missing
+    ``num_key_value_heads``, ``head_dim`` and ``tie_word_embeddings`` take Llama's and Qwen2's defaults (no GQA,
+    hidden / heads, untied); Qwen2 models have q, k, v biases."""
+    config = config.get("text_config", config)  # a multimodal wrapper holds the language model's config
+    required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+    missing = [key for key in required if not config.get(key)]
+    if missing:
+        raise ModelShapeError(f"{name}: its config.json has no {', '.join(missing)}; the memory plan reads "
+                              "decoder-only transformer configs (Llama, Qwen2)")
+    heads = int(config["num_attention_heads"])
+    qwen2 = str(config.get("model_type", "")).startswith("qwen2")
+    attention_bias = bool(config.get("attention_bias", False))
+    return ModelShape(
+        name=name, vocab=int(config["vocab_size"]), hidden=int(config["hidden_size"]),
+        intermediate=int(config["intermediate_size"]), layers=int(config["num_hidden_layers"]), heads=heads,
+        kv_heads=int(config.get("num_key_value_heads") or heads),
+        head_dim=int(config.get("head_dim") or config["hidden_size"] // heads),
+        tied_embeddings=bool(config.get("tie_word_embeddings", False)),
+        qkv_bias=qwen2 or attention_bias, o_bias=attention_bias and not qwen2,
+        mlp_bias=bool(config.get("mlp_bias", False)))
+
+
+def _cached_hub_config(repo_id: str, cache_dir: str | Path | None) -> Path | None:
+    """The cached ``config.json`` of hub id ``repo_id`` (no network), or None."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        found = try_to_load_from_cache(repo_id, "config.json", cache_dir=cache_dir)
+    except ValueError:  # not a valid hub id (HFValidationError)
+        return None
+    return Path(found) if isinstance(found, str) else None
+
+
+def _hub_cache(cache_dir: str | Path | None) -> str:
+    if cache_dir is not None:
+        return str(cache_dir)
+    from huggingface_hub import constants
+
+    return constants.HF_HUB_CACHE
+
+
+def model_shape(name: str, *, hub_cache_dir: str | Path | None = None) -> ModelShape:
+    """The shape of ``--model NAME``: a preset (:data:`PRESETS`, case-insensitive, including the project's
+    ``tiny-random`` and ``smollm2-135m``), a model directory holding ``config.json``, a hub id whose
+    ``config.json`` is in the Hugging Face cache (``hub_cache_dir``, default the hub's; never the network), or the
+    hub id of a preset not yet downloaded (``Qwen/Qwen2.5-1.5B-Instruct``: the preset's shape).
+    :class:`ModelShapeError` names what was looked for when none holds it."""
+    if name.lower() in PRESETS:
+        return PRESETS[name.lower()]
+    path = Path(name).expanduser()
+    if path.is_dir():
+        config = path / "config.json"
+        if not config.is_file():
+            raise ModelShapeError(f"{path} is a directory without config.json: not a model directory")
+        return shape_from_config(json.loads(config.read_text()), name)
+    cached = _cached_hub_config(name, hub_cache_dir)
+    if cached is not None:
+        return shape_from_config(json.loads(cached.read_text()), name)
+    preset = name.rsplit("/", 1)[-1].lower()  # a paper model's hub id before its first download
+    if preset in PRESETS:
+        return replace(PRESETS[preset], name=name)
+    raise ModelShapeError(
+        f"no config for model {name!r}: not a model directory with config.json, not a hub id whose config.json is "
+        f"in the Hugging Face cache ({_hub_cache(hub_cache_dir)}), not a preset ({', '.join(PRESETS)})")
+
+
+@dataclass(frozen=True)
+class MemoryOptions:
+    """How the run trains (the run.py options of the same names). ``dtype``: the compute dtype; bfloat16 is
+    mixed precision over float32 master weights unless ``pure_bf16``. ``micro_batch_tokens``: decoder tokens of
+    one forward/backward pass; ``sequence_tokens``: the longest packed segment (row) among them, which sizes the
+    dense tree mask (default: one segment of ``micro_batch_tokens``); ``head_chunk_tokens``: positions per
+    LM-head chunk. ``reference``: a KL term (kl_coef > 0). ``rollout_sequences`` x ``rollout_context``: the HF
+    engine's KV cache. ``overhead_gib``: fixed per GPU (0 to plan for the CPU). ``gpu_memory_gib``: the GPU's
+    memory, for ``fits`` (None: not judged)."""
+
+    learners: int = 1
+    sharding: Literal["ddp", "fsdp"] = "ddp"
+    dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    pure_bf16: bool = False
+    gradient_checkpointing: bool = False
+    reference: bool = True
+    reference_offload: bool = False
+    lora_rank: int | None = None
+    micro_batch_tokens: int = DEFAULT_MICRO_BATCH_TOKENS
+    sequence_tokens: int | None = None
+    head_chunk_tokens: int = DEFAULT_HEAD_CHUNK_TOKENS
+    learner_attention: Literal["sdpa", "flex_attention"] = "sdpa"
+    generator: Literal["hf", "vllm"] = "hf"
+    colocated: bool = False
+    vllm_gpu_memory_utilization: float = DEFAULT_VLLM_GPU_MEMORY_UTILIZATION
+    vllm_sleep: bool = False
+    rollout_sequences: int = DEFAULT_ROLLOUT_SEQUENCES
+    rollout_context: int = DEFAULT_ROLLOUT_CONTEXT
+    overhead_gib: float = CUDA_OVERHEAD_GIB
+    gpu_memory_gib: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.learners < 1:
+            raise ValueError(f"learners must be at least 1, got {self.learners}")
+        if self.sharding not in ("ddp", "fsdp"):
+            raise ValueError(f"sharding must be ddp or fsdp, got {self.sharding!r}")
+        if self.dtype not in ("bfloat16", "float32"):
+            raise ValueError(f"dtype must be bfloat16 or float32, got {self.dtype!r}")
+        if self.pure_bf16 and self.dtype != "bfloat16":
+            raise ValueError("pure_bf16 needs dtype bfloat16 (bf16 master weights)")
+        if self.reference_offload and self.lora_rank is not None:
+            raise ValueError("reference_offload: with LoRA the reference is the base model with its adapters off, "
+                             "already on the GPU for training: there is nothing to offload")
+        if self.lora_rank is not None and self.lora_rank < 1:
+            raise ValueError(f"lora_rank must be at least 1, got {self.lora_rank}")
+        if self.micro_batch_tokens < 1 or self.head_chunk_tokens < 1:
+            raise ValueError("micro_batch_tokens and head_chunk_tokens must be at least 1")
+        if self.generator not in ("hf", "vllm"):
+            raise ValueError(f"generator must be hf or vllm, got {self.generator!r}")
+        if not 0 < self.vllm_gpu_memory_utilization <= 1:
+            raise ValueError("vllm_gpu_memory_utilization must be in (0, 1]")
+        if self.colocated and self.generator == "vllm" and self.gpu_memory_gib is None:
+            raise ValueError("a colocated vLLM engine takes a share of the GPU's memory: give gpu_memory_gib")
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """GiB per GPU: ``parts`` (:data:`PARTS`) of the phase that peaks (``phase``), their sum ``per_gpu_gib``,
+    each phase's total (``phases``), and whether it fits the GPU (None when no GPU memory was given)."""
+
+    model: str
+    parameters: int
+    parts: dict[str, float]
+    per_gpu_gib: float
+    phase: str
+    phases: dict[str, float]
+    fits: bool | None
+    gpu_memory_gib: float | None
+    options: MemoryOptions = field(repr=False)
+
+    def to_json(self) -> dict[str, Any]:
+        """The plan as JSON: ``per_gpu_gib``, ``parts``, ``fits``, and what it was planned for."""
+        return {"model": self.model, "parameters": self.parameters, "per_gpu_gib": round(self.per_gpu_gib, 3),
+                "parts": {k: round(v, 3) for k, v in self.parts.items()}, "fits": self.fits,
+                "gpu_memory_gib": self.gpu_memory_gib, "peak_phase": self.phase,
+                "phases": {k: round(v, 3) for k, v in self.phases.items()}, "options": asdict(self.options)}
+
+
+def _compute_bytes(options: MemoryOptions) -> int:
+    return 2 if options.dtype == "bfloat16" else 4
+
+
+def _mixed(options: MemoryOptions) -> bool:
+    """bf16 compute under autocast over float32 weights (full fine-tuning or LoRA's float32 adapters)."""
+    return options.dtype == "bfloat16" and not options.pure_bf16
+
+
+def layer_activation_bytes(shape: ModelShape, options: MemoryOptions) -> float:
+    """Bytes one decoder layer keeps for its backward per token of a micro-batch, as counted with autograd's
+    saved-tensor hooks on HF's Llama (sdpa) and summed by storage:
+
+    - the two RMSNorms compute in float32: each keeps its float32 input (the residual stream; the layer's input
+      for the first) and the normalized tensor; in float32 also the weighted output, in pure bf16 the normalized
+      and weighted outputs in bf16; under autocast the weighted output is float32 and not kept, but each of the
+      five projections it feeds (q, k, v; gate, up) keeps its own bf16 cast of it;
+    - q and k after the rotary embedding, v, and the attention output (the o projection's input), in the compute
+      dtype; the attention kernel keeps no scores (a fused kernel), only its log-sum-exp (heads floats);
+    - with sdpa and a mask (the shared-prefix tree mask; transformers then repeats k and v to every head for
+      grouped-query attention) k and v have ``q_dim`` each, and the mask is converted to the compute dtype and
+      kept per layer: ``sequence_tokens`` values per token; flex_attention takes grouped heads and a block mask
+      (a per-row forward of unpadded rows keeps no mask either; the plan counts the prefix-sharing default's);
+    - the MLP's gate and up outputs, the activation and the product, in the compute dtype (4 x intermediate);
+    - two float32 inverse RMS values.
+
+    With LoRA the frozen projections keep no inputs (their input gradients need only their weights): the norms
+    keep their float32 input only; the adapters on q, k, v keep their input (float32: the norm's output, shared;
+    bf16: a cast each) and the one on o a copy of the attention output (peft casts it to the adapters' float32,
+    autocast back); the MLP keeps gate, up and the activation (3 x intermediate); each adapter keeps its rank-r
+    intermediate. The rest as above (measured the same way: bf16 base, float32 adapters, under autocast).
+    """
+    c = _compute_bytes(options)
+    h = shape.hidden
+    sdpa = options.learner_attention == "sdpa"
+    kv = shape.q_dim if sdpa and shape.kv_heads != shape.heads else shape.kv_dim
+    attention = c * (2 * shape.q_dim + 2 * kv) + 4 * shape.heads
+    mask = c * (options.sequence_tokens or options.micro_batch_tokens) if sdpa else 0
+    if options.lora_rank is not None:
+        norms = 2 * 4 * h
+        adapters = 4 * options.lora_rank * c + (3 * c * h + c * shape.q_dim if c < 4 else 4 * h)
+        return norms + adapters + attention + mask + c * 3 * shape.intermediate + 2 * 4
+    if _mixed(options):
+        norms = 2 * (4 * h + 4 * h) + 5 * c * h
+    elif c == 4:
+        norms = 2 * 3 * 4 * h
+    else:
+        norms = 2 * (4 * h + 2 * c * h)
+    mlp = c * 4 * shape.intermediate
+    return norms + attention + mask + mlp + 2 * 4
+
+
+def head_bytes(shape: ModelShape, options: MemoryOptions, *, backward: bool) -> float:
+    """The LM head's peak (``policies.logprobs``: the head runs chunk by chunk and each chunk is recomputed in the
+    backward, so only one chunk's float32 [C, V] tensors are ever alive): :data:`HEAD_BACKWARD_CHUNKS` of them in
+    the backward (:data:`HEAD_FORWARD_CHUNKS` in a no-gradient pass), plus, in the backward, the chunk's weight
+    gradient [V, H] before it is added to the accumulated one (in the compute dtype, and cast to float32 under
+    autocast)."""
+    chunk = min(options.head_chunk_tokens, options.micro_batch_tokens)
+    per_chunk = 4 * chunk * shape.vocab
+    if not backward:
+        return HEAD_FORWARD_CHUNKS * per_chunk
+    trained = options.lora_rank is None
+    weight_grad = shape.vocab * shape.hidden * (_compute_bytes(options) + 4 * _mixed(options)) * trained
+    return HEAD_BACKWARD_CHUNKS * per_chunk + weight_grad
+
+
+def activation_bytes(shape: ModelShape, options: MemoryOptions) -> float:
+    """Peak bytes of one micro-batch's forward and backward (N = ``micro_batch_tokens``), besides the weights.
+    Always: the final norm's float32 input, normalized and weighted outputs and the hidden states gathered for
+    the scored positions (4 x hidden floats per token; every token counted as scored) and the dense tree mask
+    itself (one byte per pair, N x ``sequence_tokens``; sdpa only). Then:
+
+    - without checkpointing, the backward starts with every layer's :func:`layer_activation_bytes` x N alive,
+      and the LM head's backward (:func:`head_bytes`) runs first, on top of them;
+    - with activation checkpointing (each decoder layer recomputed in its backward, non-reentrant), the forward
+      keeps each layer's input (the residual stream: float32 unless pure bf16); the backward first runs the LM
+      head's, then one layer at a time: its recomputed activations and the gradients in flight through it
+      (:data:`LAYER_BACKWARD_EXTRA` of them more). These two never overlap: the larger counts.
+    """
+    n = options.micro_batch_tokens
+    layer = n * layer_activation_bytes(shape, options)
+    head = head_bytes(shape, options, backward=True)
+    final = n * 4 * 4 * shape.hidden
+    mask = n * (options.sequence_tokens or n) if options.learner_attention == "sdpa" else 0
+    if options.gradient_checkpointing:
+        residual = 2 if options.pure_bf16 else 4
+        layer_inputs = shape.layers * n * residual * shape.hidden
+        return layer_inputs + final + mask + max(head, (1 + LAYER_BACKWARD_EXTRA) * layer)
+    return shape.layers * layer + final + mask + head
+
+
+def no_grad_activation_bytes(shape: ModelShape, options: MemoryOptions) -> float:
+    """Peak bytes of a no-gradient pass (old and reference log-probs): the residual stream, one layer's
+    intermediates at a time, the hidden states for the head and one head chunk."""
+    n = options.micro_batch_tokens
+    mask = n * (options.sequence_tokens or n) if options.learner_attention == "sdpa" else 0
+    return n * 4 * 4 * shape.hidden + n * layer_activation_bytes(shape, options) + mask + head_bytes(
+        shape, options, backward=False)
+
+
+def _fsdp_gathered_bytes(shape: ModelShape, options: MemoryOptions) -> float:
+    c = _compute_bytes(options)
+    return c * (2 * shape.layer_parameters + shape.embedding_parameters) + 4 * shape.layer_parameters
+
+
+def rollout_engine_bytes(shape: ModelShape, options: MemoryOptions) -> float:
+    """A colocated engine's memory on the learner's GPU (0 when not colocated): see the module docstring."""
+    if not options.colocated:
+        return 0.0
+    if options.generator == "vllm":
+        return options.vllm_gpu_memory_utilization * options.gpu_memory_gib * GIB
+    c = _compute_bytes(options)
+    kv_cache = 2 * shape.layers * shape.kv_dim * c * options.rollout_sequences * options.rollout_context
+    return c * shape.parameters + kv_cache
+
+
+def plan_memory(shape: ModelShape, options: MemoryOptions) -> MemoryPlan:
+    """The memory plan of training ``shape`` as ``options`` say (see the module docstring for the model)."""
+    k = options.learners if options.sharding == "fsdp" else 1
+    c = _compute_bytes(options)
+    p = shape.parameters
+    if options.lora_rank is not None:
+        trained, master = shape.lora_parameters(options.lora_rank), 4
+        weights, copies = c * p + 4 * trained, 0.0
+    else:
+        trained, master = p, 2 if options.pure_bf16 else 4
+        weights, copies = master * p, 2 * p if _mixed(options) and options.sharding == "ddp" else 0.0
+    gradients = master * trained
+    if options.sharding == "ddp" and options.learners > 1:
+        gradients *= 2  # the DDP reducer's buckets
+    optimizer = 2 * master * trained
+    step_temporary = master * trained / k  # foreach AdamW: the square roots of all second moments at once
+    reference = c * p if options.reference and options.lora_rank is None else 0.0
+    if options.sharding == "fsdp":
+        weights = weights / k + _fsdp_gathered_bytes(shape, options)
+        gradients, optimizer, reference = gradients / k, optimizer / k, reference / k
+    resident_reference = 0.0 if options.reference_offload else reference
+    engine = rollout_engine_bytes(shape, options)
+    engine_in_update = 0.0 if options.vllm_sleep and options.generator == "vllm" else engine
+    overhead = options.overhead_gib * GIB
+    phases = {
+        "update": {"weights": weights + copies, "gradients": gradients, "optimizer": optimizer,
+                   "reference": resident_reference, "activations": activation_bytes(shape, options),
+                   "rollout_engine": engine_in_update, "overhead": overhead},
+        "optimizer step": {"weights": weights, "gradients": gradients, "optimizer": optimizer + step_temporary,
+                           "reference": resident_reference, "activations": 0.0, "rollout_engine": engine_in_update,
+                           "overhead": overhead},
+        "no-grad passes": {"weights": weights + copies, "gradients": 0.0, "optimizer": optimizer,
+                           "reference": reference, "activations": no_grad_activation_bytes(shape, options),
+                           "rollout_engine": engine_in_update, "overhead": overhead},
+    }
+    if engine != engine_in_update:
+        phases["rollout"] = {"weights": weights, "gradients": 0.0, "optimizer": optimizer,
+                             "reference": resident_reference, "activations": 0.0, "rollout_engine": engine,
+                             "overhead": overhead}
+    totals = {name: sum(parts.values()) / GIB for name, parts in phases.items()}
+    peak = max(totals, key=totals.get)
+    parts = {name: phases[peak][name] / GIB for name in PARTS}
+    total = totals[peak]
+    fits = None if options.gpu_memory_gib is None else total <= options.gpu_memory_gib
+    return MemoryPlan(model=shape.name, parameters=p, parts=parts, per_gpu_gib=total, phase=peak, phases=totals,
+                      fits=fits, gpu_memory_gib=options.gpu_memory_gib, options=options)
+
+
+def describe_options(options: MemoryOptions) -> str:
+    """The options that shape a plan, in words (for its line and its table)."""
+    precision = ("pure bf16" if options.pure_bf16 else "bf16 compute, float32 master"
+                 if options.dtype == "bfloat16" else "float32")
+    words = [f"{options.learners} learner{'s' * (options.learners > 1)} ({options.sharding})", precision]
+    if options.gradient_checkpointing:
+        words.append("checkpointing")
+    if options.lora_rank is not None:
+        words.append(f"LoRA r={options.lora_rank}")
+    elif not options.reference:
+        words.append("no reference")
+    elif options.reference_offload:
+        words.append("reference offloaded")
+    words.append(f"{options.micro_batch_tokens:,} tokens per micro-batch")
+    if options.colocated:
+        words.append(f"{options.generator} engine colocated" + (" (sleeping)" if options.vllm_sleep else ""))
+    return ", ".join(words)
+
+
+def plan_line(plan: MemoryPlan) -> str:
+    """One line: the total per GPU, its biggest parts, and whether it fits."""
+    verdict = ("" if plan.fits is None else f" of {plan.gpu_memory_gib:g} GiB: "
+               + ("fits" if plan.fits else "DOES NOT FIT"))
+    biggest = sorted(((v, k) for k, v in plan.parts.items() if v >= 0.05), reverse=True)
+    parts = ", ".join(f"{k.replace('_', ' ')} {v:.1f}" for v, k in biggest)
+    return (f"memory plan: {plan.model} ({plan.parameters / 1e9:.2f}B), {describe_options(plan.options)}: "
+            f"{plan.per_gpu_gib:.1f} GiB per GPU{verdict} ({parts}; peak in the {plan.phase})")
+
+
+def plan_table(plan: MemoryPlan) -> str:
+    """The plan as a table: GiB per GPU for each part, the total, and the verdict."""
+    rows = [f"memory plan: {plan.model} ({plan.parameters:,} parameters); {describe_options(plan.options)}",
+            f"{'part':<16}{'GiB per GPU':>12}"]
+    rows += [f"{name.replace('_', ' '):<16}{value:>12.2f}" for name, value in plan.parts.items()]
+    rows.append(f"{'total':<16}{plan.per_gpu_gib:>12.2f}   (peak in the {plan.phase})")
+    if plan.fits is not None:
+        rows.append(f"fits a {plan.gpu_memory_gib:g} GiB GPU: {'yes' if plan.fits else 'NO'}"
+                    + ("" if plan.fits else f" ({plan.per_gpu_gib - plan.gpu_memory_gib:.1f} GiB over)"))
+    return "\n".join(rows)
+

@@ -1,0 +1,65 @@
+"""The memory plan before a run (experiments/preflight.py): printed first, and a run planned above its GPU's memory
+refused before any weights load, unless --no-memory-check."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from experiments.cli import SettingsError
+from experiments.preflight import check_memory
+from experiments.run import plan
+from experiments.settings import memory_options
+from policies.memory import GIB
+
+
+def settings_of(*argv: str, tmp_path):
+    return plan([*argv, "--output", str(tmp_path / "run")]).settings
+
+
+@pytest.fixture
+def gpu_of(monkeypatch):
+    """Pretend this process sees one GPU of ``gib`` GiB."""
+    def pretend(gib: float) -> None:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "get_device_properties",
+                            lambda index: SimpleNamespace(total_memory=int(gib * GIB)))
+    return pretend
+
+
+def test_a_cpu_run_prints_its_plan_without_a_verdict(tmp_path, capsys):
+    check_memory(settings_of("--model", "smollm2-135m", tmp_path=tmp_path))
+    line = capsys.readouterr().err
+    assert line.startswith("memory plan: smollm2-135m (0.13B)") and "GiB per GPU" in line and "fits" not in line
+
+
+def test_a_run_planned_above_the_gpu_is_refused_before_anything_loads(tmp_path, capsys, gpu_of):
+    gpu_of(1.0)
+    settings = settings_of("--model", "smollm2-135m", "--dtype", "bfloat16", tmp_path=tmp_path)
+    with pytest.raises(SettingsError, match=r"over the GPU's 1\.0 GiB: try --gradient-checkpointing.*--no-memory-chec"):
+        check_memory(settings)
+    assert "DOES NOT FIT" in capsys.readouterr().err
+    gpu_of(80.0)
+    check_memory(settings)  # the same run on an 80 GB GPU goes on
+    assert "of 80 GiB: fits" in capsys.readouterr().err
+
+
+def test_the_plan_follows_the_runs_options(tmp_path):
+    settings = settings_of("--model", "smollm2-135m", "--dtype", "bfloat16", "--gradient-checkpointing",
+                           "--reference-offload", "--micro-batch-tokens", "2048", "--num-learners", "2",
+                           tmp_path=tmp_path)
+    options = memory_options(settings, gpu_memory_gib=80.0)
+    assert (options.learners, options.dtype, options.gradient_checkpointing, options.reference_offload,
+            options.micro_batch_tokens, options.colocated) == (2, "bfloat16", True, True, 2048, True)
+    assert not memory_options(settings, gpu_memory_gib=None).colocated  # no GPU: nothing shares one
+    remote = settings_of("--model", "smollm2-135m", "--num-env-runners", "1", "--num-gpus-per-env-runner", "1",
+                         tmp_path=tmp_path)
+    assert not memory_options(remote, gpu_memory_gib=80.0).colocated  # the runner has a GPU of its own
+
+
+def test_a_model_without_a_known_shape_is_planned_later(tmp_path, capsys, gpu_of):
+    gpu_of(80.0)
+    check_memory(settings_of("--model", "nobody/not-downloaded-model", tmp_path=tmp_path))
+    assert capsys.readouterr().err.startswith("memory plan: not made (no config for model 'nobody/not-downloaded")
