@@ -15,6 +15,16 @@ Per update (one iteration's batch, or this learner's shard of it):
    step on, the policy has moved away from the old log-probs: the ratio and its clipping act.
 Observation and prompt tokens never enter the loss (``generated_mask``).
 
+Several learners (``num_learners`` > 1, DDP) take the steps one learner would take on the whole batch. The
+algorithm lays the batch out with :func:`learner_shards`: the mini-batches are cut from the whole batch (whole prompt
+groups), and each learner's shard (RLlib's learner group hands learner i the i-th block of rows) holds a part of
+every mini-batch, tagged ``MINI_BATCH``, so step k of every learner is on its rows of mini-batch k. The token-mean
+is over the mini-batch's generated tokens on all learners (their count all-reduced once per step), and each
+learner's loss is scaled by world size / that count, so that DDP's average of the learners' gradients is the
+gradient of the whole mini-batch's token-mean. A learner without rows in a mini-batch (or without any row) still
+runs a forward and backward pass, on a stand-in row whose loss counts 0, so that it joins the DDP collectives
+the others wait for; every learner takes the same steps.
+
 The schedule position (``OPTIMIZER_STEPS``, optimizer steps taken) is part of the learner's state next to
 the optimizer state, so a resumed run continues its warm-up and decay instead of restarting them.
 """
@@ -22,9 +32,12 @@ the optimizer state, so a resumed run continues its warm-up and decay instead of
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 
+import numpy as np
 import torch
+import torch.distributed as dist
 from ray.rllib.core import COMPONENT_OPTIMIZER, DEFAULT_MODULE_ID
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.utils.annotations import override
@@ -67,11 +80,26 @@ OPTIMIZER_STEPS = M.OPTIMIZER_STEPS  # learner state key too: optimizer steps ta
 OLD, REF, TIS = "old_logprobs", "ref_logprobs", "tis_weights"  # columns the update adds to its batch
 MISMATCH = "mismatch"  # a step's sampler mismatch metrics (the first step's, when the old log-probs are the sampler's)
 LOSS = "loss"  # a step's total loss (policy + KL - entropy terms), returned to RLlib as total_loss
+MINI_BATCH = "mini_batch"  # [B] batch column: the mini-batch (optimizer step of an epoch) of each row
+TOKENS = "tokens"  # the generated tokens a step's (or the mismatch's) partial sums are over, on this learner
+EXTREMES = (M.RATIO_MAX, M.RATIO_MIN)  # per-step metrics that combine as extremes, not as token-weighted means
+SAME_ON_EVERY_LEARNER = (M.GRAD_NORM, M.NONFINITE_GRAD_SHARE, M.LEARNING_RATE)  # (after DDP's gradient all-reduce)
 
 
 def mismatch_metrics(stats: MismatchStats) -> dict[str, float]:
     return {M.SAMPLER_RATIO_MEAN: stats.ratio_mean, M.SAMPLER_RATIO_P99: stats.ratio_p99,
             M.SAMPLER_RATIO_OUTSIDE: stats.outside}
+
+
+def _mismatch_sums(learner_logprobs: torch.Tensor, data: dict[str, torch.Tensor]) -> dict[str, float]:
+    """The sampler mismatch of ``data``'s rows as sums over its generated tokens (``TOKENS`` of them; the 99th
+    percentile as it is, -inf without tokens), to be added up over the learners (``_across_learners``)."""
+    mask = data[GENERATED_MASK]
+    tokens = float(mask.sum())
+    stats = sampler_mismatch(learner_logprobs, data[SAMPLING_LOGPROBS], mask)
+    return {M.SAMPLER_RATIO_MEAN: stats.ratio_mean * tokens, M.SAMPLER_RATIO_OUTSIDE: stats.outside * tokens,
+            M.SAMPLER_RATIO_P99: stats.ratio_p99 if tokens else -math.inf,
+            M.TIS_WEIGHT_MEAN: float((data[TIS] * mask).sum()), TOKENS: tokens}
 
 
 def old_logprobs_source(choice: str, compute_dtype: torch.dtype, generator: str = "hf") -> str:
@@ -89,6 +117,39 @@ def gradient_norm(gradients: list[torch.Tensor]) -> float:
     if not gradients:
         return 0.0
     return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.detach()) for g in gradients])))
+
+
+def learner_shards(batch: dict[str, np.ndarray], mini_batches: int, learners: int) -> dict[str, np.ndarray]:
+    """The iteration's ``batch`` (contiguous prompt groups) laid out for ``learners`` learners and ``mini_batches``
+    optimizer steps per epoch: the mini-batches are cut from the whole batch (``minibatch_slices``: whole prompt
+    groups), then the rows are reordered so that each learner's block of rows, as RLlib's learner group cuts the
+    batch (``ShardBatchIterator``: learner i gets rows ``[i c, (i + 1) c)`` with ``c = ceil(B / learners)``), holds
+    a contiguous part of every mini-batch, in proportion to the rows left for it; the ``MINI_BATCH`` column tags
+    each row's mini-batch. A part can be empty (a mini-batch with fewer rows than learners, fewer rows than
+    learners): that learner's step runs on a stand-in row. With one learner the rows keep their order.
+
+    A prompt group is cut at most where a mini-batch's part ends: the learner's token-mean is over the whole
+    mini-batch whatever the cut, which only costs prefix sharing across the cut."""
+    rows = len(batch[PROMPT_INDEX])
+    minis = minibatch_slices(np.asarray(batch[PROMPT_INDEX]), mini_batches)
+    block = -(-rows // learners)
+    left = [max(0, min(block, rows - block * i)) for i in range(learners)]  # rows each learner's block still takes
+    parts: list[list[np.ndarray]] = [[] for _ in range(learners)]  # per learner, per mini-batch: its rows
+    for mini in minis:
+        size, total = mini.stop - mini.start, sum(left)
+        exact = [size * n / total for n in left]  # proportional shares; size <= total, so floor(share) <= left
+        counts = [math.floor(x) for x in exact]
+        for i in sorted(range(learners), key=lambda i: counts[i] - exact[i])[:size - sum(counts)]:
+            counts[i] += 1  # the largest remainders (a positive remainder means floor(share) < left)
+        start = mini.start
+        for i, count in enumerate(counts):
+            parts[i].append(np.arange(start, start + count))
+            start += count
+            left[i] -= count
+    order = np.concatenate([rows_ for learner in parts for rows_ in learner]).astype(np.int64)
+    tags = np.concatenate([np.full(len(rows_), k, dtype=np.int64) for learner in parts
+                           for k, rows_ in enumerate(learner)])
+    return {**{key: np.asarray(value)[order] for key, value in batch.items()}, MINI_BATCH: tags}
 
 
 def _cpu_copy(optimizer_state: dict) -> dict:
@@ -111,6 +172,8 @@ class TreeGRPOTorchLearner(TorchLearner):
             self._reference = ReferenceModel(model, dtype=module.precision.compute, device=self._device,
                                              offload=self.config.reference_offload)
         self._optimizer_steps = 0
+        # DDP's world (RLlib wraps the module in DDP when num_learners > 1; Ray Train set up the process group)
+        self._world = dist.get_world_size() if self.config.num_learners > 1 else 1
         settings = self.config.settings
         self._mini_batches, self._epochs = settings.mini_batches, settings.ppo_epochs
         self._warmup_steps, self._total_steps = settings.warmup_optimizer_steps, settings.total_optimizer_steps
@@ -172,22 +235,33 @@ class TreeGRPOTorchLearner(TorchLearner):
 
     @override(TorchLearner)
     def _uncompiled_update(self, batch: dict, **kwargs):
+        """One update on this learner's shard; see the module docstring. The metrics it logs (RLlib takes the mean
+        over the learners of each) are the same on every learner, the whole batch's: the loss, its terms and the
+        other per-token statistics are token-means over the generated tokens of a mini-batch on all learners,
+        averaged over the steps; the ratio's maximum and minimum are over all learners' tokens and steps; the
+        sampler mismatch is over all learners' tokens, its 99th percentile the largest learner's (a bound on the
+        batch's); the token counts (``trained_tokens``, the shares) the batch's; the peak memory the largest
+        learner's."""
         # Not RLlib's Learner.update loop: it splits a batch by rows and makes one optimizer step per piece, without
         # gradient accumulation; the mini-batches here keep prompt groups whole and accumulate micro-batches.
         data = dict(batch[DEFAULT_MODULE_ID])
         device = data[INPUT_IDS].device
         reset_peak_memory(device)
-        minis = minibatch_slices(data[PROMPT_INDEX].cpu().numpy(), self._mini_batches)
-        pieces = [self._micro_slices(data, rows) for rows in minis]  # the same micro-batches in every pass
-        in_order = [piece for mini in pieces for piece in mini]
+        minis = self._mini_batch_rows(data)
+        pieces = [self._micro_slices(data, rows) if rows.stop > rows.start else [] for rows in minis]
+        in_order = [piece for mini in pieces for piece in mini]  # the same micro-batches in every pass
         packings = self._packings(data, in_order)
         mismatch = self._fix_old_logprobs(data, in_order, packings)
         steps = [self._optimizer_step({k: v[rows] for k, v in data.items()},
                                       [self._part(data, piece, packings) for piece in mini_pieces],
                                       measure_mismatch=not i and not mismatch)
                  for i, (rows, mini_pieces) in enumerate(list(zip(minis, pieces, strict=True)) * self._epochs)]
+        mismatch = mismatch or steps[0].pop(MISMATCH)
+        peak_memory = peak_memory_gib(device)
+        steps, mismatch, trained_tokens, peak_memory = self._across_learners(
+            steps, mismatch, float(data[GENERATED_MASK].sum()), peak_memory)
         loss = sum(step.pop(LOSS) for step in steps) / len(steps)
-        metrics = mismatch or steps[0].pop(MISMATCH)
+        metrics = mismatch
         counts = {key: sum(step.pop(key) for step in steps) for key in (UNIQUE_TOKENS, PACKED_TOKENS, REAL_TOKENS)}
         if counts[REAL_TOKENS]:
             metrics[M.UNIQUE_TOKEN_SHARE] = counts[UNIQUE_TOKENS] / counts[REAL_TOKENS]
@@ -196,12 +270,64 @@ class TreeGRPOTorchLearner(TorchLearner):
             values = [step[key] for step in steps]
             metrics[key] = (max(values) if key == M.RATIO_MAX else min(values) if key == M.RATIO_MIN
                             else values[-1] if key == M.LEARNING_RATE else sum(values) / len(values))
-        metrics.update({M.TRAINED_TOKENS: float(data[GENERATED_MASK].sum()), M.OPTIMIZER_STEPS: self._optimizer_steps,
+        metrics.update({M.TRAINED_TOKENS: trained_tokens, M.OPTIMIZER_STEPS: self._optimizer_steps,
                         M.OLD_LOGPROBS_RECOMPUTED: float(self._old_source == "recompute"),
-                        M.LEARNER_PEAK_MEMORY_GIB: peak_memory_gib(device)})
+                        M.LEARNER_PEAK_MEMORY_GIB: peak_memory})
         for key, value in metrics.items():
             self.metrics.log_value((DEFAULT_MODULE_ID, key), value, window=1)
         return {}, {DEFAULT_MODULE_ID: torch.tensor(loss)}, {}  # logged by RLlib as total_loss (mean over steps)
+
+    def _mini_batch_rows(self, data: dict[str, torch.Tensor]) -> list[slice]:
+        """The rows of each of the ``ppo_mini_batches`` mini-batches in ``data``: from its ``MINI_BATCH`` column
+        (:func:`learner_shards`; a mini-batch can have no rows here), else cut from ``data`` itself (one learner
+        only: the learners' cuts of their shards would not make the whole batch's mini-batches)."""
+        if MINI_BATCH not in data:
+            if self._world > 1:
+                raise ValueError(f"{self._world} learners need the batch laid out by learner_shards (its "
+                                 f"{MINI_BATCH!r} column), so that their mini-batches make the whole batch's")
+            return minibatch_slices(data[PROMPT_INDEX].cpu().numpy(), self._mini_batches)
+        tags = data[MINI_BATCH].cpu().numpy()
+        if len(tags) and not (np.all(np.diff(tags) >= 0) and tags[0] >= 0 and tags[-1] < self._mini_batches):
+            raise ValueError(f"the {MINI_BATCH!r} column must not decrease and lie in 0..ppo_mini_batches - 1 "
+                             f"({self._mini_batches - 1}), as learner_shards lays out a batch for this learner "
+                             f"count; got {tags.tolist()}")
+        bounds = np.searchsorted(tags, np.arange(self._mini_batches + 1))
+        return [slice(int(a), int(b)) for a, b in itertools.pairwise(bounds)]
+
+    def _all_reduce(self, values: list[float], op: dist.ReduceOp) -> list[float]:
+        """``values`` reduced over the learners (float64, on the learner's device); as they are with one."""
+        if self._world == 1:
+            return values
+        tensor = torch.tensor(values, dtype=torch.float64, device=self._device)
+        dist.all_reduce(tensor, op=op)
+        return tensor.tolist()
+
+    def _across_learners(self, steps: list[dict], mismatch: dict, trained_tokens: float,
+                         peak_memory: float) -> tuple[list[dict], dict[str, float], float, float]:
+        """The steps' metrics and the mismatch of the whole batch (all learners, two all-reduces) from this
+        learner's partial sums (``_optimizer_step``, ``_mismatch_sums``), and the batch's trained tokens and largest
+        peak memory."""
+        summed = sorted(key for key in steps[0] if key not in EXTREMES + SAME_ON_EVERY_LEARNER)
+        mismatch_keys = sorted(key for key in mismatch if key != M.SAMPLER_RATIO_P99)
+        sums = self._all_reduce([step[key] for step in steps for key in summed]
+                                + [mismatch[key] for key in mismatch_keys] + [trained_tokens], dist.ReduceOp.SUM)
+        highs = self._all_reduce([value for step in steps for value in (step[M.RATIO_MAX], -step[M.RATIO_MIN])]
+                                 + [mismatch[M.SAMPLER_RATIO_P99], peak_memory], dist.ReduceOp.MAX)
+        out = []
+        for i, step in enumerate(steps):
+            high, low = highs[2 * i], -highs[2 * i + 1]
+            out.append({**step, **dict(zip(summed, sums[i * len(summed):(i + 1) * len(summed)], strict=True)),
+                        # no generated token in the step on any learner: ratio 1, as clipped_policy_loss says then
+                        M.RATIO_MAX: high if math.isfinite(high) else 1.0,
+                        M.RATIO_MIN: low if math.isfinite(low) else 1.0})
+        totals = dict(zip(mismatch_keys, sums[len(steps) * len(summed):-1], strict=True))
+        tokens, p99 = totals.pop(TOKENS), highs[-2]
+        if tokens:
+            reduced = {key: value / tokens for key, value in totals.items()}
+            reduced[M.SAMPLER_RATIO_P99] = p99
+        else:  # as sampler_mismatch says for no tokens; importance weights of 1
+            reduced = {**mismatch_metrics(MismatchStats(1.0, 1.0, 0.0)), M.TIS_WEIGHT_MEAN: 1.0}
+        return out, reduced, sums[-1], highs[-1]
 
     def _micro_slices(self, data: dict[str, torch.Tensor], rows: slice) -> list[slice]:
         """The micro-batches of the mini-batch ``rows`` as row ranges of ``data``: ``micro_batch_tokens`` decoder
@@ -234,8 +360,8 @@ class TreeGRPOTorchLearner(TorchLearner):
                           packings: dict[tuple[int, int], PackedRows]) -> dict[str, float] | None:
         """Add the old (``OLD``) and reference (``REF``) log-probs and the truncated importance weights (``TIS``)
         to ``data``, without gradients, before the first step, micro-batch by micro-batch (``pieces``, in row
-        order). Returns the sampler mismatch metrics when the old log-probs were recomputed (None when they are
-        the sampler's: the first step measures it then)."""
+        order). Returns the sampler mismatch's sums over this learner's tokens (``_mismatch_sums``) when the old
+        log-probs were recomputed (None when they are the sampler's: the first step measures it then)."""
         cfg, module = self.config, self.module[DEFAULT_MODULE_ID].unwrapped()
         olds, refs = [], []
         reference = self._reference.on_device() if self._reference is not None else contextlib.nullcontext()
@@ -246,7 +372,8 @@ class TreeGRPOTorchLearner(TorchLearner):
                        else part[SAMPLING_LOGPROBS])
                 olds.append(old)
                 refs.append(self._reference_logprobs(part) if cfg.kl_coef > 0 else old)
-        data[OLD], data[REF] = torch.cat(olds), torch.cat(refs)
+        empty = data[SAMPLING_LOGPROBS][:0]  # a learner without rows (more learners than rows)
+        data[OLD], data[REF] = (torch.cat(olds), torch.cat(refs)) if pieces else (empty, empty)
         mask = data[GENERATED_MASK]
         if self._old_source == "recompute" and cfg.tis_cap is not None:
             data[TIS] = truncated_importance_weights(data[OLD], data[SAMPLING_LOGPROBS], mask, cap=cfg.tis_cap,
@@ -255,39 +382,46 @@ class TreeGRPOTorchLearner(TorchLearner):
             data[TIS] = torch.ones_like(data[OLD])
         if self._old_source != "recompute":
             return None
-        return {**mismatch_metrics(sampler_mismatch(data[OLD], data[SAMPLING_LOGPROBS], mask)),
-                M.TIS_WEIGHT_MEAN: masked_mean(data[TIS], mask).item()}
+        return _mismatch_sums(data[OLD], data)
 
     def _optimizer_step(self, data: dict[str, torch.Tensor], parts: list[dict], measure_mismatch: bool) -> dict:
-        """One optimizer step on a mini-batch (``parts``: its micro-batches): accumulated micro-batch gradients,
-        RLlib's gradient postprocessing (clipping), the scheduled learning rate, AdamW. Its metrics, token-weighted
-        over micro-batches (the ratio bounds as extremes); with ``measure_mismatch`` also the sampler mismatch of
-        the weights before the step (under ``MISMATCH``)."""
+        """One optimizer step on a mini-batch (``data``: this learner's rows of it, ``parts``: their micro-batches,
+        none when it has no rows here): accumulated micro-batch gradients of the token-mean over the mini-batch's
+        tokens on all learners (module docstring), RLlib's gradient postprocessing (clipping), the scheduled
+        learning rate, AdamW. Returns this learner's partial sums of the step's metrics, token-weighted
+        (``value * tokens / the mini-batch's tokens on all learners``; ``_across_learners`` adds them up), the
+        ratio bounds as extremes (infinite without tokens), the gradient norm (the same on every learner); with
+        ``measure_mismatch`` also the sampler mismatch of the weights before the step (``MISMATCH``, sums)."""
         cfg, module = self.config, self.module[DEFAULT_MODULE_ID]
-        total_tokens = data[GENERATED_MASK].sum().clamp(min=1.0)
+        local_tokens = float(data[GENERATED_MASK].sum())
+        total_tokens = max(self._all_reduce([local_tokens], dist.ReduceOp.SUM)[0], 1.0)
+        # DDP averages the learners' gradients: each learner's loss is world / total tokens times its token sum
+        scale = self._world / total_tokens
         params = [p for p in module.parameters() if p.requires_grad]
         for p in params:
             p.grad = None
-        totals: dict[str, float] = {}
+        totals: dict[str, float] = {M.RATIO_MAX: -math.inf, M.RATIO_MIN: math.inf}
         current = []
-        for i, part in enumerate(parts):
-            sync = contextlib.nullcontext() if i == len(parts) - 1 or cfg.num_learners <= 1 else module.no_sync()
+        for i, part in enumerate(parts or [self._idle_part(data)]):
+            last = i == len(parts) - 1 or not parts
+            sync = contextlib.nullcontext() if last or cfg.num_learners <= 1 else module.no_sync()
             with sync:
                 out = self._forward(module, part, return_entropy=cfg.entropy_coef > 0)
                 loss, stats = self.loss_and_stats(part, out)
-                share = part[GENERATED_MASK].sum() / total_tokens
-                (loss * share).backward()
+                tokens = float(part[GENERATED_MASK].sum()) if parts else 0.0  # the stand-in: no gradient, metrics
+                (loss * (tokens * scale)).backward()
             for key in (UNIQUE_TOKENS, PACKED_TOKENS, REAL_TOKENS):  # counts, summed (shared-prefix forward only)
-                totals[key] = totals.get(key, 0) + out.get(key, 0)
-            totals[LOSS] = totals.get(LOSS, 0.0) + loss.item() * float(share)
-            if measure_mismatch:
+                totals[key] = totals.get(key, 0) + (out.get(key, 0) if parts else 0)
+            weight = tokens / total_tokens
+            totals[LOSS] = totals.get(LOSS, 0.0) + loss.item() * weight
+            if measure_mismatch and parts:
                 current.append(out[LOGPROBS].detach())
-            for key, value in stats.items():  # token-weighted means, extremes for the ratio bounds
-                if key in (M.RATIO_MAX, M.RATIO_MIN):
-                    pick = max if key == M.RATIO_MAX else min
-                    totals[key] = pick(totals.get(key, value), value)
+            for key, value in stats.items():  # token-weighted sums, extremes for the ratio bounds
+                if key in EXTREMES:
+                    if tokens:
+                        totals[key] = (max if key == M.RATIO_MAX else min)(totals[key], value)
                 else:
-                    totals[key] = totals.get(key, 0.0) + value * float(share)
+                    totals[key] = totals.get(key, 0.0) + value * weight
         grads = {self.get_param_ref(p): p.grad for p in params if p.grad is not None}
         grad_norm = gradient_norm(list(grads.values()))  # before clipping, whatever grad_clip_by says
         self._optimizer_steps += 1  # the schedule position advances on a skipped step too (verl's does)
@@ -305,9 +439,21 @@ class TreeGRPOTorchLearner(TorchLearner):
             self.apply_gradients(self.postprocess_gradients(grads))  # clips by grad_clip_by
         totals.update({M.GRAD_NORM: grad_norm, M.NONFINITE_GRAD_SHARE: float(nonfinite), M.LEARNING_RATE: lr})
         if measure_mismatch:  # the weights before this first step are the sampler's: their log-probs are the old
-            totals[MISMATCH] = {**mismatch_metrics(sampler_mismatch(
-                torch.cat(current), data[SAMPLING_LOGPROBS], data[GENERATED_MASK])), M.TIS_WEIGHT_MEAN: 1.0}
+            totals[MISMATCH] = _mismatch_sums(torch.cat(current) if current else data[SAMPLING_LOGPROBS], data)
         return totals
+
+    @staticmethod
+    def _idle_part(data: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A stand-in micro-batch for a learner without rows in a mini-batch, with ``data``'s columns: one row of two
+        tokens, the second counted as generated so that the loss has a graph through every weight (the step
+        multiplies it by 0). Its forward and backward passes are the DDP collectives (buffer broadcast, gradient
+        all-reduce) the other learners wait for."""
+        part = {key: torch.zeros((1, 2) if value.dim() == 2 else (1, *value.shape[1:]), dtype=value.dtype,
+                                 device=value.device) for key, value in data.items()}
+        part[ATTENTION_MASK] = torch.ones_like(part[ATTENTION_MASK])
+        part[GENERATED_MASK][0, 1] = 1
+        part[TIS] = torch.ones_like(part[TIS])
+        return part
 
     @override(TorchLearner)
     def compute_loss_for_module(self, *, module_id, config, batch: dict, fwd_out: dict) -> torch.Tensor:

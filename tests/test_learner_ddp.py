@@ -1,0 +1,265 @@
+"""Two DDP learners equal one: two processes (gloo, world 2, on the CPU), each a Tree-GRPO learner on the shard of
+one batch that RLlib's learner group hands it, against one learner on the whole batch in this process.
+
+The batch goes through what the algorithm does with it (``learner_shards``, then RLlib's own
+``ShardBatchIterator``, as ``LearnerGroup.update`` shards a batch by rows). Compared: the logged metrics (the loss
+and its terms, the gradient norm), each optimizer step's gradient norm and the weights after the update's two
+optimizer steps. Cases: shards of equal rows but not of equal tokens, with micro-batches of one row so that DDP's
+``no_sync`` branch runs; shards of unequal rows; a learner without rows in one mini-batch; a learner without any
+row (fewer rows than learners).
+"""
+
+from __future__ import annotations
+
+import gc
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
+from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
+from ray.rllib.utils.minibatch_utils import ShardBatchIterator
+
+import algos.tree_grpo.learner as learner_module
+from algos.batch import INPUT_IDS, LeafRecord, pad_batch
+from algos.tree_grpo import TreeGRPOConfig
+from algos.tree_grpo import metrics as metric_keys
+from algos.tree_grpo.learner import MINI_BATCH, learner_shards
+from envs.search_qa import UnicodeText
+from policies.logprobs import GENERATED_MASK
+from policies.trajectory import TokenTrajectory
+
+WORLD = 2
+LR = 1e-4
+BASE = {"lr": LR, "ppo_mini_batches": 2, "old_logprobs": "recompute", "tis_cap": 2.0, "kl_coef": 0.1,
+        "entropy_coef": 0.01}
+# name: (rows of each prompt group, training settings). Two optimizer steps (two mini-batches) per update.
+CASES = {
+    # 4 | 4 rows, not of equal tokens; micro-batches of one row: no_sync on all but a mini-batch's last
+    "even_rows": ((3, 2, 3), {"micro_batch_size": 1, "prefix_sharing": False}),
+    # 4 | 3 rows; shared-prefix micro-batches of whole (here: cut by the shards) prompt groups
+    "uneven_rows": ((2, 3, 2), {"micro_batch_size": 2, "prefix_sharing": True}),
+    # 2 | 1 rows: the second learner has no row in one of the two mini-batches
+    "empty_mini_batch": ((1, 2), {"micro_batch_size": 1, "prefix_sharing": False}),
+    # 1 | 0 rows: the second learner gets an empty shard (one mini-batch: there is one row)
+    "empty_shard": ((1,), {"micro_batch_size": 1, "prefix_sharing": False, "ppo_mini_batches": 1}),
+}
+COMPARED = ("total_loss", metric_keys.POLICY_LOSS, metric_keys.KL, metric_keys.ENTROPY, metric_keys.GRAD_NORM,
+            metric_keys.CLIP_FRACTION, metric_keys.RATIO_MEAN, metric_keys.RATIO_MAX, metric_keys.RATIO_MIN,
+            metric_keys.SAMPLER_LOGPROB_GAP, metric_keys.TIS_WEIGHT_MEAN, metric_keys.SAMPLER_RATIO_MEAN,
+            metric_keys.SAMPLER_RATIO_OUTSIDE, metric_keys.TRAINED_TOKENS, metric_keys.OPTIMIZER_STEPS)
+RELATIVE = 1e-6  # float32: the learners' sums in another order (measured: up to 2.6e-7)
+# After the first step, float32 noise grows: Adam's first step is lr * g / (|g| + eps), and where |g| is near eps
+# the noise of g (sums in another order) moves a weight by a good part of lr (see test_learner.py); the second
+# step's gradient, which depends on that move, then differs by up to 1.7e-5 (measured; one learner on the same
+# batch with other micro-batches: 4.7e-6). Unnormalised across learners, the gradient norm was 50% off.
+LATER_STEPS = 1e-4
+
+
+def records(group_rows: tuple[int, ...], seed: int = 3) -> list[LeafRecord]:
+    """Prompt groups of ``group_rows`` rows: a shared prompt, then one to three steps of varied lengths with
+    observations between them; distinct rewards."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for prompt, rows in enumerate(group_rows):
+        root = TokenTrajectory.from_prompt(tuple(int(t) for t in rng.integers(5, 200, 5)))
+        for row in range(rows):
+            trajectory = root
+            for depth in range(1 + (prompt + row) % 3):
+                if depth:
+                    trajectory = trajectory.with_observation(tuple(int(t) for t in rng.integers(5, 200, 2)))
+                length = int(rng.integers(2, 9))
+                trajectory = TokenTrajectory(
+                    trajectory.token_ids + tuple(int(t) for t in rng.integers(5, 200, length)),
+                    trajectory.generated_mask + (True,) * length,
+                    trajectory.sampling_logprobs + tuple(rng.uniform(-6.0, -1.0, length)))
+            out.append(LeafRecord(prompt, row % 2, 1, trajectory, reward=float(rng.normal())))
+    return out
+
+
+def case_batch(name: str, learners: int) -> dict[str, np.ndarray]:
+    """The case's batch as the algorithm lays it out for ``learners`` learners."""
+    group_rows, training = CASES[name]
+    leaves = records(group_rows)
+    arrays = pad_batch(leaves, np.array([leaf.reward for leaf in leaves]), pad_id=0)
+    return learner_shards(arrays, {**BASE, **training}["ppo_mini_batches"], learners)
+
+
+def build(name: str, num_learners: int):
+    _, training = CASES[name]
+    config = (TreeGRPOConfig().rl_module(model_config={"model": "tiny-random", "dtype": "float32"})
+              .training(**{**BASE, **training}).learners(num_learners=num_learners))
+    text = UnicodeText(100)
+    return config.build_learner(spaces={DEFAULT_MODULE_ID: (text, text)})
+
+
+def run_update(learner, arrays: dict[str, np.ndarray]) -> dict:
+    """One update; its logged metrics, each optimizer step's gradient norm and the weights after it."""
+    norms = []
+    measure = learner_module.gradient_norm
+
+    def spy(gradients):
+        norms.append(measure(gradients))
+        return norms[-1]
+
+    learner_module.gradient_norm = spy
+    try:
+        batch = MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch({k: v.copy() for k, v in arrays.items()})},
+                                env_steps=len(arrays[INPUT_IDS]))
+        results = learner.update(batch=batch, timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: len(arrays[INPUT_IDS])})
+    finally:
+        learner_module.gradient_norm = measure
+    model = learner.module[DEFAULT_MODULE_ID].unwrapped().model
+    return {"metrics": {key: float(stats.peek()) for key, stats in results[DEFAULT_MODULE_ID].items()},
+            "step_grad_norms": norms,
+            "weights": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+
+
+def run_rank(name: str, rank: int) -> dict:
+    """The case ``name`` on this rank: a DDP learner on the shard RLlib would hand it, one update."""
+    arrays = case_batch(name, WORLD)
+    whole = MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(arrays)}, env_steps=len(arrays[INPUT_IDS]))
+    shard = list(ShardBatchIterator(whole, num_shards=WORLD))[rank].policy_batches[DEFAULT_MODULE_ID]
+    learner = build(name, WORLD)
+    module = learner.module[DEFAULT_MODULE_ID]
+    no_sync, entered = module.no_sync, []
+    module.no_sync = lambda: entered.append(1) or no_sync()  # a spy on DDP's no_sync
+    try:
+        result = run_update(learner, {k: np.asarray(v) for k, v in shard.items()})
+    finally:
+        del module.no_sync
+    return {**result, "no_sync_entered": len(entered), "rows": len(shard),
+            "tokens": float(shard[GENERATED_MASK].sum())}
+
+
+def rank_main(rank: int, out: str) -> None:
+    """Every case on this rank, in one process group; each case's result (or error) to ``out/<case>-<rank>.pt``."""
+    torch.set_num_threads(1)
+    # a file store (no port to collide on a shared machine); the short timeout bounds a collective left waiting
+    dist.init_process_group("gloo", init_method=f"file://{Path(out) / 'store'}", rank=rank, world_size=WORLD,
+                            timeout=timedelta(seconds=60))
+    try:
+        for name in CASES:
+            try:
+                result = run_rank(name, rank)
+            except Exception:
+                result = {"error": traceback.format_exc()}
+            torch.save(result, Path(out) / f"{name}-{rank}.pt")
+            gc.collect()  # DDP's reducer holds the process group: free the case's learner before the group
+            if "error" in result:
+                break  # the other rank may wait in a collective this one left: stop here
+    finally:
+        gc.collect()
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def two_learners(tmp_path_factory) -> dict[str, list[dict]]:
+    """Per case, the results of the two ranks (the spawn's failure, if any, as each missing case's error)."""
+    out = tmp_path_factory.mktemp("ddp")
+    failure = None
+    try:
+        mp.spawn(rank_main, args=(str(out),), nprocs=WORLD, join=True)
+    except Exception as error:  # a rank that died: its cases report it
+        failure = f"spawned learners failed: {error}"
+    results = {}
+    for name in CASES:
+        files = [out / f"{name}-{rank}.pt" for rank in range(WORLD)]
+        results[name] = [torch.load(f, weights_only=False) if f.exists() else {"error": failure or "no result"}
+                         for f in files]
+    return results
+
+
+@pytest.fixture(scope="module")
+def one_learner() -> dict[str, dict]:
+    """Per case, one learner (no DDP) on the whole batch, laid out for one learner; one thread, as each rank (a
+    matrix product splits its sums by thread)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return {name: run_update(build(name, 0), case_batch(name, 1)) for name in CASES}
+    finally:
+        torch.set_num_threads(threads)
+
+
+def relative(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """The largest relative difference of two state dicts, tensor by tensor (by the L2 norm)."""
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).norm() / b[k].norm().clamp(min=1e-30)) for k in b)
+
+
+def assert_equal_to_one_learner(ranks: list[dict], one: dict, initial: dict[str, torch.Tensor]) -> None:
+    for rank in ranks:
+        assert "error" not in rank, rank["error"]
+    for key in COMPARED:
+        tolerance = LATER_STEPS if key == metric_keys.GRAD_NORM else RELATIVE  # the mean over the steps
+        for rank in ranks:  # every learner logs the batch's value: RLlib's mean over them is it
+            assert rank["metrics"][key] == pytest.approx(one["metrics"][key], rel=tolerance, abs=1e-9), key
+    assert one["metrics"][metric_keys.GRAD_NORM] > 0
+    for rank in ranks:
+        first, *later = rank["step_grad_norms"]
+        assert len(later) == len(one["step_grad_norms"]) - 1
+        assert first == pytest.approx(one["step_grad_norms"][0], rel=RELATIVE)
+        assert later == pytest.approx(one["step_grad_norms"][1:], rel=LATER_STEPS)
+        assert relative(rank["weights"], one["weights"]) < RELATIVE
+        # the steps themselves (Adam moves a weight by about lr per step), not only the weights they moved
+        steps = {k: rank["weights"][k] - initial[k] for k in initial}
+        one_steps = {k: one["weights"][k] - initial[k] for k in initial}
+        assert max(float(s.abs().max()) for s in one_steps.values()) > LR / 2
+        assert relative(steps, one_steps) < 1e-3
+
+
+@pytest.fixture(scope="module")
+def initial_weights() -> dict[str, torch.Tensor]:
+    learner = build("even_rows", 0)
+    return {k: v.detach().clone() for k, v in learner.module[DEFAULT_MODULE_ID].model.state_dict().items()}
+
+
+def test_two_learners_equal_one_and_reach_no_sync(two_learners, one_learner, initial_weights):
+    ranks = two_learners["even_rows"]
+    assert_equal_to_one_learner(ranks, one_learner["even_rows"], initial_weights)
+    assert [rank["rows"] for rank in ranks] == [4, 4]
+    assert ranks[0]["tokens"] != ranks[1]["tokens"]  # equal rows, unequal tokens: a mean of shard means differs
+    # one-row micro-batches: each learner's mini-batches have 2 rows here, so no_sync ran once per step or more
+    assert all(rank["no_sync_entered"] >= 2 for rank in ranks)
+
+
+def test_two_learners_equal_one_on_uneven_shards(two_learners, one_learner, initial_weights):
+    ranks = two_learners["uneven_rows"]
+    assert_equal_to_one_learner(ranks, one_learner["uneven_rows"], initial_weights)
+    assert [rank["rows"] for rank in ranks] == [4, 3]
+
+
+def test_a_learner_without_rows_in_a_mini_batch_still_steps_with_the_others(two_learners, one_learner,
+                                                                              initial_weights):
+    ranks = two_learners["empty_mini_batch"]
+    assert_equal_to_one_learner(ranks, one_learner["empty_mini_batch"], initial_weights)
+    assert [rank["rows"] for rank in ranks] == [2, 1]
+    assert all(rank["metrics"][metric_keys.OPTIMIZER_STEPS] == 2 for rank in ranks)
+
+
+def test_a_learner_with_an_empty_shard_still_steps_with_the_others(two_learners, one_learner, initial_weights):
+    ranks = two_learners["empty_shard"]
+    assert_equal_to_one_learner(ranks, one_learner["empty_shard"], initial_weights)
+    assert [rank["rows"] for rank in ranks] == [1, 0]
+
+
+def test_the_layout_keeps_each_mini_batch_and_spreads_it_over_the_learners():
+    """``learner_shards`` reorders rows: every learner's block (as RLlib cuts it) holds a part of each mini-batch,
+    in order, and mini-batch k over all blocks is the whole batch's mini-batch k (its rows, each once)."""
+    name = "even_rows"
+    one, two = case_batch(name, 1), case_batch(name, WORLD)
+    assert one[MINI_BATCH].tolist() == [0, 0, 0, 0, 0, 1, 1, 1]  # whole prompt groups: 3 + 2 | 3
+    block = -(-len(two[INPUT_IDS]) // WORLD)
+    for start in range(0, len(two[INPUT_IDS]), block):
+        tags = two[MINI_BATCH][start:start + block]
+        assert sorted(set(tags.tolist())) == [0, 1] and np.all(np.diff(tags) >= 0)
+    for k in (0, 1):
+        rows = {tuple(r) for r in one[INPUT_IDS][one[MINI_BATCH] == k]}
+        assert rows == {tuple(r) for r in two[INPUT_IDS][two[MINI_BATCH] == k]}
