@@ -7,6 +7,7 @@ a boolean when a ``weights_seq_no`` column is present).
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from policies.trajectory import TokenTrajectory
 INPUT_IDS, ATTENTION_MASK = "input_ids", "attention_mask"
 SAMPLING_LOGPROBS, ADVANTAGES = "sampling_logprobs", "advantages"
 PROMPT_INDEX = "prompt_index"  # [B]: the prompt a row grew from (PPO mini-batches keep prompt groups whole)
+MINI_BATCH = "mini_batch"  # [B]: the mini-batch (optimizer step of an epoch) of each row (learner_shards)
 
 
 @dataclass(frozen=True)
@@ -137,3 +139,36 @@ def micro_batch_slices(batch: dict[str, np.ndarray], *, share_prefixes: bool, ma
     else:
         costs = mask.sum(axis=1)
     return budget_chunks(starts, costs, rows, max_tokens)
+
+
+def learner_shards(batch: dict[str, np.ndarray], mini_batches: int, learners: int) -> dict[str, np.ndarray]:
+    """The iteration's ``batch`` (contiguous prompt groups) laid out for ``learners`` learners and ``mini_batches``
+    optimizer steps per epoch: the mini-batches are cut from the whole batch (``minibatch_slices``: whole prompt
+    groups), then the rows are reordered so that each learner's block of rows, as RLlib's learner group cuts the
+    batch (``ShardBatchIterator``: learner i gets rows ``[i c, (i + 1) c)`` with ``c = ceil(B / learners)``), holds
+    a contiguous part of every mini-batch, in proportion to the rows left for it; the ``MINI_BATCH`` column tags
+    each row's mini-batch. A part can be empty (a mini-batch with fewer rows than learners, fewer rows than
+    learners): that learner's step runs on a stand-in row. With one learner the rows keep their order.
+
+    A prompt group is cut at most where a mini-batch's part ends: the learner's token-mean is over the whole
+    mini-batch whatever the cut, which only costs prefix sharing across the cut."""
+    rows = len(batch[PROMPT_INDEX])
+    minis = minibatch_slices(np.asarray(batch[PROMPT_INDEX]), mini_batches)
+    block = -(-rows // learners)
+    left = [max(0, min(block, rows - block * i)) for i in range(learners)]  # rows each learner's block still takes
+    parts: list[list[np.ndarray]] = [[] for _ in range(learners)]  # per learner, per mini-batch: its rows
+    for mini in minis:
+        size, total = mini.stop - mini.start, sum(left)
+        exact = [size * n / total for n in left]  # proportional shares; size <= total, so floor(share) <= left
+        counts = [math.floor(x) for x in exact]
+        for i in sorted(range(learners), key=lambda i: counts[i] - exact[i])[:size - sum(counts)]:
+            counts[i] += 1  # the largest remainders (a positive remainder means floor(share) < left)
+        start = mini.start
+        for i, count in enumerate(counts):
+            parts[i].append(np.arange(start, start + count))
+            start += count
+            left[i] -= count
+    order = np.concatenate([rows_ for learner in parts for rows_ in learner]).astype(np.int64)
+    tags = np.concatenate([np.full(len(rows_), k, dtype=np.int64) for learner in parts
+                           for k, rows_ in enumerate(learner)])
+    return {**{key: np.asarray(value)[order] for key, value in batch.items()}, MINI_BATCH: tags}

@@ -27,10 +27,9 @@ from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
 from ray.rllib.utils.minibatch_utils import ShardBatchIterator
 
 import algos.tree_grpo.learner as learner_module
-from algos.batch import INPUT_IDS, LeafRecord, pad_batch
+from algos.batch import INPUT_IDS, MINI_BATCH, LeafRecord, learner_shards, pad_batch
 from algos.tree_grpo import TreeGRPOConfig
 from algos.tree_grpo import metrics as metric_keys
-from algos.tree_grpo.learner import MINI_BATCH, learner_shards
 from envs.search_qa import UnicodeText
 from policies.logprobs import GENERATED_MASK
 from policies.trajectory import TokenTrajectory

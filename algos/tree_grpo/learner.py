@@ -47,6 +47,7 @@ from algos.batch import (
     ADVANTAGES,
     ATTENTION_MASK,
     INPUT_IDS,
+    MINI_BATCH,
     PROMPT_INDEX,
     SAMPLING_LOGPROBS,
     micro_batch_slices,
@@ -61,7 +62,7 @@ from algos.losses import (
     truncated_importance_weights,
 )
 from algos.lr_schedule import scheduled_lr
-from algos.tree_grpo import metrics as M
+from algos.tree_grpo import metrics as metric_keys
 from policies.logprobs import (
     ENTROPY,
     GENERATED_MASK,
@@ -76,19 +77,21 @@ from policies.logprobs import (
 from policies.memory import peak_memory_gib, reset_peak_memory
 from policies.reference_model import ReferenceModel
 
-OPTIMIZER_STEPS = M.OPTIMIZER_STEPS  # learner state key too: optimizer steps taken so far (the schedule position)
+# a learner state key too: optimizer steps taken so far (the schedule position)
+OPTIMIZER_STEPS = metric_keys.OPTIMIZER_STEPS
 OLD, REF, TIS = "old_logprobs", "ref_logprobs", "tis_weights"  # columns the update adds to its batch
 MISMATCH = "mismatch"  # a step's sampler mismatch metrics (the first step's, when the old log-probs are the sampler's)
 LOSS = "loss"  # a step's total loss (policy + KL - entropy terms), returned to RLlib as total_loss
-MINI_BATCH = "mini_batch"  # [B] batch column: the mini-batch (optimizer step of an epoch) of each row
 TOKENS = "tokens"  # the generated tokens a step's (or the mismatch's) partial sums are over, on this learner
-EXTREMES = (M.RATIO_MAX, M.RATIO_MIN)  # per-step metrics that combine as extremes, not as token-weighted means
-SAME_ON_EVERY_LEARNER = (M.GRAD_NORM, M.NONFINITE_GRAD_SHARE, M.LEARNING_RATE)  # (after DDP's gradient all-reduce)
+# per-step metrics that combine as extremes, not as token-weighted means
+EXTREMES = (metric_keys.RATIO_MAX, metric_keys.RATIO_MIN)
+# per-step metrics equal on every learner (after DDP's gradient all-reduce)
+SAME_ON_EVERY_LEARNER = (metric_keys.GRAD_NORM, metric_keys.NONFINITE_GRAD_SHARE, metric_keys.LEARNING_RATE)
 
 
 def mismatch_metrics(stats: MismatchStats) -> dict[str, float]:
-    return {M.SAMPLER_RATIO_MEAN: stats.ratio_mean, M.SAMPLER_RATIO_P99: stats.ratio_p99,
-            M.SAMPLER_RATIO_OUTSIDE: stats.outside}
+    return {metric_keys.SAMPLER_RATIO_MEAN: stats.ratio_mean, metric_keys.SAMPLER_RATIO_P99: stats.ratio_p99,
+            metric_keys.SAMPLER_RATIO_OUTSIDE: stats.outside}
 
 
 def _mismatch_sums(learner_logprobs: torch.Tensor, data: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -97,9 +100,10 @@ def _mismatch_sums(learner_logprobs: torch.Tensor, data: dict[str, torch.Tensor]
     mask = data[GENERATED_MASK]
     tokens = float(mask.sum())
     stats = sampler_mismatch(learner_logprobs, data[SAMPLING_LOGPROBS], mask)
-    return {M.SAMPLER_RATIO_MEAN: stats.ratio_mean * tokens, M.SAMPLER_RATIO_OUTSIDE: stats.outside * tokens,
-            M.SAMPLER_RATIO_P99: stats.ratio_p99 if tokens else -math.inf,
-            M.TIS_WEIGHT_MEAN: float((data[TIS] * mask).sum()), TOKENS: tokens}
+    return {metric_keys.SAMPLER_RATIO_MEAN: stats.ratio_mean * tokens,
+            metric_keys.SAMPLER_RATIO_OUTSIDE: stats.outside * tokens,
+            metric_keys.SAMPLER_RATIO_P99: stats.ratio_p99 if tokens else -math.inf,
+            metric_keys.TIS_WEIGHT_MEAN: float((data[TIS] * mask).sum()), TOKENS: tokens}
 
 
 def old_logprobs_source(choice: str, compute_dtype: torch.dtype, generator: str = "hf") -> str:
@@ -117,39 +121,6 @@ def gradient_norm(gradients: list[torch.Tensor]) -> float:
     if not gradients:
         return 0.0
     return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.detach()) for g in gradients])))
-
-
-def learner_shards(batch: dict[str, np.ndarray], mini_batches: int, learners: int) -> dict[str, np.ndarray]:
-    """The iteration's ``batch`` (contiguous prompt groups) laid out for ``learners`` learners and ``mini_batches``
-    optimizer steps per epoch: the mini-batches are cut from the whole batch (``minibatch_slices``: whole prompt
-    groups), then the rows are reordered so that each learner's block of rows, as RLlib's learner group cuts the
-    batch (``ShardBatchIterator``: learner i gets rows ``[i c, (i + 1) c)`` with ``c = ceil(B / learners)``), holds
-    a contiguous part of every mini-batch, in proportion to the rows left for it; the ``MINI_BATCH`` column tags
-    each row's mini-batch. A part can be empty (a mini-batch with fewer rows than learners, fewer rows than
-    learners): that learner's step runs on a stand-in row. With one learner the rows keep their order.
-
-    A prompt group is cut at most where a mini-batch's part ends: the learner's token-mean is over the whole
-    mini-batch whatever the cut, which only costs prefix sharing across the cut."""
-    rows = len(batch[PROMPT_INDEX])
-    minis = minibatch_slices(np.asarray(batch[PROMPT_INDEX]), mini_batches)
-    block = -(-rows // learners)
-    left = [max(0, min(block, rows - block * i)) for i in range(learners)]  # rows each learner's block still takes
-    parts: list[list[np.ndarray]] = [[] for _ in range(learners)]  # per learner, per mini-batch: its rows
-    for mini in minis:
-        size, total = mini.stop - mini.start, sum(left)
-        exact = [size * n / total for n in left]  # proportional shares; size <= total, so floor(share) <= left
-        counts = [math.floor(x) for x in exact]
-        for i in sorted(range(learners), key=lambda i: counts[i] - exact[i])[:size - sum(counts)]:
-            counts[i] += 1  # the largest remainders (a positive remainder means floor(share) < left)
-        start = mini.start
-        for i, count in enumerate(counts):
-            parts[i].append(np.arange(start, start + count))
-            start += count
-            left[i] -= count
-    order = np.concatenate([rows_ for learner in parts for rows_ in learner]).astype(np.int64)
-    tags = np.concatenate([np.full(len(rows_), k, dtype=np.int64) for learner in parts
-                           for k, rows_ in enumerate(learner)])
-    return {**{key: np.asarray(value)[order] for key, value in batch.items()}, MINI_BATCH: tags}
 
 
 def _cpu_copy(optimizer_state: dict) -> dict:
@@ -246,6 +217,8 @@ class TreeGRPOTorchLearner(TorchLearner):
         # gradient accumulation; the mini-batches here keep prompt groups whole and accumulate micro-batches.
         data = dict(batch[DEFAULT_MODULE_ID])
         device = data[INPUT_IDS].device
+        for param in self.module[DEFAULT_MODULE_ID].parameters():
+            param.grad = None  # the last update's: not held through this update's no-gradient passes
         reset_peak_memory(device)
         minis = self._mini_batch_rows(data)
         pieces = [self._micro_slices(data, rows) if rows.stop > rows.start else [] for rows in minis]
@@ -264,15 +237,15 @@ class TreeGRPOTorchLearner(TorchLearner):
         metrics = mismatch
         counts = {key: sum(step.pop(key) for step in steps) for key in (UNIQUE_TOKENS, PACKED_TOKENS, REAL_TOKENS)}
         if counts[REAL_TOKENS]:
-            metrics[M.UNIQUE_TOKEN_SHARE] = counts[UNIQUE_TOKENS] / counts[REAL_TOKENS]
-            metrics[M.FORWARDED_TOKEN_SHARE] = counts[PACKED_TOKENS] / counts[REAL_TOKENS]
+            metrics[metric_keys.UNIQUE_TOKEN_SHARE] = counts[UNIQUE_TOKENS] / counts[REAL_TOKENS]
+            metrics[metric_keys.FORWARDED_TOKEN_SHARE] = counts[PACKED_TOKENS] / counts[REAL_TOKENS]
         for key in steps[0]:
             values = [step[key] for step in steps]
-            metrics[key] = (max(values) if key == M.RATIO_MAX else min(values) if key == M.RATIO_MIN
-                            else values[-1] if key == M.LEARNING_RATE else sum(values) / len(values))
-        metrics.update({M.TRAINED_TOKENS: trained_tokens, M.OPTIMIZER_STEPS: self._optimizer_steps,
-                        M.OLD_LOGPROBS_RECOMPUTED: float(self._old_source == "recompute"),
-                        M.LEARNER_PEAK_MEMORY_GIB: peak_memory})
+            metrics[key] = (max(values) if key == metric_keys.RATIO_MAX else min(values) if key == metric_keys.RATIO_MIN
+                            else values[-1] if key == metric_keys.LEARNING_RATE else sum(values) / len(values))
+        metrics.update({metric_keys.TRAINED_TOKENS: trained_tokens, metric_keys.OPTIMIZER_STEPS: self._optimizer_steps,
+                        metric_keys.OLD_LOGPROBS_RECOMPUTED: float(self._old_source == "recompute"),
+                        metric_keys.LEARNER_PEAK_MEMORY_GIB: peak_memory})
         for key, value in metrics.items():
             self.metrics.log_value((DEFAULT_MODULE_ID, key), value, window=1)
         return {}, {DEFAULT_MODULE_ID: torch.tensor(loss)}, {}  # logged by RLlib as total_loss (mean over steps)
@@ -308,25 +281,25 @@ class TreeGRPOTorchLearner(TorchLearner):
         learner's partial sums (``_optimizer_step``, ``_mismatch_sums``), and the batch's trained tokens and largest
         peak memory."""
         summed = sorted(key for key in steps[0] if key not in EXTREMES + SAME_ON_EVERY_LEARNER)
-        mismatch_keys = sorted(key for key in mismatch if key != M.SAMPLER_RATIO_P99)
+        mismatch_keys = sorted(key for key in mismatch if key != metric_keys.SAMPLER_RATIO_P99)
         sums = self._all_reduce([step[key] for step in steps for key in summed]
                                 + [mismatch[key] for key in mismatch_keys] + [trained_tokens], dist.ReduceOp.SUM)
-        highs = self._all_reduce([value for step in steps for value in (step[M.RATIO_MAX], -step[M.RATIO_MIN])]
-                                 + [mismatch[M.SAMPLER_RATIO_P99], peak_memory], dist.ReduceOp.MAX)
+        bounds = [value for step in steps for value in (step[metric_keys.RATIO_MAX], -step[metric_keys.RATIO_MIN])]
+        highs = self._all_reduce([*bounds, mismatch[metric_keys.SAMPLER_RATIO_P99], peak_memory], dist.ReduceOp.MAX)
         out = []
         for i, step in enumerate(steps):
             high, low = highs[2 * i], -highs[2 * i + 1]
             out.append({**step, **dict(zip(summed, sums[i * len(summed):(i + 1) * len(summed)], strict=True)),
                         # no generated token in the step on any learner: ratio 1, as clipped_policy_loss says then
-                        M.RATIO_MAX: high if math.isfinite(high) else 1.0,
-                        M.RATIO_MIN: low if math.isfinite(low) else 1.0})
+                        metric_keys.RATIO_MAX: high if math.isfinite(high) else 1.0,
+                        metric_keys.RATIO_MIN: low if math.isfinite(low) else 1.0})
         totals = dict(zip(mismatch_keys, sums[len(steps) * len(summed):-1], strict=True))
         tokens, p99 = totals.pop(TOKENS), highs[-2]
         if tokens:
             reduced = {key: value / tokens for key, value in totals.items()}
-            reduced[M.SAMPLER_RATIO_P99] = p99
+            reduced[metric_keys.SAMPLER_RATIO_P99] = p99
         else:  # as sampler_mismatch says for no tokens; importance weights of 1
-            reduced = {**mismatch_metrics(MismatchStats(1.0, 1.0, 0.0)), M.TIS_WEIGHT_MEAN: 1.0}
+            reduced = {**mismatch_metrics(MismatchStats(1.0, 1.0, 0.0)), metric_keys.TIS_WEIGHT_MEAN: 1.0}
         return out, reduced, sums[-1], highs[-1]
 
     def _micro_slices(self, data: dict[str, torch.Tensor], rows: slice) -> list[slice]:
@@ -400,7 +373,7 @@ class TreeGRPOTorchLearner(TorchLearner):
         params = [p for p in module.parameters() if p.requires_grad]
         for p in params:
             p.grad = None
-        totals: dict[str, float] = {M.RATIO_MAX: -math.inf, M.RATIO_MIN: math.inf}
+        totals: dict[str, float] = {metric_keys.RATIO_MAX: -math.inf, metric_keys.RATIO_MIN: math.inf}
         current = []
         for i, part in enumerate(parts or [self._idle_part(data)]):
             last = i == len(parts) - 1 or not parts
@@ -419,7 +392,7 @@ class TreeGRPOTorchLearner(TorchLearner):
             for key, value in stats.items():  # token-weighted sums, extremes for the ratio bounds
                 if key in EXTREMES:
                     if tokens:
-                        totals[key] = (max if key == M.RATIO_MAX else min)(totals[key], value)
+                        totals[key] = (max if key == metric_keys.RATIO_MAX else min)(totals[key], value)
                 else:
                     totals[key] = totals.get(key, 0.0) + value * weight
         grads = {self.get_param_ref(p): p.grad for p in params if p.grad is not None}
@@ -437,7 +410,8 @@ class TreeGRPOTorchLearner(TorchLearner):
             for _, optimizer in self.get_optimizers_for_module(DEFAULT_MODULE_ID):
                 self._set_optimizer_lr(optimizer, lr)
             self.apply_gradients(self.postprocess_gradients(grads))  # clips by grad_clip_by
-        totals.update({M.GRAD_NORM: grad_norm, M.NONFINITE_GRAD_SHARE: float(nonfinite), M.LEARNING_RATE: lr})
+        totals.update({metric_keys.GRAD_NORM: grad_norm, metric_keys.NONFINITE_GRAD_SHARE: float(nonfinite),
+                       metric_keys.LEARNING_RATE: lr})
         if measure_mismatch:  # the weights before this first step are the sampler's: their log-probs are the old
             totals[MISMATCH] = _mismatch_sums(torch.cat(current) if current else data[SAMPLING_LOGPROBS], data)
         return totals
@@ -471,8 +445,9 @@ class TreeGRPOTorchLearner(TorchLearner):
         loss = policy_loss + cfg.kl_coef * kl - cfg.entropy_coef * entropy
         gap = masked_mean((part[SAMPLING_LOGPROBS] - part[OLD]).abs(), mask)
         return loss, {
-            M.POLICY_LOSS: policy_loss.item(), M.KL: kl.item(), M.ENTROPY: entropy.item(),
-            M.CLIP_FRACTION: stats.clip_fraction, M.DUAL_CLIP_FRACTION: stats.dual_clip_fraction,
-            M.RATIO_MEAN: stats.ratio_mean, M.RATIO_MAX: stats.ratio_max, M.RATIO_MIN: stats.ratio_min,
-            M.SAMPLER_LOGPROB_GAP: gap.item(),
+            metric_keys.POLICY_LOSS: policy_loss.item(), metric_keys.KL: kl.item(), metric_keys.ENTROPY: entropy.item(),
+            metric_keys.CLIP_FRACTION: stats.clip_fraction, metric_keys.DUAL_CLIP_FRACTION: stats.dual_clip_fraction,
+            metric_keys.RATIO_MEAN: stats.ratio_mean, metric_keys.RATIO_MAX: stats.ratio_max,
+            metric_keys.RATIO_MIN: stats.ratio_min,
+            metric_keys.SAMPLER_LOGPROB_GAP: gap.item(),
         }

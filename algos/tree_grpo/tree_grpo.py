@@ -29,12 +29,12 @@ from ray.rllib.utils.metrics import (
 from ray.util import log_once
 
 import envs
-from algos.batch import pad_batch, prompt_advantages
+from algos.batch import learner_shards, pad_batch, prompt_advantages
 from algos.evaluation import QUESTIONS, mean_results
 from algos.rollout import TreeShape
 from algos.tree_grpo import metrics as metric_keys
 from algos.tree_grpo.env_runner import RunnerResult, TreeSearchEnvRunner
-from algos.tree_grpo.learner import TreeGRPOTorchLearner, learner_shards
+from algos.tree_grpo.learner import TreeGRPOTorchLearner
 from algos.tree_grpo.settings import ALGORITHM_FIELDS, TreeGRPOSettings, validated
 from algos.tree_grpo.sharding import run_sharded
 from algos.tree_view import with_advantages
