@@ -137,7 +137,9 @@ def per_row_predictions(base: torch.nn.Module, batch: dict[str, Any], rows: torc
     first, stop = (real_columns[0], real_columns[-1] + 1) if real_columns else (0, mask.shape[1])
     input_ids, mask = input_ids[:, first:stop], mask[:, first:stop]
     positions = (mask.long().cumsum(-1) - 1).clamp(min=0)  # right or left padding alike
-    hidden = base.get_decoder()(input_ids=input_ids, attention_mask=mask, position_ids=positions).last_hidden_state
+    # no KV cache: a scoring pass reads no past, and a cache would hold every layer's keys and values to the end
+    hidden = base.get_decoder()(input_ids=input_ids, attention_mask=mask, position_ids=positions,
+                                use_cache=False).last_hidden_state
     return hidden[rows, cols - first - 1], input_ids[rows, cols - first], lambda values: values
 
 
@@ -196,7 +198,7 @@ def packed_predictions(base: torch.nn.Module, packing: PackedRows
     the head's per-node outputs back over the scored positions (its backward sums a shared node's gradients)."""
     dtype = base.get_input_embeddings().weight.dtype
     hidden = base.get_decoder()(
-        input_ids=packing.token_ids, position_ids=packing.positions,
+        input_ids=packing.token_ids, position_ids=packing.positions, use_cache=False,
         attention_mask=packed_attention_mask(packing, base.config._attn_implementation, dtype),
     ).last_hidden_state
     return hidden.flatten(0, 1)[packing.slots], packing.targets, lambda values: values[packing.inverse]
