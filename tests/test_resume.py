@@ -26,8 +26,10 @@ FAST = ["--model", "tiny-random", "--max-step-tokens", "8", "--prompts-per-iter"
         "--lr", "1e-3", "--warmup-steps", "4", "--checkpoint-every", "0", "--quiet", "--trees-every", "1",
         "--trees-count", "1"]
 def without_times(rows: list[dict]) -> list[dict]:
-    """The rows without their wall-clock columns (every one ends in ``time_s``), the only ones that may differ."""
-    return [{k: v for k, v in row.items() if not k.endswith("time_s")} for row in rows]
+    """The rows without the columns that measure the machine, the only ones that may differ: wall-clock times
+    (every one ends in ``time_s``) and the learner's peak memory (on a CPU the process's resident set)."""
+    return [{k: v for k, v in row.items() if not k.endswith("time_s") and k != "learner_peak_memory_gib"}
+            for row in rows]
 
 
 def weights(run: Path) -> dict[str, torch.Tensor]:
