@@ -6,6 +6,7 @@ Quality thresholds come from the data directory's README (BM25 finds a gold para
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import json
@@ -17,6 +18,7 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -215,18 +217,115 @@ def _full_scores(retriever, query: str) -> np.ndarray:
     return scores
 
 
+@contextlib.contextmanager
+def _search_path(path: str):
+    """Force every BM25 search to score in full into a fresh array ("full", as on small corpora) or into the
+    thread's accumulator ("accumulated", as on large ones), or to prune ("pruned")."""
+    import envs.retrieval.bm25 as bm25_module
+
+    small = bm25_module.EXHAUSTIVE_PASSAGES if path == "full" else 0
+    with mock.patch.object(bm25_module, "exhaustive", lambda passages, postings: path != "pruned"), \
+            mock.patch.object(bm25_module, "EXHAUSTIVE_PASSAGES", small):
+        yield
+
+
+def _postings(retriever, query: str) -> int:
+    rows = retriever.term_rows(tokenize(query))
+    rows = rows[rows >= 0]
+    return int((retriever.indptr[rows + 1] - retriever.indptr[rows]).sum())
+
+
+@pytest.mark.parametrize("path", ["full", "accumulated", "pruned"])
 @pytest.mark.parametrize("k", [1, 3, 10])
-def test_pruned_search_equals_full_scoring(bm25: Retriever, hotpot_dev, k: int) -> None:
-    """MaxScore pruning returns exactly the top k of full scoring (positions, order, ties by position), for real
-    questions and for queries of frequent words, where pruning skips most of the postings."""
+def test_both_search_paths_equal_full_scoring(bm25: Retriever, hotpot_dev, k: int, path: str) -> None:
+    """Scoring in full (either way) and MaxScore pruning each return exactly the top k of full scoring (positions,
+    order, ties by position), for real questions and for queries of frequent words, where pruning skips most
+    postings."""
     rng = random.Random(k)
     frequent = "film american born known also first city released album football played team series".split()
     queries = [r.question for r in hotpot_dev[:40]]
     queries += [" ".join(rng.choices(frequent, k=rng.randint(1, 5))) for _ in range(40)]
-    for query, hits in zip(queries, bm25.search(queries, k=k), strict=True):
+    with _search_path(path):
+        results = bm25.search(queries, k=k)
+    for query, hits in zip(queries, results, strict=True):
         best, best_scores = top_k(_full_scores(bm25, query), k, positive_only=True)
         assert [h.index for h in hits] == best.tolist(), query
         assert [h.score for h in hits] == pytest.approx(best_scores.tolist(), rel=1e-9)
+
+
+def test_the_search_path_is_chosen_by_corpus_size_and_postings(bm25: Retriever, hotpot_dev,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the real corpus every search scores in full (measured faster there, frequent words included); on large
+    corpora only the searches of few postings do, the others prune."""
+    from envs.retrieval.bm25 import BM25Retriever, exhaustive
+
+    questions = [r.question for r in hotpot_dev]
+    postings = [_postings(bm25, q) for q in questions]
+    assert all(exhaustive(len(bm25.corpus), p) for p in postings)
+    assert exhaustive(len(bm25.corpus), 10**7)
+    assert exhaustive(1_000_000, 0) and exhaustive(1_000_000, 30_000)  # the benchmark's large corpus: rare words
+    assert not exhaustive(1_000_000, 40_000) and not exhaustive(21_000_000, 10**7)
+
+    taken = []
+    for name in ("_score_all", "_candidates"):
+        method = getattr(BM25Retriever, name)
+        monkeypatch.setattr(BM25Retriever, name, lambda self, *args, _m=method, _n=name: taken.append(_n) or _m(
+            self, *args))
+    bm25.search(questions[:20], k=3)
+    assert taken == ["_score_all"] * 20
+    taken.clear()
+    with _search_path("pruned"):
+        bm25.search(questions[:20], k=3)
+    assert taken == ["_candidates"] * 20
+
+
+@pytest.mark.parametrize("k", [3, 10])
+def test_both_search_paths_agree_on_dev_questions(bm25: Retriever, hotpot_dev, k: int) -> None:
+    """On the first 300 dev questions, full scoring (either way) and pruning give the same passages in the same
+    order, with scores equal up to the order of their float64 sums."""
+    questions = [r.question for r in hotpot_dev[:300]]
+    with _search_path("full"):
+        full = bm25.search(questions, k=k)
+    for path in ("accumulated", "pruned"):
+        with _search_path(path):
+            other = bm25.search(questions, k=k)
+        for question, a, b in zip(questions, full, other, strict=True):
+            assert [h.index for h in a] == [h.index for h in b], (path, question)
+            assert [h.score for h in a] == pytest.approx([h.score for h in b], rel=1e-12)
+    assert bm25.search(questions, k=k) == full
+    assert not bm25._accumulator().any()  # left cleared
+
+
+@pytest.fixture(scope="module")
+def tied_bm25(tmp_path_factory: pytest.TempPathFactory) -> Retriever:
+    """120 passages drawn from 6 words, 40 of them with a twin earlier in the corpus: many exact score ties."""
+    rng = random.Random(7)
+    words = "alpha beta gamma delta omega zeta".split()
+    texts = [" ".join(rng.choices(words, k=rng.randint(1, 6))) for _ in range(80)]
+    texts += [texts[rng.randrange(80)] for _ in range(40)]
+    rng.shuffle(texts)
+    folder = tmp_path_factory.mktemp("tied")
+    path = folder / "tied.jsonl"
+    path.write_text("".join(json.dumps({"id": str(i), "contents": f'"p{i}"\n{text}'}) + "\n"
+                            for i, text in enumerate(texts)))
+    return get_retriever("bm25", path, cache_dir=folder / "cache")
+
+
+@given(st.lists(st.sampled_from("alpha beta gamma delta omega zeta unknown".split()), min_size=1, max_size=7),
+       st.integers(1, 130), st.sampled_from(["full", "accumulated", "pruned"]), st.sampled_from([0, 256]))
+def test_search_matches_a_sorted_reference(tied_bm25: Retriever, words: list[str], k: int, path: str,
+                                           sort_limit: int) -> None:
+    """Either path (and either final ranking: one stable sort, or top_k) returns the k best passages of full
+    scoring, ties broken by position, on a corpus full of ties; titles ("p17") match no query word."""
+    import envs.retrieval.bm25 as bm25_module
+
+    query = " ".join(words)
+    scores = _full_scores(tied_bm25, query)
+    reference = sorted((i for i in range(len(scores)) if scores[i] > 0), key=lambda i: (-scores[i], i))[:k]
+    with _search_path(path), mock.patch.object(bm25_module, "SORT_CANDIDATES", sort_limit):
+        hits = tied_bm25.search_one(query, k=k)
+    assert [h.index for h in hits] == reference
+    assert [h.score for h in hits] == pytest.approx([scores[i] for i in reference], rel=1e-12)
 
 
 def test_index_is_memory_mapped_and_a_chunked_build_equals_one_chunk(small_corpus: Path, tmp_path: Path,
