@@ -18,7 +18,7 @@ from algos.tree_grpo.tree_grpo import rewarded_alike
 from envs.search_qa import UnicodeText
 from policies.activation_checkpointing import enable_gradient_checkpointing
 from policies.logprobs import ENTROPY, GENERATED_MASK, LOGPROBS
-from policies.models import build_tiny_random, smollm2_tokenizer
+from policies.models import build_tiny_random, model_cache_dir, smollm2_tokenizer
 from policies.precision import PURE_BF16_WARNING, Precision, cast_floating, precision_of, weights_dtype
 from policies.reference_model import ReferenceModel, frozen_copy
 from policies.rl_module import LLMRLModule
@@ -173,13 +173,7 @@ def test_a_model_without_checkpointing_is_named():
 
 @pytest.fixture(scope="module")
 def tiny() -> torch.nn.Module:
-    return build_tiny_random(smollm2_tokenizer(_model_cache()), seed=3)
-
-
-def _model_cache():
-    from policies.models import model_cache_dir
-
-    return model_cache_dir()
+    return build_tiny_random(smollm2_tokenizer(model_cache_dir()), seed=3)
 
 
 def test_the_frozen_copy_is_cast_tied_and_detached(tiny):
