@@ -8,10 +8,12 @@ shared prefixes under each attention kernel.
 
 SynthHop-v0 questions (a small world generated in-process), trees (2,2,1), 32 prompts, 128-token steps by default.
 Per model (one column each) it reports:
-- the rollout: tokens generated and prefilled, LLM calls, seconds, generation tokens/s, the decode passes run in
-  static shapes (``--static-decode``: replayed as CUDA graphs on a GPU, ``policies.static_decode``), the GPU's busy
-  share of the rollout (the union of its kernels' intervals over the rollout's wall time, from torch.profiler; not
-  measured on the CPU) and the peak memory;
+- the rollout, timed after ``--warmup-rollouts`` untimed ones: tokens generated and prefilled, LLM calls, seconds,
+  generation tokens/s, the decode passes run in static shapes (``--static-decode``: replayed as CUDA graphs on a
+  GPU, ``policies.static_decode``), the GPU's busy share (the union of its kernels' intervals over the wall time,
+  from torch.profiler, on one more rollout: the profiler's tracing slows the host; not measured on the CPU), the
+  peak memory, and the mean surprisal of the sampled tokens (a random model at ``--temperature`` 1 samples from
+  nearly flat distributions, the sampler's worst case: about 10 nats over 49k tokens);
 - the sampler/learner log-prob gap (the learner's recomputed log-probs of the sampled tokens against the
   sampler's: mean |gap|, the ratio's mean, p99 and share outside [0.9, 1.1]);
 - the learner, per row (sdpa) and with shared prefixes under each ``--attention`` kernel: the packing's seconds
@@ -59,7 +61,7 @@ from policies.memory import peak_memory_gib, reset_peak_memory
 
 RANDOM_SUFFIX = "-random"
 DEFAULT_MODELS = ("smollm2-135m-random", "llama-3.2-1b-random")
-QUICK = {"model": ["tiny-random"], "prompts": 1, "max_step_tokens": 4, "device": "cpu"}  # --quick
+QUICK = {"model": ["tiny-random"], "prompts": 1, "max_step_tokens": 4, "device": "cpu", "warmup_rollouts": 0}
 # the demo's world (experiments.demo.WORLD, not imported: that module needs Ray, which the GPU machine lacks)
 WORLD = WorldSpec(seed=0, people=60, companies=30, cities=12, countries=5, train_questions=240, dev_questions=60)
 
@@ -103,9 +105,19 @@ def profiled(device: str):
     return profile(activities=[ProfilerActivity.CUDA])
 
 
-def busy_share(profiler, wall_s: float) -> str:
+def busy_share_of_rollout(rollout: TreeRollout, prompts: list[int], shape: TreeShape, device: str) -> str:
+    """The GPU's busy share of one more rollout under torch.profiler (its tracing slows the host, so the timed
+    rollout runs without it)."""
+    profiler = profiled(device)
+    if profiler is None:
+        return "not measured (no GPU)"
     from torch.autograd import DeviceType
 
+    start = time.perf_counter()
+    with profiler:
+        rollout.grow(prompts, shape)
+        torch.cuda.synchronize()
+    wall_s = time.perf_counter() - start
     kernels = [(e.time_range.start, e.time_range.end) for e in profiler.events() if e.device_type == DeviceType.CUDA]
     return f"{covered_seconds(kernels) / 1e6 / wall_s:.2f}"
 
@@ -185,29 +197,60 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, str]:
     model, tokenizer = build_policy(name, dtype, args.device)
     env = gym.make("SynthHop-v0", split="train", data_dir=str(world_data_dir(WORLD)))
     static = {"auto": None, "on": True, "off": False}[args.static_decode]
-    generator = HFStepGenerator(model, tokenizer, SamplingSettings(max_step_tokens=args.max_step_tokens),
-                                static_decode=static)
+    sampling = SamplingSettings(max_step_tokens=args.max_step_tokens, temperature=args.temperature)
+    one_pass = {"auto": None, "on": True, "off": False}[args.one_pass_sampling]
+    generator = HFStepGenerator(model, tokenizer, sampling, static_decode=static, one_pass_sampling=one_pass)
     rollout = TreeRollout(env, generator, tokenizer, seed=args.seed)
-    profiler = profiled(args.device)
+    prompts, shape = list(range(args.prompts)), TreeShape(2, 2, 1)
+    for _ in range(args.warmup_rollouts):  # graphs captured, the KV pool at its size, kernels chosen
+        rollout.grow(prompts, shape)
+    generator.counters = type(generator.counters)()
+    passes_before = (generator.static_decode.passes, generator.static_decode.captures) if generator.static_decode \
+        else (0, 0)
     reset_peak_memory(args.device)
     start = time.perf_counter()
-    if profiler is None:
-        records = leaf_records(rollout.grow(list(range(args.prompts)), TreeShape(2, 2, 1)))
-    else:
-        with profiler:
-            records = leaf_records(rollout.grow(list(range(args.prompts)), TreeShape(2, 2, 1)))
-            torch.cuda.synchronize()
+    records = leaf_records(rollout.grow(prompts, shape))
+    if args.device == "cuda":
+        torch.cuda.synchronize()
     rollout_s, rollout_peak = time.perf_counter() - start, peak_memory_gib(args.device)
     counters = generator.counters.as_dict()
-    static_passes, captures = ((generator.static_decode.passes, generator.static_decode.captures)
+    static_passes, captures = ((generator.static_decode.passes - passes_before[0],
+                                generator.static_decode.captures - passes_before[1])
                                if generator.static_decode is not None else (0, 0))
+    busy = busy_share_of_rollout(rollout, prompts, shape, args.device) if args.busy_share else "not measured"
     arrays = pad_batch(records, prompt_advantages(records), tokenizer.pad_token_id)
     batch = {k: torch.as_tensor(v, device=args.device) for k, v in arrays.items()}
     with torch.no_grad():
-        learner = sequence_logprobs(model, batch, share_prefixes=True)[LOGPROBS].float()
+        learner = sequence_logprobs(model, batch, share_prefixes=True, temperature=args.temperature)[LOGPROBS]
+        learner = learner.float()
     mask = batch[GENERATED_MASK]
     gap = ((learner - batch[SAMPLING_LOGPROBS]).abs() * mask).sum() / mask.sum()
     mismatch = sampler_mismatch(learner, batch[SAMPLING_LOGPROBS], mask)
+    surprisal = -(batch[SAMPLING_LOGPROBS] * mask).sum() / mask.sum()
+    rows = {
+        "leaves / prompts": f"{len(records)} / {args.prompts}",
+        "tokens generated": f"{counters['tokens_generated']:,}",
+        "tokens prefilled": f"{counters['tokens_prefilled']:,}",
+        "LLM calls (batched steps)": f"{counters['llm_calls']:,}",
+        "tool calls": f"{rollout.counters.tool_calls:,}",
+        "rollout seconds": f"{rollout_s:.1f}",
+        "generation tokens/s": f"{counters['tokens_generated'] / rollout_s:,.0f}",
+        "decode passes in static shapes / CUDA graphs captured / all passes":
+            f"{static_passes:,} / {captures} / {counters['forward_passes']:,}",
+        "GPU busy share of the rollout (profiler, another rollout)": busy,
+        "mean -log p of the sampled tokens (nats; about the entropy)": f"{surprisal.item():.2f}",
+        "rollout peak GiB": f"{rollout_peak:.2f}",
+        "sampler/learner mean abs log-prob gap": f"{gap.item():.4f}",
+        "ratio mean / p99 / share outside [0.9, 1.1]":
+            f"{mismatch.ratio_mean:.4f} / {mismatch.ratio_p99:.4f} / {mismatch.outside:.4f}",
+    }
+    if not args.rollout_only:
+        rows.update(learner_rows(model, arrays, batch, args))
+    return rows
+
+
+def learner_rows(model, arrays: dict, batch: dict[str, torch.Tensor], args: argparse.Namespace) -> dict[str, str]:
+    """The learner's passes over the rollout's batch: per row and with shared prefixes under each kernel."""
     runs = [LearnerRun(share=False, attention="sdpa")] + [LearnerRun(True, kernel) for kernel in args.attention]
     times = {}
     for run in runs:
@@ -222,21 +265,6 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, str]:
     labels = " / ".join(run.label for run in runs)
     shared_labels = " / ".join(run.label for run in runs if run.share)
     return {
-        "leaves / prompts": f"{len(records)} / {args.prompts}",
-        "tokens generated": f"{counters['tokens_generated']:,}",
-        "tokens prefilled": f"{counters['tokens_prefilled']:,}",
-        "LLM calls (batched steps)": f"{counters['llm_calls']:,}",
-        "tool calls": f"{rollout.counters.tool_calls:,}",
-        "rollout seconds": f"{rollout_s:.1f}",
-        "generation tokens/s": f"{counters['tokens_generated'] / rollout_s:,.0f}",
-        "decode passes in static shapes / CUDA graphs captured / all passes":
-            f"{static_passes:,} / {captures} / {counters['forward_passes']:,}",
-        "GPU busy share of the rollout (profiler)": "not measured (no GPU)" if profiler is None
-        else busy_share(profiler, rollout_s),
-        "rollout peak GiB": f"{rollout_peak:.2f}",
-        "sampler/learner mean abs log-prob gap": f"{gap.item():.4f}",
-        "ratio mean / p99 / share outside [0.9, 1.1]":
-            f"{mismatch.ratio_mean:.4f} / {mismatch.ratio_p99:.4f} / {mismatch.outside:.4f}",
         f"learner packing seconds, once per batch ({shared_labels})": per_run("packing_s", 3, [r for r in runs
                                                                                               if r.share]),
         f"learner log-prob pass seconds, no gradients ({labels})": per_run("logprob_s", 2),
@@ -272,6 +300,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true",
                    help="a smoke run in seconds on the CPU: " + ", ".join(f"--{k.replace('_', '-')} {v}"
                                                                            for k, v in QUICK.items()))
+    p.add_argument("--temperature", type=float, default=1.0,
+                   help="sampling temperature: a random model's logits are nearly flat at 1.0 (the sampler's worst "
+                        "case); a low one gives the peaked distributions of a trained model")
+    p.add_argument("--one-pass-sampling", choices=("auto", "on", "off"), default="auto",
+                   help="top-p over the sorted vocabulary in one pass (HFStepGenerator one_pass_sampling; auto: on a "
+                        "GPU), or the staged candidates")
+    p.add_argument("--rollout-only", action="store_true", help="skip the learner's passes")
+    p.add_argument("--busy-share", action=argparse.BooleanOptionalAction, default=True,
+                   help="profile one more rollout for the GPU's busy share")
+    p.add_argument("--warmup-rollouts", type=int, default=1,
+                   help="untimed rollouts first (CUDA graphs captured, the KV pool grown, kernels chosen)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output", default=None, help="also write the table (markdown) to this file")
     args = p.parse_args(argv)
@@ -287,7 +326,9 @@ def main(argv: list[str] | None = None) -> str:
     table = run(args)
     text = (f"`python benchmarks/bench_device.py --model {' '.join(args.model)} --device {args.device} "
             f"--dtype {args.dtype} --prompts {args.prompts} --max-step-tokens {args.max_step_tokens} "
-            f"--attention {' '.join(args.attention)} --static-decode {args.static_decode}` on "
+            f"--attention {' '.join(args.attention)} --static-decode {args.static_decode} "
+            f"--temperature {args.temperature} --warmup-rollouts {args.warmup_rollouts} "
+            f"--one-pass-sampling {args.one_pass_sampling}{' --rollout-only' if args.rollout_only else ''}` on "
             f"{machine_description()}\n\n" + table + "\n")
     print(text)
     if args.output:

@@ -7,6 +7,10 @@
 #       gpu_check.py (a Qwen2.5-1.5B-shape bf16-over-float32 learner step with checkpointing against its memory
 #       plan, checkpointing under flex_attention, the offloaded reference), then bench_device.py for SmolLM2-135M's
 #       shape (CUDA graphs, tokens/s, busy share, learner steps); sized by CHECK_TIMEOUT and BENCH_TIMEOUT
+#   bash benchmarks/device_check.sh engine      carry .device/call1/wheels and .device/call1/models (no Ray): one call,
+#       gpu_check.py's fixed-batch learning check (Qwen2.5-1.5B's shape, bf16 over float32 masters), then the
+#       rollout engine on SmolLM2-135M's shape at temperature 1 (flat: the sampler's worst case) and 0.05 (about
+#       1.4 nats, a trained model's), one-pass sampling against the staged candidates; logs only (8 files come back)
 # Arguments after the call's number go to bench_device.py / run.py, after the defaults (so they override them).
 # What comes back lies in $OUT (the device tool's folder): bench_device_MODEL.md / .log, run_metrics.jsonl, run.log,
 # gpu_check.md / .log.
@@ -69,7 +73,17 @@ precision)
   timeout "$BENCH_TIMEOUT" python3 benchmarks/bench_device.py --model smollm2-135m-random \
     --output "$OUT/bench_device_smollm2-135m-random.md" "$@" 2>&1 | tee "$OUT/bench_device_smollm2-135m-random.log"
   ;;
+engine)
+  install .device/call1/wheels/*.whl || exit 1
+  mkdir -p "$KIT/cache/models" && cp -r .device/call1/models/. "$KIT/cache/models/" || exit 1
+  timeout "$CHECK_TIMEOUT" python3 benchmarks/gpu_check.py --checks learn 2>&1 | tee "$OUT/gpu_learn.log"
+  for run in "on 1.0 --busy-share" "on 0.05 --busy-share" "off 0.05 --no-busy-share" "off 1.0 --no-busy-share"; do
+    set -- $run
+    timeout "$BENCH_TIMEOUT" python3 benchmarks/bench_device.py --model smollm2-135m-random --rollout-only \
+      --one-pass-sampling "$1" --temperature "$2" "$3" 2>&1 | tee "$OUT/engine_$1_T$2.log"
+  done
+  ;;
 *)
-  echo "usage: bash benchmarks/device_check.sh 1|2|precision (see benchmarks/device_kit.py)"; exit 2
+  echo "usage: bash benchmarks/device_check.sh 1|2|precision|engine (see benchmarks/device_kit.py)"; exit 2
   ;;
 esac

@@ -8,6 +8,11 @@ mass (the nucleus then lies inside them); rows where they do not are flagged and
 redraws them over the whole sorted vocabulary, with the same random numbers, so a token's fate never depends on
 which path drew it.
 
+On an accelerator the staged path costs more than it saves: each stage reads the flags on the host (a sync),
+and a flat distribution (an untrained model, or a high temperature) falls through every stage. There
+:func:`sample_tokens_sorted` draws over the whole sorted vocabulary in one pass with no host read; sorting 49k or
+152k logits per row is cheap on a GPU. All paths draw the same token from the same random numbers.
+
 The draw is the exponential race: ``argmax_i p_i / E_i`` with ``E_i ~ Exponential(1)`` picks ``i`` with
 probability ``p_i / sum(p)`` (equivalently the Gumbel-max trick), with no ``torch.multinomial`` and so no host
 sync. The exponentials come from a counter-based hash of (branch stream, token position, token id)
@@ -17,6 +22,8 @@ continuous batching and resume.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -42,20 +49,28 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def stream_uniforms(streams: torch.Tensor, positions: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+def stream_uniforms(streams: torch.Tensor, positions: torch.Tensor, token_ids: torch.Tensor,
+                    vocab_size: int) -> torch.Tensor:
     """Uniforms in (0, 1), float64, one per token id: a pure function of (stream, position, token id).
 
     ``streams`` and ``positions`` are [B] int64 (a stream is any integer below 2**62), ``token_ids`` [B, K]
-    int64; the result is [B, K]. Each input word is folded in through the hash in turn, so changing any of them
-    changes the number; the row's words (position, stream) first, on [B], so each token costs two rounds, not four
-    (the exact path hashes a whole nucleus, tens of thousands of ids for an untrained model).
+    int64 below ``vocab_size``; the result is [B, K]. Each input word is folded in through the hash in turn, so
+    changing any of them changes the number; the row's words (position, stream) on [B], the token's first round
+    looked up (:func:`token_hashes`), so each token costs one round of arithmetic (the exact path hashes a whole
+    nucleus, tens of thousands of ids for an untrained model).
     """
     key = _mix32(positions & _MASK32)
     key = _mix32(key ^ (streams & _MASK32))
     key = _mix32(key ^ ((streams >> 32) & _MASK32))
-    x = _mix32((token_ids + 0x9E3779B9) & _MASK32)
-    x = _mix32(x ^ key[:, None])
+    x = _mix32(token_hashes(vocab_size, token_ids.device)[token_ids] ^ key[:, None])
     return (x.double() + 0.5) / 2.0**32
+
+
+@functools.lru_cache(maxsize=8)
+def token_hashes(vocab_size: int, device: torch.device) -> torch.Tensor:
+    """The first hash round of every token id below ``vocab_size`` (int64 [vocab_size]): the same in every row and
+    pass, so it is computed once per vocabulary and device and then looked up."""
+    return _mix32((torch.arange(vocab_size, device=device) + 0x9E3779B9) & _MASK32)
 
 
 def race(logprobs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
@@ -78,23 +93,37 @@ def sample_tokens(logprobs: torch.Tensor, top_p: float, streams: torch.Tensor, p
     needs the host: the flagged rows' token ids are placeholders until redrawn."""
     if top_p >= 1.0:
         everything = torch.arange(logprobs.shape[-1], device=logprobs.device).expand_as(logprobs)
-        winner = race(logprobs, stream_uniforms(streams, positions, everything))
+        winner = race(logprobs, stream_uniforms(streams, positions, everything, logprobs.shape[-1]))
         return winner, torch.zeros_like(streams, dtype=torch.bool)
     top, ids = logprobs.topk(min(candidates, logprobs.shape[-1]), dim=-1)  # sorted, descending
     probs = top.exp()
     kept = nucleus_mask(probs, top_p)
     incomplete = probs.sum(dim=-1) < top_p  # the nucleus may reach past the candidates
-    winner = race(top.masked_fill(~kept, -torch.inf), stream_uniforms(streams, positions, ids))
+    winner = race(top.masked_fill(~kept, -torch.inf), stream_uniforms(streams, positions, ids, logprobs.shape[-1]))
     return ids.gather(-1, winner[:, None]).squeeze(-1), incomplete
 
 
 def sample_tokens_exact(logprobs: torch.Tensor, top_p: float, streams: torch.Tensor,
                         positions: torch.Tensor) -> torch.Tensor:
     """:func:`sample_tokens` over the whole sorted vocabulary (for the rows it flags): token ids [B]. Reads the
-    nucleus width on the host (this path is the rare one), so only the nucleus is hashed."""
+    nucleus width on the host (this path is the rare one on the CPU), so only the nucleus is hashed."""
+    return _race_in_nucleus(logprobs, top_p, streams, positions, read_width=True)
+
+
+def sample_tokens_sorted(logprobs: torch.Tensor, top_p: float, streams: torch.Tensor,
+                         positions: torch.Tensor) -> torch.Tensor:
+    """:func:`sample_tokens_exact` without its host read (every sorted token is hashed, those outside the nucleus
+    cannot win): token ids [B], in one pass with no sync, whatever the distribution's shape."""
+    return _race_in_nucleus(logprobs, top_p, streams, positions, read_width=False)
+
+
+def _race_in_nucleus(logprobs: torch.Tensor, top_p: float, streams: torch.Tensor, positions: torch.Tensor, *,
+                     read_width: bool) -> torch.Tensor:
     ordered, ids = logprobs.sort(dim=-1, descending=True)
     kept = nucleus_mask(ordered.exp(), top_p)
-    width = int(kept.sum(dim=-1).max())
-    ordered, ids, kept = ordered[:, :width], ids[:, :width], kept[:, :width]
-    winner = race(ordered.masked_fill(~kept, -torch.inf), stream_uniforms(streams, positions, ids))
+    if read_width:
+        width = int(kept.sum(dim=-1).max())
+        ordered, ids, kept = ordered[:, :width], ids[:, :width], kept[:, :width]
+    uniforms = stream_uniforms(streams, positions, ids, logprobs.shape[-1])
+    winner = race(ordered.masked_fill(~kept, -torch.inf), uniforms)
     return ids.gather(-1, winner[:, None]).squeeze(-1)

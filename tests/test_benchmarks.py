@@ -265,7 +265,8 @@ def test_the_device_check_runs_on_the_cpu_and_finds_no_fp32_gap(tmp_path, monkey
                 if line.startswith("| "))
     assert rows["leaves / prompts"] == "6 / 1"
     assert float(rows["sampler/learner mean abs log-prob gap"]) < 1e-4
-    assert rows["GPU busy share of the rollout (profiler)"] == "not measured (no GPU)"
+    assert rows["GPU busy share of the rollout (profiler, another rollout)"] == "not measured (no GPU)"
+    assert 10.0 < float(rows["mean -log p of the sampled tokens (nats; about the entropy)"]) < 10.81  # flat: ln 49152
     static, captured, passes = (int(v.replace(",", "")) for v in
                                 rows["decode passes in static shapes / CUDA graphs captured / all passes"].split(" / "))
     assert 0 < static < passes and captured == 0

@@ -6,10 +6,13 @@ from __future__ import annotations
 import torch
 
 from policies.sampling import (
+    _MASK32,
+    _mix32,
     nucleus_mask,
     race,
     sample_tokens,
     sample_tokens_exact,
+    sample_tokens_sorted,
     stream_uniforms,
 )
 
@@ -23,21 +26,30 @@ def draw(logprobs: torch.Tensor, top_p: float, rows: int, candidates: int = 256)
 
 def test_uniforms_are_in_the_open_interval_and_depend_on_every_input():
     ids = torch.arange(1000)[None]
-    u = stream_uniforms(torch.tensor([3]), torch.tensor([5]), ids)
+    u = stream_uniforms(torch.tensor([3]), torch.tensor([5]), ids, 1000)
     assert u.dtype == torch.float64 and u.min() > 0 and u.max() < 1
     assert 0.45 < u.mean() < 0.55 and u.unique().numel() == 1000
     for streams, positions in (([4], [5]), ([3], [6]), ([3 + 2**40], [5])):
-        other = stream_uniforms(torch.tensor(streams), torch.tensor(positions), ids)
+        other = stream_uniforms(torch.tensor(streams), torch.tensor(positions), ids, 1000)
         assert (other != u).float().mean() > 0.99
     # a pure function: the same inputs in another batch give the same numbers
-    batch = stream_uniforms(torch.tensor([9, 3]), torch.tensor([1, 5]), ids.expand(2, -1))
+    batch = stream_uniforms(torch.tensor([9, 3]), torch.tensor([1, 5]), ids.expand(2, -1), 1000)
     assert torch.equal(batch[1:], u)
+
+
+def test_the_looked_up_token_round_equals_hashing_the_token_in_place():
+    # the table of token_hashes only caches the first round over the token id: the numbers a seeded run draws
+    streams, positions, ids = torch.tensor([5, 2**40 + 1]), torch.tensor([0, 77]), torch.tensor([[0, 9, 999]] * 2)
+    key = _mix32(_mix32(_mix32(positions & _MASK32) ^ (streams & _MASK32)) ^ ((streams >> 32) & _MASK32))
+    direct = (_mix32(_mix32((ids + 0x9E3779B9) & _MASK32) ^ key[:, None]).double() + 0.5) / 2.0**32
+    assert torch.equal(stream_uniforms(streams, positions, ids, 1000), direct)
 
 
 def test_race_draws_in_proportion():
     # probs 0.5, 0.3, 0.2: frequencies over 20000 streams within 4 standard deviations
     logprobs = torch.log(torch.tensor([[0.5, 0.3, 0.2]])).expand(20_000, -1)
-    u = stream_uniforms(torch.arange(20_000), torch.zeros(20_000, dtype=torch.long), torch.arange(3).expand(20_000, -1))
+    u = stream_uniforms(torch.arange(20_000), torch.zeros(20_000, dtype=torch.long),
+                        torch.arange(3).expand(20_000, -1), 3)
     counts = torch.bincount(race(logprobs, u), minlength=3).double() / 20_000
     assert torch.allclose(counts, torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64), atol=4 * (0.25 / 20_000) ** 0.5)
 
@@ -77,3 +89,19 @@ def test_candidates_short_of_top_p_are_flagged_and_the_exact_path_agrees():
 def test_top_p_one_samples_the_whole_distribution():
     tokens, short = draw(torch.log(torch.tensor([[0.6, 0.4]])), 1.0, 4000)
     assert not short.any() and 0.57 < (tokens == 0).float().mean() < 0.63
+
+
+def test_the_one_pass_sorted_draw_equals_the_staged_and_exact_draws():
+    # a flat distribution (an untrained model: every staged path falls through) and a peaked one, 300 streams each
+    generator = torch.Generator().manual_seed(0)
+    flat = torch.log_softmax(0.1 * torch.randn(1, 5000, generator=generator), dim=-1)
+    peaked = torch.log_softmax(8.0 * torch.randn(1, 5000, generator=generator), dim=-1)
+    streams, positions = torch.arange(300), torch.full((300,), 11)
+    for logprobs, top_p in ((flat, 0.95), (peaked, 0.95), (peaked, 0.3)):
+        rows = logprobs.expand(300, -1)
+        sorted_draw = sample_tokens_sorted(rows, top_p, streams, positions)
+        assert torch.equal(sorted_draw, sample_tokens_exact(rows, top_p, streams, positions))
+        staged, short = sample_tokens(rows, top_p, streams, positions)
+        assert torch.equal(sorted_draw[~short], staged[~short])
+    assert sample_tokens(flat.expand(300, -1), 0.95, streams, positions)[1].all()  # flat: all fall through
+    assert not sample_tokens(peaked.expand(300, -1), 0.95, streams, positions)[1].any()
