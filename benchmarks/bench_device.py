@@ -198,8 +198,7 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, str]:
     env = gym.make("SynthHop-v0", split="train", data_dir=str(world_data_dir(WORLD)))
     static = {"auto": None, "on": True, "off": False}[args.static_decode]
     sampling = SamplingSettings(max_step_tokens=args.max_step_tokens, temperature=args.temperature)
-    one_pass = {"auto": None, "on": True, "off": False}[args.one_pass_sampling]
-    generator = HFStepGenerator(model, tokenizer, sampling, static_decode=static, one_pass_sampling=one_pass)
+    generator = HFStepGenerator(model, tokenizer, sampling, static_decode=static)
     rollout = TreeRollout(env, generator, tokenizer, seed=args.seed)
     prompts, shape = list(range(args.prompts)), TreeShape(2, 2, 1)
     for _ in range(args.warmup_rollouts):  # graphs captured, the KV pool at its size, kernels chosen
@@ -303,9 +302,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--temperature", type=float, default=1.0,
                    help="sampling temperature: a random model's logits are nearly flat at 1.0 (the sampler's worst "
                         "case); a low one gives the peaked distributions of a trained model")
-    p.add_argument("--one-pass-sampling", choices=("auto", "on", "off"), default="auto",
-                   help="top-p over the sorted vocabulary in one pass (HFStepGenerator one_pass_sampling; auto: on a "
-                        "GPU), or the staged candidates")
     p.add_argument("--rollout-only", action="store_true", help="skip the learner's passes")
     p.add_argument("--busy-share", action=argparse.BooleanOptionalAction, default=True,
                    help="profile one more rollout for the GPU's busy share")
@@ -327,8 +323,8 @@ def main(argv: list[str] | None = None) -> str:
     text = (f"`python benchmarks/bench_device.py --model {' '.join(args.model)} --device {args.device} "
             f"--dtype {args.dtype} --prompts {args.prompts} --max-step-tokens {args.max_step_tokens} "
             f"--attention {' '.join(args.attention)} --static-decode {args.static_decode} "
-            f"--temperature {args.temperature} --warmup-rollouts {args.warmup_rollouts} "
-            f"--one-pass-sampling {args.one_pass_sampling}{' --rollout-only' if args.rollout_only else ''}` on "
+            f"--temperature {args.temperature} --warmup-rollouts {args.warmup_rollouts}"
+            f"{' --rollout-only' if args.rollout_only else ''}` on "
             f"{machine_description()}\n\n" + table + "\n")
     print(text)
     if args.output:

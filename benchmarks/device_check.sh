@@ -10,7 +10,7 @@
 #   bash benchmarks/device_check.sh engine      carry .device/call1/wheels and .device/call1/models (no Ray): one call,
 #       gpu_check.py's fixed-batch learning check (Qwen2.5-1.5B's shape, bf16 over float32 masters), then the
 #       rollout engine on SmolLM2-135M's shape at temperature 1 (flat: the sampler's worst case) and 0.05 (about
-#       1.4 nats, a trained model's), one-pass sampling against the staged candidates; logs only (8 files come back)
+#       1.4 nats, a trained model's); logs only (8 files come back)
 # Arguments after the call's number go to bench_device.py / run.py, after the defaults (so they override them).
 # What comes back lies in $OUT (the device tool's folder): bench_device_MODEL.md / .log, run_metrics.jsonl, run.log,
 # gpu_check.md / .log.
@@ -78,9 +78,9 @@ engine)
   mkdir -p "$KIT/cache/models" && cp -r .device/call1/models/. "$KIT/cache/models/" || exit 1
   timeout "$CHECK_TIMEOUT" python3 benchmarks/gpu_check.py --checks learn 2>&1 | tee "$OUT/gpu_learn.log"
   # no profiled rollout: the profiler's teardown outlasted a 100 s timeout on an H100
-  for run in ${ENGINE_RUNS:-on:1.0 off:1.0 on:0.05 off:0.05}; do
+  for temperature in ${ENGINE_TEMPERATURES:-1.0 0.05}; do
     timeout "$BENCH_TIMEOUT" python3 benchmarks/bench_device.py --model smollm2-135m-random --rollout-only \
-      --no-busy-share --one-pass-sampling "${run%:*}" --temperature "${run#*:}" 2>&1 | tee "$OUT/engine_${run/:/_T}.log"
+      --no-busy-share --temperature "$temperature" "$@" 2>&1 | tee "$OUT/engine_T$temperature.log"
   done
   ;;
 *)

@@ -7,9 +7,8 @@ pass with their uncached tokens (:mod:`policies.ragged_attention` lays them out 
 ends leaves the batch at once and its place is taken by whatever is waiting, so a branch back from its tool call
 does not wait for the longest branch of the others.
 
-Per forward pass: sampling on the device (:mod:`policies.sampling`: the exponential race from the branch's own
-random stream; on the CPU top-p inside the top-k candidates, no sort of the vocabulary; on a GPU top-p over the
-sorted vocabulary in one pass, no sync), one transfer of the
+Per forward pass: sampling on the device (:mod:`policies.sampling`: top-k candidates, top-p inside them, the
+exponential race from the branch's own random stream; no sort of the vocabulary, no sync), one transfer of the
 sampled ids and log-probs (with ``entropy_tokens``, each row's entropy too) to the host, and a stop check that
 decodes text only for rows whose new token can end a stop string. Keys and values live in a
 :class:`~policies.kv_cache.KVPool` written in place; a finished step hands back a
@@ -38,7 +37,7 @@ from policies.generation import (
 from policies.kv_cache import KVPool, KVSegment
 from policies.packed_linear import packed_linears_for, packing_applies
 from policies.ragged_attention import PrefillRow, RaggedPlan, prefill_mask, ragged_attention_for
-from policies.sampling import CANDIDATES, sample_tokens, sample_tokens_exact, sample_tokens_sorted
+from policies.sampling import CANDIDATES, sample_tokens, sample_tokens_exact
 from policies.static_decode import StaticDecode
 from policies.stops import StopStrings
 
@@ -82,7 +81,7 @@ class HFStepGenerator:
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
                  settings: SamplingSettings | None = None, *, keep_cache: bool = True,
                  limits: EngineLimits | None = None, static_decode: bool | None = None,
-                 packed_linears: bool | None = None, one_pass_sampling: bool | None = None):
+                 packed_linears: bool | None = None):
         self.model, self.tokenizer = model, tokenizer
         self.settings = settings or SamplingSettings()
         self.keep_cache = keep_cache
@@ -105,9 +104,6 @@ class HFStepGenerator:
         self.packed_linears = packing_applies(model) if packed_linears is None else packed_linears
         if self.packed_linears and not packing_applies(model):
             raise ValueError("packed_linears needs float32 weights on the CPU with oneDNN available")
-        # top-p over the whole sorted vocabulary in one pass, no host read (default: on an accelerator, where a sort
-        # is cheap and the staged candidates' syncs are not; policies.sampling)
-        self.one_pass_sampling = on_gpu if one_pass_sampling is None else one_pass_sampling
         self._waiting: deque[tuple[Branch, Hashable]] = deque()
         self._rows: list[_Row] = []
 
@@ -245,11 +241,8 @@ class HFStepGenerator:
         """Each row's next token and its log-prob under the recorded distribution, on the host; with
         ``entropy_tokens``, also the entropy of each row's distribution (None without)."""
         logprobs = torch.log_softmax(logits.float() / self._logprob_temperature, dim=-1)
-        redraw = torch.zeros_like(streams, dtype=torch.bool)
         if self.settings.greedy:
-            drawn = logits.argmax(dim=-1)
-        elif self.one_pass_sampling:
-            drawn = sample_tokens_sorted(logprobs, self.settings.top_p, streams, positions)
+            drawn, redraw = logits.argmax(dim=-1), torch.zeros_like(streams, dtype=torch.bool)
         else:
             drawn, redraw = sample_tokens(logprobs, self.settings.top_p, streams, positions)
         chosen = logprobs.gather(-1, drawn[:, None]).squeeze(-1)

@@ -8,11 +8,6 @@ mass (the nucleus then lies inside them); rows where they do not are flagged and
 redraws them over the whole sorted vocabulary, with the same random numbers, so a token's fate never depends on
 which path drew it.
 
-On an accelerator the staged path costs more than it saves: each stage reads the flags on the host (a sync),
-and a flat distribution (an untrained model, or a high temperature) falls through every stage. There
-:func:`sample_tokens_sorted` draws over the whole sorted vocabulary in one pass with no host read; sorting 49k or
-152k logits per row is cheap on a GPU. All paths draw the same token from the same random numbers.
-
 The draw is the exponential race: ``argmax_i p_i / E_i`` with ``E_i ~ Exponential(1)`` picks ``i`` with
 probability ``p_i / sum(p)`` (equivalently the Gumbel-max trick), with no ``torch.multinomial`` and so no host
 sync. The exponentials come from a counter-based hash of (branch stream, token position, token id)
@@ -106,24 +101,13 @@ def sample_tokens(logprobs: torch.Tensor, top_p: float, streams: torch.Tensor, p
 def sample_tokens_exact(logprobs: torch.Tensor, top_p: float, streams: torch.Tensor,
                         positions: torch.Tensor) -> torch.Tensor:
     """:func:`sample_tokens` over the whole sorted vocabulary (for the rows it flags): token ids [B]. Reads the
-    nucleus width on the host (this path is the rare one on the CPU), so only the nucleus is hashed."""
-    return _race_in_nucleus(logprobs, top_p, streams, positions, read_width=True)
-
-
-def sample_tokens_sorted(logprobs: torch.Tensor, top_p: float, streams: torch.Tensor,
-                         positions: torch.Tensor) -> torch.Tensor:
-    """:func:`sample_tokens_exact` without its host read (every sorted token is hashed, those outside the nucleus
-    cannot win): token ids [B], in one pass with no sync, whatever the distribution's shape."""
-    return _race_in_nucleus(logprobs, top_p, streams, positions, read_width=False)
-
-
-def _race_in_nucleus(logprobs: torch.Tensor, top_p: float, streams: torch.Tensor, positions: torch.Tensor, *,
-                     read_width: bool) -> torch.Tensor:
+    nucleus width on the host (this path is the rare one), so only the nucleus is hashed. (Drawing every row this
+    way in one pass, hashing the whole sorted vocabulary to avoid that read, measured slower on an H100 than the
+    staged candidates, even for flat distributions.)"""
     ordered, ids = logprobs.sort(dim=-1, descending=True)
     kept = nucleus_mask(ordered.exp(), top_p)
-    if read_width:
-        width = int(kept.sum(dim=-1).max())
-        ordered, ids, kept = ordered[:, :width], ids[:, :width], kept[:, :width]
+    width = int(kept.sum(dim=-1).max())
+    ordered, ids, kept = ordered[:, :width], ids[:, :width], kept[:, :width]
     uniforms = stream_uniforms(streams, positions, ids, logprobs.shape[-1])
     winner = race(ordered.masked_fill(~kept, -torch.inf), uniforms)
     return ids.gather(-1, winner[:, None]).squeeze(-1)

@@ -214,18 +214,6 @@ def test_a_branch_draws_the_same_tokens_however_it_is_batched(tiny):
             torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0)
 
 
-def test_one_pass_sampling_draws_what_the_staged_sampler_draws(tiny):
-    # tiny-random's distributions are nearly flat: the staged sampler falls through to its exact draw on every row
-    model, tokenizer = tiny
-    branches = [Branch(prompt_ids(tokenizer, q), stream=7 + i) for i, q in enumerate(("Who wrote Hamlet?", "Why?"))]
-    for settings in (SamplingSettings(max_step_tokens=8), SamplingSettings(max_step_tokens=8, top_p=0.3)):
-        staged = HFStepGenerator(model, tokenizer, settings)
-        one_pass = HFStepGenerator(model, tokenizer, settings, one_pass_sampling=True)
-        assert not staged.one_pass_sampling  # the CPU default
-        for a, b in zip(one_pass.generate_step(branches), staged.generate_step(branches), strict=True):
-            assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
-
-
 def test_a_step_submitted_while_others_decode_joins_the_next_pass(tiny):
     model, tokenizer = tiny
     prompt = prompt_ids(tokenizer, "Who wrote Hamlet?")

@@ -12,7 +12,6 @@ from policies.sampling import (
     race,
     sample_tokens,
     sample_tokens_exact,
-    sample_tokens_sorted,
     stream_uniforms,
 )
 
@@ -90,18 +89,3 @@ def test_top_p_one_samples_the_whole_distribution():
     tokens, short = draw(torch.log(torch.tensor([[0.6, 0.4]])), 1.0, 4000)
     assert not short.any() and 0.57 < (tokens == 0).float().mean() < 0.63
 
-
-def test_the_one_pass_sorted_draw_equals_the_staged_and_exact_draws():
-    # a flat distribution (an untrained model: every staged path falls through) and a peaked one, 300 streams each
-    generator = torch.Generator().manual_seed(0)
-    flat = torch.log_softmax(0.1 * torch.randn(1, 5000, generator=generator), dim=-1)
-    peaked = torch.log_softmax(8.0 * torch.randn(1, 5000, generator=generator), dim=-1)
-    streams, positions = torch.arange(300), torch.full((300,), 11)
-    for logprobs, top_p in ((flat, 0.95), (peaked, 0.95), (peaked, 0.3)):
-        rows = logprobs.expand(300, -1)
-        sorted_draw = sample_tokens_sorted(rows, top_p, streams, positions)
-        assert torch.equal(sorted_draw, sample_tokens_exact(rows, top_p, streams, positions))
-        staged, short = sample_tokens(rows, top_p, streams, positions)
-        assert torch.equal(sorted_draw[~short], staged[~short])
-    assert sample_tokens(flat.expand(300, -1), 0.95, streams, positions)[1].all()  # flat: all fall through
-    assert not sample_tokens(peaked.expand(300, -1), 0.95, streams, positions)[1].any()
