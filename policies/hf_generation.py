@@ -1,16 +1,13 @@
 """The transformers backend of :class:`~policies.generation.StepGenerator`: a continuous-batching engine over a
-causal LM (CPU or GPU).
+causal LM (CPU or GPU), in two parts: this scheduler, and the model runner (:mod:`policies.model_runner`) that runs
+each forward pass and samples.
 
 Steps are submitted as requests (:meth:`HFStepGenerator.submit`) and advanced by :meth:`HFStepGenerator.poll`,
 one forward pass per call: every row being decoded feeds its last token, and waiting requests join in the same
-pass with their uncached tokens (:mod:`policies.ragged_attention` lays them out without padding). A row whose step
-ends leaves the batch at once and its place is taken by whatever is waiting, so a branch back from its tool call
-does not wait for the longest branch of the others.
-
-Per forward pass: sampling on the device (:mod:`policies.sampling`: top-k candidates, top-p inside them, the
-exponential race from the branch's own random stream; no sort of the vocabulary, no sync), one transfer of the
-sampled ids and log-probs (with ``entropy_tokens``, each row's entropy too) to the host, and a stop check that
-decodes text only for rows whose new token can end a stop string. Keys and values live in a
+pass with their uncached tokens (admission is bounded by :class:`EngineLimits`). A row whose step ends leaves the
+batch at once and its place is taken by whatever is waiting, so a branch back from its tool call does not wait for
+the longest branch of the others. After each pass the scheduler records each row's sampled token and checks its
+stops, decoding text only for rows whose new token can end a stop string. Keys and values live in a
 :class:`~policies.kv_cache.KVPool` written in place; a finished step hands back a
 :class:`~policies.kv_cache.KVSegment` holding only its own tokens and a link to its parent, so a branch forked
 from it prefills only its observation.
@@ -18,7 +15,6 @@ from it prefills only its observation.
 
 from __future__ import annotations
 
-import contextlib
 from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
@@ -35,9 +31,7 @@ from policies.generation import (
     generate_steps,
 )
 from policies.kv_cache import KVPool, KVSegment
-from policies.packed_linear import packed_linears_for, packing_applies
-from policies.ragged_attention import PrefillRow, RaggedPlan, prefill_mask, ragged_attention_for
-from policies.sampling import CANDIDATES, sample_tokens, sample_tokens_exact
+from policies.model_runner import DecodeInput, ModelRunner, PrefillInput, Sampled
 from policies.static_decode import StaticDecode
 from policies.stops import StopStrings
 
@@ -86,8 +80,6 @@ class HFStepGenerator:
         self.settings = settings or SamplingSettings()
         self.keep_cache = keep_cache
         self.limits = limits or EngineLimits()
-        # the distribution the recorded log-probs are of: the tempered softmax (greedy decoding: the model's own)
-        self._logprob_temperature = 1.0 if self.settings.greedy else self.settings.temperature
         self.eot_ids = end_of_turn_ids(tokenizer, model)
         self.counters = GenerationCounters()
         self._stops = StopStrings(tokenizer, self.settings.stop_strings)
@@ -96,14 +88,8 @@ class HFStepGenerator:
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.pool = KVPool(config.num_hidden_layers, config.num_key_value_heads, head_dim,
                            next(model.parameters()).dtype, model.device)
-        # decode-only passes in static shapes, replayed as CUDA graphs on a GPU (default: on a GPU only)
-        on_gpu = model.device.type == "cuda"
-        self.static_decode = (StaticDecode(model, self.pool, self.limits.max_rows, capture=on_gpu)
-                              if (on_gpu if static_decode is None else static_decode) else None)
-        # linear layers through oneDNN with packed weights (policies.packed_linear; default: float32 on the CPU)
-        self.packed_linears = packing_applies(model) if packed_linears is None else packed_linears
-        if self.packed_linears and not packing_applies(model):
-            raise ValueError("packed_linears needs float32 weights on the CPU with oneDNN available")
+        self.runner = ModelRunner(model, self.pool, self.settings, max_rows=self.limits.max_rows,
+                                  static_decode=static_decode, packed_linears=packed_linears)
         self._waiting: deque[tuple[Branch, Hashable]] = deque()
         self._rows: list[_Row] = []
 
@@ -123,16 +109,23 @@ class HFStepGenerator:
         """Steps submitted and not yet returned."""
         return len(self._waiting) + len(self._rows)
 
+    @property
+    def static_decode(self) -> StaticDecode | None:
+        """The runner's decode passes in static shapes (None when off)."""
+        return self.runner.static_decode
+
+    @property
+    def packed_linears(self) -> bool:
+        """Whether the runner's linears run on packed weights."""
+        return self.runner.packed_linears
+
     @torch.inference_mode()
     def poll(self) -> list[tuple[Hashable, StepOutput]]:
         """One forward pass over the rows being decoded and the requests admitted now; the steps it finished."""
         done: list[tuple[Hashable, StepOutput]] = []
         admitted = self._admit(done)
         if self._rows or admitted:
-            if self.static_decode is not None and not admitted:
-                self._decode_static(self._rows)
-            else:
-                self._forward(self._rows, admitted)
+            self._pass(self._rows, admitted)
             self._rows += admitted
             done += self._retire()
         self.counters.kv_peak_bytes = self.pool.peak_bytes
@@ -150,7 +143,7 @@ class HFStepGenerator:
         row = _Row(tag=None, stream=0, cap=0, parent=None, start=0, length=0, suffix=tuple(token_ids[:-1]))
         slot = len(self._rows)  # a row past the active ones; they do not advance in this pass
         self.pool.ensure(slot + 1, len(row.suffix), used_rows=slot)
-        self._forward([], [row], first_slot=slot, sample=False)
+        self._pass([], [row], first_slot=slot, sample=False)
         segment = self.pool.segment(slot, 0, row.length, None)
         self.counters.kv_peak_bytes = self.pool.peak_bytes
         return segment
@@ -181,98 +174,29 @@ class HFStepGenerator:
             admitted.append(_Row(tag, branch.stream, cap, handle, cached, cached, tuple(context[cached:])))
         return admitted
 
-    def _forward(self, decoding: list[_Row], prefilling: list[_Row], *, first_slot: int | None = None,
-                 sample: bool = True) -> None:
-        """Feed every decoding row's pending token (pool rows 0, 1, ...) and every prefilling row's suffix (rows
-        from ``first_slot``, default right after the decoding ones) in one pass; with ``sample``, each row's next
-        token is drawn and recorded."""
-        rows = decoding + prefilling
-        tokens = [r.pending for r in decoding]
-        positions = [r.length for r in decoding]
-        write_rows = list(range(len(decoding)))
-        prefill, offset = [], len(decoding)
-        first_slot = len(decoding) if first_slot is None else first_slot
-        for slot, r in enumerate(prefilling, start=first_slot):
-            prefill.append(PrefillRow(slot, offset, len(r.suffix), r.length))
-            tokens += r.suffix
-            positions += range(r.length, r.length + len(r.suffix))
-            write_rows += [slot] * len(r.suffix)
-            offset += len(r.suffix)
-            self.counters.tokens_prefilled += len(r.suffix)
+    def _pass(self, decoding: list[_Row], prefilling: list[_Row], *, first_slot: int | None = None,
+              sample: bool = True) -> None:
+        """One forward pass (:meth:`ModelRunner.run`) feeding every decoding row's pending token and every
+        prefilling row's suffix (rows from ``first_slot``, default right after the decoding ones); with ``sample``,
+        each row's next token is drawn and recorded."""
+        sampled = self.runner.run([DecodeInput(r.pending, r.length, r.stream) for r in decoding],
+                                  [PrefillInput(r.suffix, r.length, r.stream) for r in prefilling],
+                                  first_slot=first_slot, sample=sample)
+        self.counters.forward_passes += 1
         for r in decoding:
             r.length += 1
         for r in prefilling:
+            self.counters.tokens_prefilled += len(r.suffix)
             r.length, r.suffix = r.length + len(r.suffix), ()
-        keep = list(range(len(decoding))) + [p.offset + p.count - 1 for p in prefill]
-        view = -(-max((r.length for r in decoding), default=0) // 16) * 16
-        # everything the pass needs from the host, in one transfer
-        host = torch.tensor([*tokens, *positions, *write_rows, *keep, *(r.length for r in decoding),
-                             *(r.stream for r in rows), *(r.length for r in rows)], dtype=torch.long)
-        device = self.model.device
-        ids, pos, write, kept, lengths, streams, at = host.to(device).split(
-            [len(tokens)] * 3 + [len(keep), len(decoding), len(rows), len(rows)])
-        decode_mask = None
-        if decoding:
-            view = min(view, self.pool.capacity)
-            decode_mask = (torch.arange(view, device=device)[None] < lengths[:, None])[:, None, None, :]
-        plan = RaggedPlan(self.pool, len(decoding), write, pos, decode_mask, tuple(prefill),
-                          tuple(prefill_mask(p.start, p.count, device) for p in prefill))
-        with ragged_attention_for(self.model), (packed_linears_for(self.model) if self.packed_linears
-                                                 else contextlib.nullcontext()):
-            logits = self.model(input_ids=ids[None], position_ids=pos[None], logits_to_keep=kept, use_cache=False,
-                                ragged_plan=plan).logits[0]
-        self.counters.forward_passes += 1
-        if sample:
-            self._record(rows, *self._sample(logits, streams, at))
+        if sampled is not None:
+            self._record(decoding + prefilling, sampled)
 
-    def _decode_static(self, rows: list[_Row]) -> None:
-        """The pass of :meth:`_forward` when every row only decodes, in :attr:`static_decode`'s static shapes."""
-        host = torch.tensor([*(r.pending for r in rows), *(r.length for r in rows), *(r.length + 1 for r in rows),
-                             *(r.stream for r in rows)], dtype=torch.long)
-        for r in rows:
-            r.length += 1
-        inputs = host.to(self.model.device).view(4, len(rows))
-        logits = self.static_decode.logits(inputs[:3])
-        self.counters.forward_passes += 1
-        self._record(rows, *self._sample(logits, inputs[3], inputs[2]))
-
-    def _sample(self, logits: torch.Tensor, streams: torch.Tensor,
-                positions: torch.Tensor) -> tuple[list[int], list[float], list[float] | None]:
-        """Each row's next token and its log-prob under the recorded distribution, on the host; with
-        ``entropy_tokens``, also the entropy of each row's distribution (None without)."""
-        logprobs = torch.log_softmax(logits.float() / self._logprob_temperature, dim=-1)
-        if self.settings.greedy:
-            drawn, redraw = logits.argmax(dim=-1), torch.zeros_like(streams, dtype=torch.bool)
-        else:
-            drawn, redraw = sample_tokens(logprobs, self.settings.top_p, streams, positions)
-        chosen = logprobs.gather(-1, drawn[:, None]).squeeze(-1)
-        measured = [drawn.double(), chosen.double(), redraw.double()]
-        if self.settings.entropy_tokens:  # -sum p log p; entr(0) = 0 where a token is impossible
-            measured.append(torch.special.entr(logprobs.exp()).sum(dim=-1).double())
-        host = torch.stack(measured).cpu()
-        tokens, values, flags = host[0].long().tolist(), host[1].tolist(), host[2].bool()
-        entropies = host[3].tolist() if self.settings.entropy_tokens else None
-        stages = [*CANDIDATES[1:], None]  # more candidates, then the exact draw over the sorted vocabulary
-        while flags.any():  # rows whose candidates held less than top_p (the same random numbers: still exact)
-            rows = flags.nonzero().squeeze(-1).to(logits.device)
-            stage = stages.pop(0)
-            args = (logprobs[rows], self.settings.top_p, streams[rows], positions[rows])
-            if stage is None:
-                redrawn, short = sample_tokens_exact(*args), torch.zeros(len(rows), dtype=torch.bool)
-            else:
-                redrawn, short = sample_tokens(*args, candidates=stage)
-            chosen = logprobs[rows].gather(-1, redrawn[:, None]).squeeze(-1)
-            for row, token, value in zip(rows.tolist(), redrawn.tolist(), chosen.tolist(), strict=True):
-                tokens[row], values[row] = token, value
-            flags = torch.zeros_like(flags)
-            flags[rows.cpu()] = short.cpu()
-        return tokens, values, entropies
-
-    def _record(self, rows: list[_Row], tokens: list[int], logprobs: list[float],
-                entropies: list[float] | None) -> None:
-        for i, (r, token, logprob) in enumerate(zip(rows, tokens, logprobs, strict=True)):
-            if entropies is not None and len(r.generated) < self.settings.entropy_tokens:
-                r.entropy += entropies[i]
+    def _record(self, rows: list[_Row], sampled: Sampled) -> None:
+        """Each row's sampled token and log-prob appended; its step ends on an end-of-turn id, a completed stop
+        string (or the token after one that keeps it, ``end_turn_after``) or its cap."""
+        for i, (r, token, logprob) in enumerate(zip(rows, sampled.tokens, sampled.logprobs, strict=True)):
+            if sampled.entropies is not None and len(r.generated) < self.settings.entropy_tokens:
+                r.entropy += sampled.entropies[i]
             r.generated.append(token)
             r.logprobs.append(logprob)
             r.pending = token

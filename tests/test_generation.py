@@ -17,6 +17,7 @@ from policies.generation import (
     prompt_ids,
 )
 from policies.hf_generation import EngineLimits, HFStepGenerator
+from policies.model_runner import ModelRunner, Sampled
 from policies.models import load_model
 from policies.trajectory import TokenTrajectory
 
@@ -110,9 +111,9 @@ def scripted(monkeypatch, tiny):
 
         def fake_sample(self, logits, streams, positions):
             token = next(position)
-            return [token] * logits.shape[0], [0.0] * logits.shape[0], None
+            return Sampled([token] * logits.shape[0], [0.0] * logits.shape[0], None)
 
-        monkeypatch.setattr(HFStepGenerator, "_sample", fake_sample)
+        monkeypatch.setattr(ModelRunner, "_sample", fake_sample)
 
     return install
 

@@ -244,7 +244,7 @@ def test_the_engine_with_captured_graphs_gives_the_ragged_passes_tokens(tiny, fa
     settings = SamplingSettings(max_step_tokens=12, stop_strings=())
     ragged = HFStepGenerator(model, tokenizer, settings, static_decode=False)
     graphs = HFStepGenerator(model, tokenizer, settings, static_decode=True)
-    graphs.static_decode = StaticDecode(model, graphs.pool, graphs.limits.max_rows, capture=True)
+    graphs.runner.static_decode = StaticDecode(model, graphs.pool, graphs.limits.max_rows, capture=True)
     expected, got = two_rounds(ragged, tokenizer, settings), two_rounds(graphs, tokenizer, settings)
     assert [o.token_ids for o in got] == [o.token_ids for o in expected]
     for a, b in zip(got, expected, strict=True):

@@ -16,6 +16,7 @@ import algos.tree_grpo.tree_grpo as algorithm_module
 from experiments.run import main
 from policies.generation import CHAT_TEMPLATE_DATE, Branch, SamplingSettings, end_of_turn_ids, prompt_ids
 from policies.hf_generation import HFStepGenerator
+from policies.model_runner import ModelRunner, Sampled
 from policies.models import ALIASES, load_model
 from policies.tiny_models import TINY_LLAMA3, TINY_MODELS, TINY_QWEN2
 
@@ -127,9 +128,9 @@ def test_an_end_of_turn_token_ends_a_step_and_a_foreign_one_does_not(models, nam
     assert FOREIGN[name] in tokenizer.get_vocab()
     for token, reason in [*((token, "eos") for token in END_OF_TURN[name]), (FOREIGN[name], "length")]:
         script = iter([*words, tokenizer.convert_tokens_to_ids(token), *words])
-        monkeypatch.setattr(HFStepGenerator, "_sample",
-                            lambda self, logits, streams, positions, s=script: ([next(s)] * logits.shape[0],
-                                                                                [0.0] * logits.shape[0], None))
+        monkeypatch.setattr(ModelRunner, "_sample",
+                            lambda self, logits, streams, positions, s=script: Sampled([next(s)] * logits.shape[0],
+                                                                                       [0.0] * logits.shape[0], None))
         generator = HFStepGenerator(model, tokenizer, SamplingSettings(max_step_tokens=len(words) + 2))
         (out,) = generator.generate_step([Branch(prompt_ids(tokenizer, "Q?"))], seed=0)
         assert out.finish_reason == reason, token
