@@ -84,3 +84,12 @@ def test_update_report_gives_intervals_and_the_paired_difference():
     difference = next(line for line in text.splitlines() if line.startswith("| answer rate |"))
     assert difference.startswith("| answer rate | 0.500 [") and difference.endswith("| yes |")
     assert interval_of(runs["K=4"][0], "answered", "after").mean == 0.75
+
+
+def test_the_start_spread_retrains_the_demo_recipe_with_only_its_seed_changed():
+    from benchmarks.demo_start_spread import recipe_with_seed
+    from experiments.demo import WARM_START
+
+    changed = recipe_with_seed(WARM_START, 3)
+    differ = [i for i, (a, b) in enumerate(zip(WARM_START, changed, strict=True)) if a != b]
+    assert differ == [WARM_START.index("--seed") + 1] and changed[differ[0]] == "3"
