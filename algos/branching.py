@@ -89,11 +89,6 @@ def branching_strategy(name: str) -> Strategy:
     return STRATEGIES[name]
 
 
-def pick_expansion_nodes(tree: Tree, n: int, rng: np.random.Generator, branching: str = "uniform") -> list[Node]:
-    """The ``n`` nodes of ``tree`` that the next expansion round grows from, picked by ``branching``."""
-    return branching_strategy(branching)(tree, n, rng)
-
-
 def entropy_tokens(branching: str) -> int:
     """The first tokens of each step whose entropy the generator must measure for ``branching`` (0: none)."""
     return ENTROPY_TOKENS if branching == "entropy" else 0

@@ -30,7 +30,8 @@ import sys
 from pathlib import Path
 
 from benchmarks.report import machine_description, replace_section
-from policies.memory_plan import GIB, PRESETS, SMOLLM2, TINY_RANDOM, MemoryOptions, ModelShape, plan_memory
+from policies.memory_plan import GIB, MemoryOptions, plan_memory
+from policies.model_shape import PRESETS, SMOLLM2, TINY_RANDOM, ModelShape
 
 SHAPES = (TINY_RANDOM, SMOLLM2)
 LEARNER_PARTS = ("weights", "gradients", "optimizer", "activations")

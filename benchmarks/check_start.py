@@ -7,7 +7,7 @@
 
 Greedy (sampled with --sampled), on the first --questions questions: dev EM, the route each chain took at the
 decision (right, wrong, neither person; ``algos.evaluation.route_taken``) and the EM of each route. Teacher-forced
-on the right route's oracle trajectory (``experiments.warmstart.oracle_trajectory``): the probability of the
+on the right route's oracle trajectory (``experiments.oracle_trajectories.oracle_trajectory``): the probability of the
 person's first name token at the decision (a choice) and of the surname's first token after it (copying: the passage
 names several people with that first name across the world, so only the token after the chosen name in the passage
 predicts it). In a world of one-word names (``names="given"``) the first token is the whole name: no surname is
@@ -38,9 +38,9 @@ from envs.synthetic import BRANCH_ROLES, world_data_dir
 from experiments.checkpoints import RLLIB_MARKER, CheckpointError
 from experiments.cli import read_yaml
 from experiments.evaluate import load_policy, world_held_out
+from experiments.oracle_trajectories import oracle_trajectory
 from experiments.run import CONFIG_FILE, run_directory
 from experiments.settings import RunSettings
-from experiments.warmstart import oracle_trajectory
 from policies.generation import SamplingSettings, end_of_turn_ids
 from policies.sampling import nucleus_mask
 

@@ -34,7 +34,8 @@ from algos.losses import clipped_policy_loss, k3_kl, masked_mean
 from policies.activation_checkpointing import enable_gradient_checkpointing
 from policies.logprobs import ENTROPY, FLEX_ATTENTION, GENERATED_MASK, LOGPROBS, pack_rows, sequence_logprobs
 from policies.memory import GIB, peak_memory_gib, reset_peak_memory
-from policies.memory_plan import PRESETS, MemoryOptions, ModelShape, plan_memory
+from policies.memory_plan import MemoryOptions, plan_memory
+from policies.model_shape import PRESETS, ModelShape
 from policies.precision import precision_of
 from policies.reference_model import ReferenceModel
 

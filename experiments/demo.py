@@ -40,7 +40,7 @@ from algos.evaluation import failure_mix, mean_results, occurring_failures
 from algos.tree_grpo import metrics as metric_keys
 from envs.cache import default_cache_dir
 from envs.synthetic import WorldSpec, world_data_dir
-from experiments.confidence import Interval, mean_interval, paired_difference_interval
+from experiments.confidence import mean_interval, paired_difference_interval
 from experiments.evaluate import world_held_out
 from experiments.warmstart import cached_warm_start
 
@@ -148,11 +148,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     (output / "summary.md").write_text(text, encoding="utf-8")
     print("\n" + text, flush=True)
     return payload
-
-
-def interval_of(payload: Mapping[str, Any], metric: str, part: str) -> Interval:
-    """An interval of ``demo.json``'s payload back as an ``Interval``."""
-    return Interval(**payload["metrics"][metric][part])
 
 
 if __name__ == "__main__":

@@ -25,14 +25,10 @@ from policies.memory_plan import (
     DEFAULT_VLLM_GPU_MEMORY_UTILIZATION,
     MemoryOptions,
     MemoryPlan,
-    ModelShapeError,
-    model_shape,
-    plan_line,
     plan_memory,
-    plan_table,
 )
-
-__all__ = ["main", "plan_line", "plan_memory_parser"]  # plan_line: the one line run.py prints at start
+from policies.memory_report import plan_table
+from policies.model_shape import ModelShapeError, model_shape
 
 
 def plan_memory_parser() -> argparse.ArgumentParser:

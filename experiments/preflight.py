@@ -55,7 +55,9 @@ def check_memory(settings: RunSettings) -> None:
     import torch
 
     from policies.memory import GIB
-    from policies.memory_plan import ModelShapeError, model_shape, plan_line, plan_memory
+    from policies.memory_plan import plan_memory
+    from policies.memory_report import plan_line
+    from policies.model_shape import ModelShapeError, model_shape
 
     try:
         shape = model_shape(settings.model)

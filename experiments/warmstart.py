@@ -26,12 +26,9 @@ benchmarks' testbeds.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import fcntl
-import functools
 import json
 import os
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -42,149 +39,17 @@ import torch
 import envs
 from envs.cache import WARM_START_LOCK, WARM_START_STAGING, WARM_STARTS_DIR, default_cache_dir
 from envs.datasets import resolve_data_dir
-from envs.retrieval.corpus import replace_atomically
-from envs.synthetic import (
-    BRANCH_ROLES,
-    SPECS,
-    BranchSpec,
-    SynthQuestion,
-    WorldSpec,
-    branch_questions,
-    read_spec,
-    world_data_dir,
-    world_dir,
-)
-from experiments.baselines import OracleAgent, in_format
+from envs.synthetic import BRANCH_ROLES, SPECS, BranchSpec, WorldSpec, world_data_dir
 from experiments.evaluate import evaluate_env
-from policies.generation import SamplingSettings, end_of_turn_ids, observation_ids, prompt_ids
+from experiments.oracle_trajectories import (
+    misrouted_questions,
+    oracle_data_dirs,
+    oracle_trajectory,
+    train_branch_questions,
+)
+from experiments.sft import loss_weights, train
+from policies.generation import SamplingSettings, end_of_turn_ids
 from policies.generators import step_generator
-
-
-def oracle_trajectory(env: gym.Env, tokenizer, index: int, max_searches: int, end_of_turn: int,
-                      answer: bool = True, premature: bool = False, route: SynthQuestion | None = None,
-                      restate: bool = False) -> tuple[list[int], list[int]]:
-    """Question ``index``'s oracle trajectory: token ids and a 0/1 mask of the generated ones. With
-    ``answer=False`` the oracle never answers: where it would, it repeats its last search until the episode
-    ends unanswered. With ``premature=True`` a multi-hop question is answered after its first search, with the
-    entity that search found (the second hop's bridge: a wrong answer in the right format). With ``route`` the
-    oracle searches that route's chain and answers its answer instead of the gold ones (SynthBranch's wrong
-    route, ``SynthQuestion.decoy``). With ``restate`` the thought before each search restates the sentence of the
-    last passage that ends with the query (``OracleAgent``)."""
-    prompt, _ = env.reset(options={"index": index})
-    agent = OracleAgent(max_searches, restate=restate)
-    record = env.unwrapped.record
-    if route is not None:
-        record = dataclasses.replace(record, supporting_titles=route.chain, answers=(route.answer,))
-    if premature and len(record.supporting_titles) > 1:
-        record = dataclasses.replace(record, supporting_titles=record.supporting_titles[:1],
-                                     answers=(record.supporting_titles[1],))
-    agent.start(prompt, record)
-    ids = list(prompt_ids(tokenizer, prompt))
-    generated = [0] * len(ids)
-    observation, done, last_query = prompt, False, env.unwrapped.record.question
-    while not done:
-        text = agent.act(observation)
-        if "<search>" in text:
-            last_query = agent.pending
-        elif not answer:
-            text = in_format("I should check again", "search", last_query)
-        step = tokenizer(text, add_special_tokens=False)["input_ids"]
-        observation, _, terminated, truncated, _ = env.step(text)
-        done = terminated or truncated
-        if terminated:  # answered: as in the rollouts, the end-of-turn token follows </answer>
-            step = [*step, end_of_turn]
-        ids += step
-        generated += [1] * len(step)
-        if observation:
-            obs = observation_ids(tokenizer, observation)
-            ids += obs
-            generated += [0] * len(obs)
-    return ids, generated
-
-
-def loss_weights(generated: Sequence[int], observation_weight: float) -> list[float]:
-    """Per-token weights of the SFT loss: 1 on the generated tokens, ``observation_weight`` on the observations
-    (every token after the first generated one that the policy did not generate), 0 on the prompt."""
-    first = next((t for t, g in enumerate(generated) if g), len(generated))
-    return [1.0 if g else observation_weight if t > first else 0.0 for t, g in enumerate(generated)]
-
-
-def sft_loss(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy of the tokens with a positive weight, their weighted mean; the LM head runs on their
-    positions only (the head of a small model with a 49k vocabulary costs more than the rest of it). With 0/1
-    weights (the generated-token mask), the mean cross-entropy of the generated tokens."""
-    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-    target_weights = weights[:, 1:].float()  # position t predicts token t + 1
-    select = target_weights > 0
-    logits = model.get_output_embeddings()(hidden[:, :-1][select]).float()
-    losses = torch.nn.functional.cross_entropy(logits, input_ids[:, 1:][select], reduction="none")
-    return (losses * target_weights[select]).sum() / target_weights[select].sum()
-
-
-def pad(rows: Sequence[tuple[list[int], Sequence[float]]], pad_id: int) -> tuple[torch.Tensor, ...]:
-    """(ids, attention mask, loss weights) of ``rows`` of (ids, per-token weights), right-padded."""
-    width = max(len(ids) for ids, _ in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(rows), width), dtype=torch.long)
-    weights = torch.zeros((len(rows), width), dtype=torch.float)
-    for i, (row_ids, row_weights) in enumerate(rows):
-        ids[i, :len(row_ids)] = torch.tensor(row_ids)
-        attention[i, :len(row_ids)] = 1
-        weights[i, :len(row_ids)] = torch.tensor(row_weights, dtype=torch.float)
-    return ids, attention, weights
-
-
-def train(model, data: list[tuple[list[int], Sequence[float]]], *, epochs: int, lr: float, batch_size: int, seed: int,
-          pad_id: int, max_minutes: float | None = None, checkpoint: Path | None = None, log=print) -> list[float]:
-    """AdamW over shuffled batches, linear warm-up then cosine decay; the mean loss of each epoch.
-
-    With ``checkpoint``, the whole training state (weights, optimizer, schedule, shuffling and torch generators, loss
-    curve) is written there after every epoch and, when the file exists, training resumes after its last epoch: a
-    killed run continues where it stopped and ends as an uninterrupted one would. ``max_minutes`` counts this
-    process's time only."""
-    rng = np.random.default_rng(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-    steps = epochs * -(-len(data) // batch_size)
-    warmup = max(1, steps // 20)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + np.cos(np.pi * min(s, steps) / steps)))
-    curve: list[float] = []
-    if checkpoint is not None and checkpoint.exists():
-        state = torch.load(checkpoint, weights_only=False)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        schedule.load_state_dict(state["schedule"])
-        rng.bit_generator.state = state["shuffle_rng"]
-        torch.set_rng_state(state["torch_rng"])
-        curve = state["curve"]
-        log(f"resuming after epoch {len(curve)}/{epochs} from {checkpoint}")
-    model.train()
-    start = time.perf_counter()
-    for epoch in range(len(curve), epochs):
-        order = rng.permutation(len(data))
-        batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
-        losses = []
-        for batch in batches:
-            ids, attention, weights = pad([data[i] for i in batch], pad_id)
-            loss = sft_loss(model, ids, attention, weights)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            schedule.step()
-            losses.append(loss.item())
-        curve.append(float(np.mean(losses)))
-        log(f"epoch {epoch + 1}/{epochs}: loss {curve[-1]:.4f}  ({time.perf_counter() - start:.0f} s)")
-        if checkpoint is not None:
-            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                     "schedule": schedule.state_dict(), "shuffle_rng": rng.bit_generator.state,
-                     "torch_rng": torch.get_rng_state(), "curve": curve}
-            replace_atomically(checkpoint, functools.partial(torch.save, state))  # a kill mid-write keeps the last
-        if max_minutes is not None and time.perf_counter() - start > 60 * max_minutes:
-            log(f"stopping: --max-minutes {max_minutes} reached")
-            break
-    model.eval()
-    return curve
 
 
 def build_model(args: argparse.Namespace):
@@ -208,34 +73,6 @@ def dev_em(model, tokenizer, args: argparse.Namespace, env_kwargs: dict) -> dict
     rows = evaluate_env(args.env, generator, tokenizer, split=envs.eval_split(args.env), limit=args.dev_questions,
                         batch_size=32, env_kwargs=env_kwargs)
     return mean_results(rows)
-
-
-def oracle_data_dirs(args: argparse.Namespace, env_kwargs: dict) -> list[Path]:
-    """The data directories whose train questions are trained: ``--env``'s (for a generated world, the world it
-    serves: the data directory's, else the default one), then ``--extra-worlds`` worlds shaped like it with the
-    seeds that follow its seed (written to the cache)."""
-    dataset = envs.ENV_IDS[args.env][0]
-    if dataset not in SPECS:
-        return [Path(env_kwargs["data_dir"])]
-    served = world_dir(dataset, data_dir=env_kwargs["data_dir"])
-    spec = read_spec(dataset, served)
-    return [served, *(world_data_dir(dataclasses.replace(spec, seed=spec.seed + k))
-                      for k in range(1, args.extra_worlds + 1))]
-
-
-def train_branch_questions(env: gym.Env, data_dir: Path) -> list[SynthQuestion]:
-    """The train questions of a SynthBranch env serving ``data_dir``, in its order, each with its wrong route
-    (``decoy``: the other person's) and the role it asks about."""
-    return branch_questions(data_dir, "train", [r.question for r in env.unwrapped.records])
-
-
-def misrouted_questions(questions: Sequence[SynthQuestion], share: float, role: str | None,
-                        seed: int) -> set[int]:
-    """The positions of ``questions`` whose oracle follows the wrong person: ``share`` of them, drawn at random
-    (``seed``) among those asking about ``role`` (every question without one)."""
-    eligible = [i for i, q in enumerate(questions) if role is None or q.role == role]
-    order = np.random.default_rng([seed, 1]).permutation(len(eligible))
-    return {eligible[i] for i in order[: round(share * len(eligible))]}
 
 
 def cached_warm_start(world: WorldSpec | BranchSpec, recipe: Sequence[str], *, topk: int,

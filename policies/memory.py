@@ -15,7 +15,8 @@ from pathlib import Path
 
 import torch
 
-GIB = 2**30
+from policies.memory_plan import GIB
+
 _CLEAR_REFS, _STATUS = Path("/proc/self/clear_refs"), Path("/proc/self/status")
 _RESET_PEAK_RSS = "5"  # proc(5): writing 5 to clear_refs resets the peak resident set size
 

@@ -50,12 +50,6 @@ class PrefixTrie:
         return int((self.node_index != NO_NODE).sum())
 
 
-def unique_token_ratio(trie: PrefixTrie) -> float:
-    """Unique tokens / real tokens: the share of the per-row work left when each unique token is computed once
-    (1.0 when no two rows share a first token)."""
-    return trie.num_nodes / max(trie.num_tokens, 1)
-
-
 def compact_rows(input_ids: np.ndarray, attention_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each row's real tokens moved to the front, in order, ``NO_NODE`` after them (any padding side).
 

@@ -8,7 +8,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from algos.branching import BRANCHING, ENTROPY_TOKENS, entropy_tokens, following_entropy, pick_expansion_nodes
+from algos.branching import BRANCHING, ENTROPY_TOKENS, branching_strategy, entropy_tokens, following_entropy
 from algos.tree import Node, Tree
 from policies.trajectory import TokenTrajectory
 
@@ -50,8 +50,8 @@ def test_uniform_is_the_papers_draw_with_replacement_over_root_and_non_leaves(tr
     assert tree.expansion_candidates() == [nodes[name] for name in ("root", "s1", "s2", "x")]
     # the same draws as before the strategies existed: one integers() call over the candidates
     expected = [tree.expansion_candidates()[i] for i in np.random.default_rng(7).integers(4, size=5)]
-    assert pick_expansion_nodes(tree, 5, np.random.default_rng(7)) == expected
-    counts = Counter(names(pick_expansion_nodes(tree, 20_000, np.random.default_rng(0)), nodes))
+    assert branching_strategy("uniform")(tree, 5, np.random.default_rng(7)) == expected
+    counts = Counter(names(branching_strategy("uniform")(tree, 20_000, np.random.default_rng(0)), nodes))
     assert set(counts) == {"root", "s1", "s2", "x"}
     assert all(abs(count / 20_000 - 0.25) < 0.013 for count in counts.values())  # 4.2 standard deviations
 
@@ -59,9 +59,9 @@ def test_uniform_is_the_papers_draw_with_replacement_over_root_and_non_leaves(tr
 def test_entropy_takes_the_most_uncertain_nodes_after_tool_calls_distinct_then_again(tree):
     tree, nodes = tree
     rng = np.random.default_rng(0)
-    assert names(pick_expansion_nodes(tree, 1, rng, "entropy"), nodes) == ["s1"]
-    assert names(pick_expansion_nodes(tree, 2, rng, "entropy"), nodes) == ["s1", "s2"]  # without replacement
-    assert names(pick_expansion_nodes(tree, 5, rng, "entropy"), nodes) == ["s1", "s2", "s1", "s2", "s1"]
+    assert names(branching_strategy("entropy")(tree, 1, rng), nodes) == ["s1"]
+    assert names(branching_strategy("entropy")(tree, 2, rng), nodes) == ["s1", "s2"]  # without replacement
+    assert names(branching_strategy("entropy")(tree, 5, rng), nodes) == ["s1", "s2", "s1", "s2", "s1"]
 
 
 def test_entropy_breaks_ties_at_random_not_by_depth():
@@ -72,14 +72,14 @@ def test_entropy_breaks_ties_at_random_not_by_depth():
     leafless = b.children[0]
     step(leafless, "answer", 0.7, leaf=True)
     tree = Tree(root, 0, 0)
-    firsts = Counter(id(pick_expansion_nodes(tree, 1, np.random.default_rng(seed), "entropy")[0])
+    firsts = Counter(id(branching_strategy("entropy")(tree, 1, np.random.default_rng(seed))[0])
                      for seed in range(200))
     assert set(firsts) == {id(a), id(b), id(leafless)} and min(firsts.values()) > 40
 
 
 def test_after_tool_draws_uniformly_from_the_nodes_after_tool_calls(tree):
     tree, nodes = tree
-    counts = Counter(names(pick_expansion_nodes(tree, 20_000, np.random.default_rng(0), "after_tool"), nodes))
+    counts = Counter(names(branching_strategy("after_tool")(tree, 20_000, np.random.default_rng(0)), nodes))
     assert set(counts) == {"s1", "s2"} and abs(counts["s1"] / 20_000 - 0.5) < 0.015
 
 
@@ -89,16 +89,16 @@ def test_a_tree_without_tool_calls_is_drawn_as_uniform(branching):
     x = step(root, "invalid", 0.5)
     step(x, "answer", 0.1, leaf=True)
     tree = Tree(root, 0, 0)
-    assert pick_expansion_nodes(tree, 6, np.random.default_rng(3), branching) == \
-        pick_expansion_nodes(tree, 6, np.random.default_rng(3))
+    assert branching_strategy(branching)(tree, 6, np.random.default_rng(3)) == \
+        branching_strategy("uniform")(tree, 6, np.random.default_rng(3))
 
 
 def test_entropy_without_measured_entropies_and_an_unknown_name_are_errors(tree):
     root = Node(EMPTY, None)
     step(step(root, "search"), "answer", leaf=True)
     with pytest.raises(ValueError, match=r"measured none.*vllm generator does not"):
-        pick_expansion_nodes(Tree(root, 0, 0), 2, np.random.default_rng(0), "entropy")
+        branching_strategy("entropy")(Tree(root, 0, 0), 2, np.random.default_rng(0))
     with pytest.raises(ValueError, match="unknown branching 'widest'; known: uniform, entropy, after_tool"):
-        pick_expansion_nodes(tree[0], 2, np.random.default_rng(0), "widest")
+        branching_strategy("widest")
     assert BRANCHING == ("uniform", "entropy", "after_tool")
     assert [entropy_tokens(name) for name in BRANCHING] == [0, ENTROPY_TOKENS, 0]

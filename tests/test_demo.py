@@ -9,7 +9,8 @@ import pytest
 
 from algos.evaluation import FAILURES, failure_kind, failure_mix
 from benchmarks.bench_update import report as update_report
-from experiments.demo import compare, interval_of, parse_args, summary_text
+from experiments.confidence import Interval
+from experiments.demo import compare, parse_args, summary_text
 
 
 def row(em=0.0, answered=0.0, tool_calls=1.0, hops=1.0, reward=0.0) -> dict[str, float]:
@@ -83,7 +84,7 @@ def test_update_report_gives_intervals_and_the_paired_difference():
     assert "| K=1 | " in text and "| K=4 | " in text and "| start policy | 0.000" in text
     difference = next(line for line in text.splitlines() if line.startswith("| answer rate |"))
     assert difference.startswith("| answer rate | 0.500 [") and difference.endswith("| yes |")
-    assert interval_of(runs["K=4"][0], "answered", "after").mean == 0.75
+    assert Interval(**runs["K=4"][0]["metrics"]["answered"]["after"]).mean == 0.75
 
 
 def test_the_start_spread_retrains_the_demo_recipe_with_only_its_seed_changed():

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import ray
 
-from experiments.demo import interval_of
+from experiments.confidence import Interval
 from experiments.demo import main as demo
 
 
@@ -26,7 +26,7 @@ def test_the_demo_raises_held_out_exact_match_beyond_its_interval(tmp_path, monk
     finally:
         ray.shutdown()
     for metric in ("em", "reward"):
-        change = interval_of(result, metric, "change")
+        change = Interval(**result["metrics"][metric]["change"])
         assert change.low > 0.0, (metric, change, result["before"], result["after"])
     assert (tmp_path / "demo" / "summary.md").read_text().count("| yes |") >= 2
     before, after = result["failures"]["before"], result["failures"]["after"]

@@ -1,5 +1,6 @@
-"""The memory plan (policies/memory_plan.py, experiments/plan_memory.py): shapes and parameter counts, the parts by
-hand, the issue's contract, and the errors."""
+"""The memory plan (policies/model_shape.py, policies/memory_plan.py, policies/memory_report.py,
+experiments/plan_memory.py): shapes and parameter counts, the parts by hand, the sizes it promises (a 3B model
+fits one 80 GB GPU, a 7B one does not without sharding), and the errors."""
 
 from __future__ import annotations
 
@@ -13,17 +14,9 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from experiments.plan_memory import main as plan_main
-from policies.memory_plan import (
-    GIB,
-    PRESETS,
-    MemoryOptions,
-    ModelShape,
-    ModelShapeError,
-    layer_activation_bytes,
-    model_shape,
-    plan_line,
-    plan_memory,
-)
+from policies.memory_plan import GIB, MemoryOptions, layer_activation_bytes, plan_memory
+from policies.memory_report import plan_line
+from policies.model_shape import PRESETS, ModelShape, ModelShapeError, model_shape
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ModelShape(name="small", vocab=10, hidden=4, intermediate=6, layers=2, heads=2, kv_heads=1, head_dim=2,

@@ -1,4 +1,5 @@
-"""Warm start: oracle trajectories laid out like RL rollouts, and SFT that trains the generated tokens only."""
+"""Warm start (experiments/warmstart.py, oracle_trajectories.py, sft.py): oracle trajectories laid out like RL
+rollouts, SFT that trains the generated tokens only, resuming, and the cached warm starts."""
 
 from __future__ import annotations
 
@@ -17,18 +18,14 @@ import torch
 import envs  # noqa: F401  (registers the env ids)
 import experiments.warmstart as warmstart_module
 from envs.synthetic import BranchSpec, WorldSpec, write_world
-from experiments.warmstart import (
-    cached_warm_start,
-    loss_weights,
+from experiments.oracle_trajectories import (
     misrouted_questions,
     oracle_data_dirs,
     oracle_trajectory,
-    pad,
-    parse_args,
-    sft_loss,
-    train,
     train_branch_questions,
 )
+from experiments.sft import loss_weights, pad, sft_loss, train
+from experiments.warmstart import cached_warm_start, parse_args
 from experiments.warmstart import main as warmstart_main
 from policies.generation import observation_ids, prompt_ids
 from policies.models import build_tiny_random, load_model

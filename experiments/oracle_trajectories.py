@@ -1,0 +1,88 @@
+"""The retrieval oracle's trajectories, the warm start's training data (``experiments/warmstart.py``): each laid out
+token for token as the RL rollouts are, with a 0/1 mask of the generated tokens; the data directories they come
+from (the served world and ``--extra-worlds`` more); and, on SynthBranch, which questions the oracle misroutes."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+
+import envs
+from envs.synthetic import SPECS, SynthQuestion, branch_questions, read_spec, world_data_dir, world_dir
+from experiments.baselines import OracleAgent, in_format
+from policies.generation import observation_ids, prompt_ids
+
+
+def oracle_trajectory(env: gym.Env, tokenizer, index: int, max_searches: int, end_of_turn: int,
+                      answer: bool = True, premature: bool = False, route: SynthQuestion | None = None,
+                      restate: bool = False) -> tuple[list[int], list[int]]:
+    """Question ``index``'s oracle trajectory: token ids and a 0/1 mask of the generated ones. With
+    ``answer=False`` the oracle never answers: where it would, it repeats its last search until the episode
+    ends unanswered. With ``premature=True`` a multi-hop question is answered after its first search, with the
+    entity that search found (the second hop's bridge: a wrong answer in the right format). With ``route`` the
+    oracle searches that route's chain and answers its answer instead of the gold ones (SynthBranch's wrong
+    route, ``SynthQuestion.decoy``). With ``restate`` the thought before each search restates the sentence of the
+    last passage that ends with the query (``OracleAgent``)."""
+    prompt, _ = env.reset(options={"index": index})
+    agent = OracleAgent(max_searches, restate=restate)
+    record = env.unwrapped.record
+    if route is not None:
+        record = dataclasses.replace(record, supporting_titles=route.chain, answers=(route.answer,))
+    if premature and len(record.supporting_titles) > 1:
+        record = dataclasses.replace(record, supporting_titles=record.supporting_titles[:1],
+                                     answers=(record.supporting_titles[1],))
+    agent.start(prompt, record)
+    ids = list(prompt_ids(tokenizer, prompt))
+    generated = [0] * len(ids)
+    observation, done, last_query = prompt, False, env.unwrapped.record.question
+    while not done:
+        text = agent.act(observation)
+        if "<search>" in text:
+            last_query = agent.pending
+        elif not answer:
+            text = in_format("I should check again", "search", last_query)
+        step = tokenizer(text, add_special_tokens=False)["input_ids"]
+        observation, _, terminated, truncated, _ = env.step(text)
+        done = terminated or truncated
+        if terminated:  # answered: as in the rollouts, the end-of-turn token follows </answer>
+            step = [*step, end_of_turn]
+        ids += step
+        generated += [1] * len(step)
+        if observation:
+            obs = observation_ids(tokenizer, observation)
+            ids += obs
+            generated += [0] * len(obs)
+    return ids, generated
+
+
+def oracle_data_dirs(args: argparse.Namespace, env_kwargs: dict) -> list[Path]:
+    """The data directories whose train questions are trained: ``--env``'s (for a generated world, the world it
+    serves: the data directory's, else the default one), then ``--extra-worlds`` worlds shaped like it with the
+    seeds that follow its seed (written to the cache)."""
+    dataset = envs.ENV_IDS[args.env][0]
+    if dataset not in SPECS:
+        return [Path(env_kwargs["data_dir"])]
+    served = world_dir(dataset, data_dir=env_kwargs["data_dir"])
+    spec = read_spec(dataset, served)
+    return [served, *(world_data_dir(dataclasses.replace(spec, seed=spec.seed + k))
+                      for k in range(1, args.extra_worlds + 1))]
+
+
+def train_branch_questions(env: gym.Env, data_dir: Path) -> list[SynthQuestion]:
+    """The train questions of a SynthBranch env serving ``data_dir``, in its order, each with its wrong route
+    (``decoy``: the other person's) and the role it asks about."""
+    return branch_questions(data_dir, "train", [r.question for r in env.unwrapped.records])
+
+
+def misrouted_questions(questions: Sequence[SynthQuestion], share: float, role: str | None,
+                        seed: int) -> set[int]:
+    """The positions of ``questions`` whose oracle follows the wrong person: ``share`` of them, drawn at random
+    (``seed``) among those asking about ``role`` (every question without one)."""
+    eligible = [i for i, q in enumerate(questions) if role is None or q.role == role]
+    order = np.random.default_rng([seed, 1]).permutation(len(eligible))
+    return {eligible[i] for i in order[: round(share * len(eligible))]}

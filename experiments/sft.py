@@ -1,0 +1,100 @@
+"""Supervised fine-tuning on weighted tokens, the warm start's training (``experiments/warmstart.py``): the
+per-token loss weights of a trajectory, the weighted cross-entropy, right-padding, and the training loop (AdamW,
+warm-up then cosine decay) whose state is checkpointed after every epoch and resumed exactly."""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from envs.retrieval.corpus import replace_atomically
+
+
+def loss_weights(generated: Sequence[int], observation_weight: float) -> list[float]:
+    """Per-token weights of the SFT loss: 1 on the generated tokens, ``observation_weight`` on the observations
+    (every token after the first generated one that the policy did not generate), 0 on the prompt."""
+    first = next((t for t, g in enumerate(generated) if g), len(generated))
+    return [1.0 if g else observation_weight if t > first else 0.0 for t, g in enumerate(generated)]
+
+
+def sft_loss(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of the tokens with a positive weight, their weighted mean; the LM head runs on their
+    positions only (the head of a small model with a 49k vocabulary costs more than the rest of it). With 0/1
+    weights (the generated-token mask), the mean cross-entropy of the generated tokens."""
+    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    target_weights = weights[:, 1:].float()  # position t predicts token t + 1
+    select = target_weights > 0
+    logits = model.get_output_embeddings()(hidden[:, :-1][select]).float()
+    losses = torch.nn.functional.cross_entropy(logits, input_ids[:, 1:][select], reduction="none")
+    return (losses * target_weights[select]).sum() / target_weights[select].sum()
+
+
+def pad(rows: Sequence[tuple[list[int], Sequence[float]]], pad_id: int) -> tuple[torch.Tensor, ...]:
+    """(ids, attention mask, loss weights) of ``rows`` of (ids, per-token weights), right-padded."""
+    width = max(len(ids) for ids, _ in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(rows), width), dtype=torch.long)
+    weights = torch.zeros((len(rows), width), dtype=torch.float)
+    for i, (row_ids, row_weights) in enumerate(rows):
+        ids[i, :len(row_ids)] = torch.tensor(row_ids)
+        attention[i, :len(row_ids)] = 1
+        weights[i, :len(row_ids)] = torch.tensor(row_weights, dtype=torch.float)
+    return ids, attention, weights
+
+
+def train(model, data: list[tuple[list[int], Sequence[float]]], *, epochs: int, lr: float, batch_size: int, seed: int,
+          pad_id: int, max_minutes: float | None = None, checkpoint: Path | None = None, log=print) -> list[float]:
+    """AdamW over shuffled batches, linear warm-up then cosine decay; the mean loss of each epoch.
+
+    With ``checkpoint``, the whole training state (weights, optimizer, schedule, shuffling and torch generators, loss
+    curve) is written there after every epoch and, when the file exists, training resumes after its last epoch: a
+    killed run continues where it stopped and ends as an uninterrupted one would. ``max_minutes`` counts this
+    process's time only."""
+    rng = np.random.default_rng(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    steps = epochs * -(-len(data) // batch_size)
+    warmup = max(1, steps // 20)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + np.cos(np.pi * min(s, steps) / steps)))
+    curve: list[float] = []
+    if checkpoint is not None and checkpoint.exists():
+        state = torch.load(checkpoint, weights_only=False)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        schedule.load_state_dict(state["schedule"])
+        rng.bit_generator.state = state["shuffle_rng"]
+        torch.set_rng_state(state["torch_rng"])
+        curve = state["curve"]
+        log(f"resuming after epoch {len(curve)}/{epochs} from {checkpoint}")
+    model.train()
+    start = time.perf_counter()
+    for epoch in range(len(curve), epochs):
+        order = rng.permutation(len(data))
+        batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+        losses = []
+        for batch in batches:
+            ids, attention, weights = pad([data[i] for i in batch], pad_id)
+            loss = sft_loss(model, ids, attention, weights)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            schedule.step()
+            losses.append(loss.item())
+        curve.append(float(np.mean(losses)))
+        log(f"epoch {epoch + 1}/{epochs}: loss {curve[-1]:.4f}  ({time.perf_counter() - start:.0f} s)")
+        if checkpoint is not None:
+            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                     "schedule": schedule.state_dict(), "shuffle_rng": rng.bit_generator.state,
+                     "torch_rng": torch.get_rng_state(), "curve": curve}
+            replace_atomically(checkpoint, functools.partial(torch.save, state))  # a kill mid-write keeps the last
+        if max_minutes is not None and time.perf_counter() - start > 60 * max_minutes:
+            log(f"stopping: --max-minutes {max_minutes} reached")
+            break
+    model.eval()
+    return curve
