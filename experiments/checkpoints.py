@@ -10,6 +10,11 @@ save. Layout::
     RUN/checkpoints/iter_000006/...
     RUN/checkpoints/latest -> iter_000006
 
+With sharded learners (``--learner-sharding fsdp``) the learner's part holds no weights: every learner writes its
+shards of the weights and of AdamW's state into ``learner_group/learner/fsdp_shards/`` (torch distributed
+checkpoint, one file per learner, ``sharding.json`` with their number), inside the same temporary directory, so the
+manifest and the rename cover them too; ``sharded_policy`` reads them back whole in one process (export, evaluation).
+
 RLlib checkpoints are pickles: restore only checkpoints you wrote (``experiments/export.py`` writes the
 policy as safetensors for sharing).
 """
@@ -33,6 +38,10 @@ TMP_PREFIX = ".tmp-"
 RLLIB_MARKER = "rllib_checkpoint.json"  # written by RLlib's save_to_path
 LAYOUT = ("expected a checkpoint directory (iter_NNNNNN holding manifest.json), a run's checkpoints/ "
           "directory, or a run directory holding checkpoints/")
+
+
+LEARNER_GROUP = "learner_group"  # RLlib's learner group in a checkpoint
+LEARNER_GROUP_CTOR = "class_and_ctor_args.pkl"  # RLlib's, in LEARNER_GROUP: its constructor's arguments (module spec)
 
 
 class CheckpointError(ValueError):
@@ -179,3 +188,29 @@ def restore_errors(path: str | Path) -> Iterator[None]:
         raise CheckpointError(f"cannot restore checkpoint {path}: {type(error).__name__}: {error} (the checkpoint "
                               f"is damaged or incomplete; resume from an earlier one in {Path(path).parent})"
                               ) from error
+
+
+def is_sharded(checkpoint: str | Path) -> bool:
+    """Whether ``checkpoint`` holds sharded learners' weights (``learner_sharding="fsdp"``) instead of a module."""
+    from algos.tree_grpo.learner_group import shards_directory
+
+    return shards_directory(Path(checkpoint) / LEARNER_GROUP).is_dir()
+
+
+def sharded_policy(checkpoint: str | Path) -> Any:
+    """The policy module of a checkpoint of sharded learners, in this process: built from the module spec RLlib
+    wrote with the learner group, its weights (the float32 masters) read from every learner's shards, whatever the
+    number of learners that wrote them (no process group needed)."""
+    from ray.rllib.core import DEFAULT_MODULE_ID
+
+    from algos.tree_grpo.learner_group import shards_directory
+    from policies.fsdp import load_full_weights
+
+    checkpoint = Path(checkpoint)
+    with restore_errors(checkpoint), (checkpoint / LEARNER_GROUP / LEARNER_GROUP_CTOR).open("rb") as stream:
+        _, kwargs = pickle.load(stream)["ctor_args_and_kwargs"]
+    module = kwargs["module_spec"].rl_module_specs[DEFAULT_MODULE_ID].build()
+    with restore_errors(checkpoint):
+        load_full_weights(module.model, shards_directory(checkpoint / LEARNER_GROUP))
+    return module
+

@@ -23,7 +23,7 @@ from typing import Any
 import envs
 from algos.evaluation import EVAL_COLUMNS, QUERIES, greedy_chains, mean_results, route_taken
 from envs.datasets import resolve_data_dir
-from experiments.checkpoints import RLLIB_MARKER, restore_errors, verify_checkpoint
+from experiments.checkpoints import RLLIB_MARKER, is_sharded, restore_errors, sharded_policy, verify_checkpoint
 from policies.generation import GENERATORS
 from policies.vllm_generation import vllm_installed
 
@@ -93,6 +93,9 @@ def load_policy(model: str, dtype: str = "float32"):
         from ray.rllib.core.rl_module.rl_module import RLModule
 
         verify_checkpoint(checkpoint, hashes=False)  # names a missing or truncated file; hashing is resume's job
+        if is_sharded(checkpoint):  # sharded learners' checkpoint: every learner's shards gathered here
+            module = sharded_policy(checkpoint)
+            return module.model, module.tokenizer
         module_dir = checkpoint / "learner_group" / "learner" / "rl_module" / "default_policy"
         if not module_dir.is_dir():
             raise FileNotFoundError(f"{checkpoint} is an RLlib checkpoint without a policy module at {module_dir} "

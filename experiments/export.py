@@ -7,10 +7,11 @@ CKPT is what ``run.py --resume`` takes: a run directory (its newest checkpoint),
 ``checkpoints/latest`` or one ``checkpoints/iter_NNNNNN``. OUT gets the weights as ``model.safetensors``,
 ``config.json``, ``generation_config.json`` and the tokenizer files (with the chat template), the layout
 ``AutoModelForCausalLM.from_pretrained(OUT)`` and ``AutoTokenizer.from_pretrained(OUT)`` read; ``run.py --model OUT``
-and ``evaluate.py --model OUT`` take it too. A policy trained with LoRA is exported with its adapters merged into
-the base weights (a plain model, no peft needed to load it). The weights are the learner's master weights in
-float32 (a ``--dtype bfloat16`` run trains float32 masters under bf16 compute), or ``--dtype bfloat16`` for a
-file half the size.
+and ``evaluate.py --model OUT`` take it too. A checkpoint of sharded learners (``--learner-sharding fsdp``) is
+gathered from every learner's shards in this process, whatever their number. A policy trained with LoRA is exported
+with its adapters merged into the base weights (a plain model, no peft needed to load it). The weights are the
+learner's master weights in float32 (a ``--dtype bfloat16`` run trains float32 masters under bf16 compute), or
+``--dtype bfloat16`` for a file half the size.
 
 Checkpoints are pickles (load only your own); the export holds no pickle. OUT is written beside its final place
 and renamed into it, so it is never left half-written; an OUT that exists and is not empty is refused unless

@@ -287,7 +287,8 @@ def memory_options(settings: RunSettings, gpu_memory_gib: float | None) -> Memor
                                                 or 0 < settings.num_gpus_per_env_runner < 1)
     tokens = {} if settings.micro_batch_tokens is None else {"micro_batch_tokens": settings.micro_batch_tokens}
     return MemoryOptions(
-        learners=max(1, settings.num_learners), dtype=settings.dtype, pure_bf16=settings.pure_bf16,
+        learners=max(1, settings.num_learners), sharding=settings.learner_sharding, dtype=settings.dtype,
+        pure_bf16=settings.pure_bf16,
         gradient_checkpointing=settings.gradient_checkpointing, reference=settings.kl_coef > 0,
         reference_offload=settings.reference_offload, lora_rank=settings.lora_rank,
         learner_attention="flex_attention" if settings.learner_attention == FLEX_ATTENTION else "sdpa",

@@ -42,9 +42,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from policies.model_shape import PRESETS as PRESETS  # re-exported for the benchmarks that import them from here
-from policies.model_shape import SMOLLM2 as SMOLLM2
-from policies.model_shape import TINY_RANDOM as TINY_RANDOM
 from policies.model_shape import ModelShape
 
 GIB = 2**30

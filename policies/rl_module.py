@@ -10,16 +10,19 @@ each unique token of the rows once).
 ``float32`` or ``bfloat16``: see :mod:`policies.precision`), ``pure_bf16`` (bfloat16 master weights too),
 ``gradient_checkpointing`` (recompute each decoder layer's activations in the backward pass), ``lora`` (None, or a
 dict of :class:`~policies.models.LoraSettings` fields), ``seed``, ``logprob_chunk`` (positions per chunk, default
-256).
+256), ``sync_bucket_mib`` (the bound on one bucket of the weight sync, :mod:`policies.weight_sync`).
 
 Precision: a trained module (the learner's) holds its weights in the master dtype (float32 unless ``pure_bf16``)
 and runs ``forward_train`` under autocast to the compute dtype; an inference-only module (an env runner's) holds
-its weights in the compute dtype, and a learner's ``get_state(inference_only=True)`` (the weight sync) sends them
-in that dtype. A LoRA base is frozen: it is loaded in the compute dtype, its adapters in float32.
+its weights in the compute dtype. The weight sync (``sync_specs`` / ``sync_buckets`` on the learner's module,
+``load_synced`` on the engine's) sends them in that dtype, in buckets, each tensor once; ``get_state`` /
+``set_state`` are the whole state dict (checkpoints; ``get_state(inference_only=True)``: cast to the compute
+dtype). A LoRA base is frozen: it is loaded in the compute dtype, its adapters in float32.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -33,10 +36,20 @@ from policies.hf_generation import HFStepGenerator
 from policies.logprobs import sequence_logprobs
 from policies.models import LoraSettings, load_model
 from policies.precision import cast_floating, precision_of, weights_dtype
+from policies.weight_sync import (
+    DEFAULT_BUCKET_MIB,
+    Bucket,
+    TensorSpec,
+    bucket_bytes,
+    engine_tensors,
+    load_buckets,
+    pack_buckets,
+    tensor_specs,
+)
 
 DEFAULT_MODEL_CONFIG: dict[str, Any] = {
     "model": "tiny-random", "dtype": "float32", "pure_bf16": False, "gradient_checkpointing": False, "lora": None,
-    "seed": 0, "logprob_chunk": 256,
+    "seed": 0, "logprob_chunk": 256, "sync_bucket_mib": DEFAULT_BUCKET_MIB,
 }
 
 
@@ -56,6 +69,7 @@ class LLMRLModule(TorchRLModule):
         if cfg["gradient_checkpointing"] and not self.inference_only:
             enable_gradient_checkpointing(self.model)
         self.logprob_chunk = int(cfg["logprob_chunk"])
+        self.sync_bucket_bytes = bucket_bytes(cfg["sync_bucket_mib"])
 
     def generator(self, settings: SamplingSettings | None = None, *, keep_cache: bool = True) -> HFStepGenerator:
         """A step generator over this module's (current) weights, in eval mode."""
@@ -78,6 +92,22 @@ class LLMRLModule(TorchRLModule):
         with self.precision.autocast(batch["input_ids"].device):
             return sequence_logprobs(self.model, batch, return_entropy=return_entropy, share_prefixes=share_prefixes,
                                      chunk_positions=self.logprob_chunk, temperature=temperature)
+
+    def sync_specs(self) -> tuple[TensorSpec, ...]:
+        """The weight sync's tensors (:func:`policies.weight_sync.tensor_specs`) in the compute dtype."""
+        return tensor_specs(self.model, self.precision.compute)
+
+    def sync_buckets(self) -> Iterator[Bucket]:
+        """The weight sync's buckets of at most ``sync_bucket_mib`` MiB, made one at a time (sharded parameters
+        gathered one at a time: every rank must consume the iterator); page-locked when the weights are on a GPU."""
+        compute = self.precision.compute
+        on_gpu = next(self.model.parameters()).is_cuda
+        return pack_buckets(engine_tensors(self.model, compute), compute, self.sync_bucket_bytes, pin_memory=on_gpu)
+
+    def load_synced(self, specs: Iterable[TensorSpec], buckets: Iterable[Bucket]) -> None:
+        """Copy a weight sync's buckets into this module's weights in place (a ``ValueError`` when ``specs`` do
+        not match the module)."""
+        load_buckets(self.model, specs, buckets)
 
     @override(TorchRLModule)
     def get_state(self, components=None, *, not_components=None, inference_only: bool = False, **kwargs) -> dict:

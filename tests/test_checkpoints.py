@@ -130,3 +130,45 @@ def test_restore_errors_name_the_checkpoint(tmp_path, error):
     expected = re.escape(f"cannot restore checkpoint {tmp_path}")
     with pytest.raises(CheckpointError, match=expected), restore_errors(tmp_path):
         raise error
+
+
+def test_a_sharded_checkpoints_policy_is_read_whole(tmp_path):
+    """A checkpoint of sharded learners holds no module state, only RLlib's module spec (with the learner group)
+    and the learners' shards: ``sharded_policy`` builds the module and reads its weights from the shards (written
+    here by one process; the slow tier's run.py tests export two learners' shards)."""
+    import torch
+    from ray.rllib.core import DEFAULT_MODULE_ID
+    from ray.rllib.core.rl_module.multi_rl_module import MultiRLModuleSpec
+    from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+
+    from algos.tree_grpo.learner_group import shards_directory
+    from envs.search_qa import UnicodeText
+    from experiments.checkpoints import LEARNER_GROUP, LEARNER_GROUP_CTOR, is_sharded, sharded_policy
+    from policies.fsdp import save_sharded
+    from policies.rl_module import LLMRLModule
+
+    text = UnicodeText(100)
+    spec = MultiRLModuleSpec(rl_module_specs={DEFAULT_MODULE_ID: RLModuleSpec(
+        module_class=LLMRLModule, observation_space=text, action_space=text, model_config={"model": "tiny-random"})})
+    trained = spec.rl_module_specs[DEFAULT_MODULE_ID].build()
+    with torch.no_grad():
+        for param in trained.model.parameters():
+            param.add_(torch.randn_like(param), alpha=0.01)  # weights a freshly built module does not have
+    (tmp_path / LEARNER_GROUP).mkdir()
+    (tmp_path / LEARNER_GROUP / LEARNER_GROUP_CTOR).write_bytes(
+        pickle.dumps({"class": None, "ctor_args_and_kwargs": ((), {"config": None, "module_spec": spec})}))
+    assert not is_sharded(tmp_path)
+    shards = shards_directory(tmp_path / LEARNER_GROUP)
+    save_sharded(trained.model, torch.optim.AdamW(trained.model.parameters()), shards)
+    assert is_sharded(tmp_path)
+    read = sharded_policy(tmp_path).model.state_dict()
+    assert read.keys() == trained.model.state_dict().keys()
+    assert all(torch.equal(read[name], value) for name, value in trained.model.state_dict().items())
+
+
+def test_a_sharded_checkpoint_without_its_module_spec_is_named(tmp_path):
+    from experiments.checkpoints import sharded_policy
+
+    (tmp_path / "learner_group").mkdir()
+    with pytest.raises(CheckpointError, match=f"cannot restore checkpoint {re.escape(str(tmp_path))}"):
+        sharded_policy(tmp_path)

@@ -1,6 +1,6 @@
 """Work spread over env runners: sharding and its retries (pure), several remote runners in one iteration, the
-exported trees' leaf indices, counting the questions without a retriever, the mid-update flag, and (slow) a
-runner that dies mid-sample."""
+exported trees' leaf indices, counting the questions without a retriever, the mid-update flag, the weight sync
+(buckets through the object store, tensor to tensor in one process), and (slow) a runner that dies mid-sample."""
 
 from __future__ import annotations
 
@@ -20,10 +20,11 @@ from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, LEARNER_RESULTS
 import algos.tree_grpo.tree_grpo as tree_grpo_module
 import envs
 import envs.search_qa
-from algos.tree_grpo import TreeGRPOConfig
+from algos.tree_grpo import TreeGRPOConfig, weight_transport
 from algos.tree_grpo import metrics as metric_keys
 from algos.tree_grpo.env_runner import TreeSearchEnvRunner, module_device
 from algos.tree_grpo.sharding import run_sharded, shard
+from algos.tree_grpo.weight_transport import sync_env_runners, weights_seq_no
 
 LEAVES_PER_PROMPT = 6  # the default shape (2, 2, 1)
 
@@ -320,3 +321,80 @@ def test_a_runner_keeps_its_module_on_the_gpu_only_for_the_hf_generator():
     assert module_device("hf", cuda_available=True) == "cuda"
     assert module_device("vllm", cuda_available=True) == "cpu"  # the engine holds the GPU copy: no second one
     assert module_device("hf", cuda_available=False) == module_device("vllm", cuda_available=False) == "cpu"
+
+
+# -- the weight sync ----------------------------------------------------------------------------------------
+
+
+def runner_weights(algo) -> dict[int, dict[str, torch.Tensor]]:
+    """Each runner's module weights by worker index (the driver's own runner: 0)."""
+    group = algo.env_runner_group
+    remote = group.num_remote_env_runners() > 0
+    return dict(group.foreach_env_runner(
+        lambda runner: (runner.worker_index, {k: v.clone() for k, v in runner.module.model.state_dict().items()}),
+        local_env_runner=not remote))
+
+
+def assert_runners_hold(algo, learner_model: torch.nn.Module, dtype: torch.dtype, runners: list[int]) -> None:
+    expected = learner_model.state_dict()
+    held = runner_weights(algo)
+    assert sorted(held) == runners
+    for weights in held.values():
+        for key, tensor in weights.items():
+            assert tensor.dtype == dtype and torch.equal(tensor, expected[key].to(dtype)), key
+
+
+def perturb(model: torch.nn.Module, seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.01)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_sync_gives_every_runner_the_learners_weights_in_the_engine_dtype(ray_session, data_dir, monkeypatch,
+                                                                              dtype):
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # ``perturb`` runs in the runners too
+    config = two_remote_runners(tiny_config(data_dir, 2, lr=1e-2, skip_uniform_rewards=False))
+    algo = config.rl_module(model_config={"model": "tiny-random", "seed": 0, "dtype": dtype,
+                                          "sync_bucket_mib": 0.5}).build_algo()
+    learner = algo.learner_group._learner
+    learner_model = learner.module["default_policy"].model
+    puts = []
+    real_put = ray.put
+    monkeypatch.setattr(weight_transport.ray, "put", lambda value: (puts.append(value.nbytes), real_put(value))[1])
+    try:
+        perturb(learner_model, seed=1)  # the runners' copies differ until the sync
+        sync_env_runners(algo.learner_group, algo.env_runner_group)
+        assert_runners_hold(algo, learner_model, getattr(torch, dtype), [1, 2])
+        # the buckets went into the object store once for both runners, each at most 0.5 MiB, each tensor once
+        item = getattr(torch, dtype).itemsize
+        assert max(puts) <= 2**19 and sum(puts) >= sum(p.numel() for p in learner_model.parameters()) * item
+        assert sum(puts) < (sum(p.numel() for p in learner_model.parameters()) * item) + len(puts) * 64 * 300
+        algo.train()  # an update, then the training step's own sync
+        seq_no = weights_seq_no(learner)
+        assert seq_no == 1
+        assert_runners_hold(algo, learner_model, getattr(torch, dtype), [1, 2])
+        assert algo.env_runner_group.foreach_env_runner(lambda runner: runner._weights_seq_no,
+                                                        local_env_runner=False) == [seq_no, seq_no]
+        # a restarted runner (its sequence number back to 0) gets the current weights through the restore path
+        algo.env_runner_group.foreach_env_runner(lambda runner: (perturb(runner.module.model, seed=2),
+                                                                 setattr(runner, "_weights_seq_no", 0)),
+                                                 remote_worker_ids=[2], local_env_runner=False)
+        sync_env_runners(algo.learner_group, algo.env_runner_group, to_worker_indices=[2])
+        assert_runners_hold(algo, learner_model, getattr(torch, dtype), [1, 2])
+    finally:
+        algo.stop()
+
+
+def test_a_learner_and_runner_in_one_process_copy_tensor_to_tensor(ray_session, data_dir, monkeypatch):
+    algo = tiny_config(data_dir, 1).rl_module(model_config={"model": "tiny-random", "dtype": "bfloat16"}).build_algo()
+    learner_model = algo.learner_group._learner.module["default_policy"].model
+    monkeypatch.setattr(weight_transport, "publish_weights", lambda learner: pytest.fail("used the object store"))
+    try:
+        assert weight_transport.colocated(algo.learner_group, algo.env_runner_group)
+        perturb(learner_model, seed=3)
+        sync_env_runners(algo.learner_group, algo.env_runner_group)
+        assert_runners_hold(algo, learner_model, torch.bfloat16, [0])
+    finally:
+        algo.stop()

@@ -31,6 +31,7 @@ from algos.batch import INPUT_IDS, MINI_BATCH, LeafRecord, learner_shards, pad_b
 from algos.tree_grpo import TreeGRPOConfig
 from algos.tree_grpo import metrics as metric_keys
 from envs.search_qa import UnicodeText
+from policies.fsdp import full_state, trained_state_bytes
 from policies.logprobs import GENERATED_MASK
 from policies.trajectory import TokenTrajectory
 
@@ -90,10 +91,13 @@ def case_batch(name: str, learners: int) -> dict[str, np.ndarray]:
     return learner_shards(arrays, {**BASE, **training}["ppo_mini_batches"], learners)
 
 
-def build(name: str, num_learners: int):
-    _, training = CASES[name]
-    config = (TreeGRPOConfig().rl_module(model_config={"model": "tiny-random", "dtype": "float32"})
-              .training(**{**BASE, **training}).learners(num_learners=num_learners))
+def build(name: str, num_learners: int, sharding: str = "ddp", model_config: dict | None = None,
+          training: dict | None = None):
+    """The case's learner; ``model_config`` and ``training`` update the case's own."""
+    model = {"model": "tiny-random", "dtype": "float32", **(model_config or {})}
+    config = (TreeGRPOConfig().rl_module(model_config=model)
+              .training(**{**BASE, **CASES[name][1], **(training or {})}, learner_sharding=sharding)
+              .learners(num_learners=num_learners))
     text = UnicodeText(100)
     return config.build_learner(spaces={DEFAULT_MODULE_ID: (text, text)})
 
@@ -117,39 +121,53 @@ def run_update(learner, arrays: dict[str, np.ndarray]) -> dict:
     model = learner.module[DEFAULT_MODULE_ID].unwrapped().model
     return {"metrics": {key: float(stats.peek()) for key, stats in results[DEFAULT_MODULE_ID].items()},
             "step_grad_norms": norms,
-            "weights": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+            "weights": {k: v.clone() for k, v in full_state(model)},  # sharded: gathered by every rank
+            "trained_bytes": trained_state_bytes(model, learner._the_optimizer())}
 
 
-def run_rank(name: str, rank: int) -> dict:
-    """The case ``name`` on this rank: a DDP learner on the shard RLlib would hand it, one update."""
-    arrays = case_batch(name, WORLD)
+def run_rank(name: str, rank: int, world: int = WORLD, sharding: str = "ddp", **options) -> dict:
+    """The case ``name`` on this rank of ``world``: a DDP (or FSDP) learner (``options``: ``build``'s) on the shard
+    RLlib would hand it, one update; how often the micro-batches skipped the gradient reduction (DDP's
+    ``no_sync``, FSDP's ``set_requires_gradient_sync(False)``)."""
+    arrays = case_batch(name, world)
     whole = MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(arrays)}, env_steps=len(arrays[INPUT_IDS]))
-    shard = list(ShardBatchIterator(whole, num_shards=WORLD))[rank].policy_batches[DEFAULT_MODULE_ID]
-    learner = build(name, WORLD)
-    module = learner.module[DEFAULT_MODULE_ID]
-    no_sync, entered = module.no_sync, []
-    module.no_sync = lambda: entered.append(1) or no_sync()  # a spy on DDP's no_sync
+    shard = list(ShardBatchIterator(whole, num_shards=world))[rank].policy_batches[DEFAULT_MODULE_ID]
+    # LoRA's adapters are initialised from the global generator: another on each rank, so that DDP (its broadcast)
+    # and FSDP (shard_model's) must both start every rank from rank 0's
+    torch.manual_seed(rank)
+    learner = build(name, world, sharding, **options)
+    spied, name_of_switch = ((learner._policy_root, "set_requires_gradient_sync") if sharding == "fsdp"
+                             else (learner.module[DEFAULT_MODULE_ID], "no_sync"))
+    switch, entered = getattr(spied, name_of_switch), []
+
+    def spy(*args, **kwargs):
+        if name_of_switch == "no_sync" or not args[0]:
+            entered.append(1)
+        return switch(*args, **kwargs)
+
+    setattr(spied, name_of_switch, spy)
     try:
         result = run_update(learner, {k: np.asarray(v) for k, v in shard.items()})
     finally:
-        del module.no_sync
+        delattr(spied, name_of_switch)
     return {**result, "no_sync_entered": len(entered), "rows": len(shard),
             "tokens": float(shard[GENERATED_MASK].sum())}
 
 
-def rank_main(rank: int, out: str) -> None:
-    """Every case on this rank, in one process group; each case's result (or error) to ``out/<case>-<rank>.pt``."""
+def rank_main(rank: int, world: int, out: str, plan: list[tuple[str, str, dict]]) -> None:
+    """Each (case, sharding, ``build`` options) of ``plan`` on this rank of ``world``, in one process group; the
+    i-th result (or error) to ``out/<i>-<rank>.pt``."""
     torch.set_num_threads(1)
     # a file store (no port to collide on a shared machine); the short timeout bounds a collective left waiting
-    dist.init_process_group("gloo", init_method=f"file://{Path(out) / 'store'}", rank=rank, world_size=WORLD,
+    dist.init_process_group("gloo", init_method=f"file://{Path(out) / 'store'}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=60))
     try:
-        for name in CASES:
+        for i, (name, sharding, options) in enumerate(plan):
             try:
-                result = run_rank(name, rank)
+                result = run_rank(name, rank, world, sharding, **options)
             except Exception:
                 result = {"error": traceback.format_exc()}
-            torch.save(result, Path(out) / f"{name}-{rank}.pt")
+            torch.save(result, Path(out) / f"{i}-{rank}.pt")
             gc.collect()  # DDP's reducer holds the process group: free the case's learner before the group
             if "error" in result:
                 break  # the other rank may wait in a collective this one left: stop here
@@ -158,21 +176,25 @@ def rank_main(rank: int, out: str) -> None:
         dist.destroy_process_group()
 
 
-@pytest.fixture(scope="module")
-def two_learners(tmp_path_factory) -> dict[str, list[dict]]:
-    """Per case, the results of the two ranks (the spawn's failure, if any, as each missing case's error)."""
-    out = tmp_path_factory.mktemp("ddp")
+def spawn(out: Path, world: int, plan: list[tuple[str, str, dict]]) -> list[list[dict]]:
+    """``plan`` (see ``rank_main``) on ``world`` spawned ranks; per entry, the ranks' results (the spawn's failure,
+    if any, as each missing result's error)."""
+    out.mkdir(parents=True, exist_ok=True)
     failure = None
     try:
-        mp.spawn(rank_main, args=(str(out),), nprocs=WORLD, join=True)
+        mp.spawn(rank_main, args=(world, str(out), plan), nprocs=world, join=True)
     except Exception as error:  # a rank that died: its cases report it
         failure = f"spawned learners failed: {error}"
-    results = {}
-    for name in CASES:
-        files = [out / f"{name}-{rank}.pt" for rank in range(WORLD)]
-        results[name] = [torch.load(f, weights_only=False) if f.exists() else {"error": failure or "no result"}
-                         for f in files]
-    return results
+    files = [[out / f"{i}-{rank}.pt" for rank in range(world)] for i in range(len(plan))]
+    return [[torch.load(f, weights_only=False) if f.exists() else {"error": failure or "no result"} for f in ranks]
+            for ranks in files]
+
+
+@pytest.fixture(scope="module")
+def two_learners(tmp_path_factory) -> dict[str, list[dict]]:
+    """Per case, the results of the two ranks."""
+    results = spawn(tmp_path_factory.mktemp("ddp"), WORLD, [(name, "ddp", {}) for name in CASES])
+    return dict(zip(CASES, results, strict=True))
 
 
 @pytest.fixture(scope="module")

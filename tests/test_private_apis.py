@@ -87,6 +87,30 @@ def get_optimizer_state() -> None:
     expect(hasattr(learner, "_set_optimizer_state"), "TorchLearner._set_optimizer_state is gone")
 
 
+def make_module_and_ddp_wrapping() -> None:
+    from ray.rllib.core.learner.learner import Learner
+
+    learner = torch_learner()
+    expect_parameters(learner._make_module, ["self"])
+    build = source_of(Learner.build)
+    expect(build.index("self._make_module(") < build.index("self.configure_optimizers("),
+           "Learner.build configures the optimizers before making the module: they would not hold the shards")
+    expect_parameters(learner._make_modules_ddp_if_necessary, ["self"])
+    expect_calls(learner.build, "self._make_modules_ddp_if_necessary(")
+
+
+def get_subcomponents() -> None:
+    from ray.rllib.utils.checkpoints import Checkpointable
+
+    expect_parameters(Checkpointable._get_subcomponents, ["self", "name", "components"])
+
+
+def learner_group_get_results() -> None:
+    from ray.rllib.core.learner.learner_group import LearnerGroup
+
+    expect_parameters(LearnerGroup._get_results, ["self", "results"])
+
+
 def optimizer_registries() -> None:
     from ray.rllib.core.learner.learner import Learner
 
@@ -281,20 +305,33 @@ def request_output_cached_tokens() -> None:
 
 
 LEARNER = "algos/tree_grpo/learner.py"
+LEARNER_STATE = "algos/tree_grpo/learner_state.py"
+LEARNER_GROUP = "algos/tree_grpo/learner_group.py"
 APIS = [
     PrivateAPI("ray", "TorchLearner._uncompiled_update", LEARNER,
                "RLlib's TorchLearner._update: our override replaces its row-split update loop", uncompiled_update),
-    PrivateAPI("ray", "TorchLearner._get_optimizer_state", LEARNER,
+    PrivateAPI("ray", "TorchLearner._get_optimizer_state", LEARNER_STATE,
                "Learner.get_state / _set_optimizer_state: our override returns tensors (numpy has no bf16)",
                get_optimizer_state),
-    PrivateAPI("ray", "Learner._named_optimizers / _optimizer_name_to_module", LEARNER,
+    PrivateAPI("ray", "Learner._named_optimizers / _optimizer_name_to_module", LEARNER_STATE,
                "Learner.__init__ and register_optimizer: where the optimizers and their module ids are kept",
                optimizer_registries),
+    PrivateAPI("ray", "TorchLearner._make_module", LEARNER,
+               "Learner.build: the module is made before the optimizers, so that AdamW is built over the shards",
+               make_module_and_ddp_wrapping),
+    PrivateAPI("ray", "TorchLearner._make_modules_ddp_if_necessary", LEARNER,
+               "TorchLearner.build calls it last: a sharded module must not also be wrapped in DDP",
+               make_module_and_ddp_wrapping),
+    PrivateAPI("ray", "Checkpointable._get_subcomponents", LEARNER_GROUP,
+               "ray.rllib.utils.checkpoints: the learner's part of a learner-group state request", get_subcomponents),
+    PrivateAPI("ray", "LearnerGroup._get_results", LEARNER_GROUP,
+               "LearnerGroup: the values of a foreach_learner call, the first error raised", learner_group_get_results),
     PrivateAPI("ray", "Learner._set_optimizer_lr", LEARNER,
                "TorchLearner: how a learning rate is written into an optimizer's param groups", set_optimizer_lr),
     PrivateAPI("ray", "Learner._device / Learner._module", LEARNER,
                "Learner.__init__ and build(): the learner's device and MultiRLModule", learner_device_and_module),
-    PrivateAPI("ray", "Checkpointable._check_component", f"{LEARNER}, algos/tree_grpo/env_runner.py",
+    PrivateAPI("ray", "Checkpointable._check_component",
+               f"{LEARNER_STATE}, {LEARNER_GROUP}, algos/tree_grpo/env_runner.py",
                "ray.rllib.utils.checkpoints: how get_state decides whether a component is asked for",
                check_component),
     PrivateAPI("ray", "Algorithm._should_create_evaluation_env_runners", "algos/tree_grpo/tree_grpo.py",

@@ -32,9 +32,12 @@ from algos.evaluation import greedy_chains
 from algos.rollout import TreeRollout
 from algos.tree import Tree
 from algos.tree_grpo import metrics as metric_keys
+from algos.tree_grpo.weight_transport import SyncedWeights, receive_weights
 from algos.tree_view import trees_to_dicts
 from policies.generation import SamplingSettings, StepGenerator
+from policies.rl_module import LLMRLModule
 from policies.vllm_generation import VLLMEngine, VLLMStepGenerator
+from policies.weight_sync import copy_weights
 
 
 @dataclass
@@ -209,14 +212,29 @@ class TreeSearchEnvRunner(EnvRunner, Checkpointable):
                 module_state = state[COMPONENT_RL_MODULE]
                 if isinstance(module_state, ray.ObjectRef):
                     module_state = ray.get(module_state)
-                if isinstance(module_state, dict) and DEFAULT_MODULE_ID in module_state:
-                    module_state = module_state[DEFAULT_MODULE_ID]
-                self.module.set_state(module_state)
-                if self._vllm is not None:
-                    self._vllm.load_weights(self.module.model)
+                if isinstance(module_state, SyncedWeights):  # the weight sync's buckets
+                    receive_weights(self.module, module_state)
+                else:  # a whole state dict (RLlib's restore of a failed runner, a checkpoint)
+                    if isinstance(module_state, dict) and DEFAULT_MODULE_ID in module_state:
+                        module_state = module_state[DEFAULT_MODULE_ID]
+                    self.module.set_state(module_state)
+                self._weights_loaded()
             self._weights_seq_no = max(self._weights_seq_no, seq_no)
         self.num_env_steps_sampled_lifetime = state.get(NUM_ENV_STEPS_SAMPLED_LIFETIME,
                                                         self.num_env_steps_sampled_lifetime)
+
+    def copy_weights_from(self, module: LLMRLModule, seq_no: int) -> None:
+        """A learner's weights in this process (``seq_no``: their sequence number), copied tensor to tensor into
+        this runner's module (cast to its dtype) unless this runner has them already."""
+        if seq_no == 0 or self._weights_seq_no < seq_no:
+            copy_weights(module.model, self.module.model)
+            self._weights_loaded()
+        self._weights_seq_no = max(self._weights_seq_no, seq_no)
+
+    def _weights_loaded(self) -> None:
+        """The module has new weights: a running vLLM engine serves them from now on."""
+        if self._vllm is not None:
+            self._vllm.load_weights(self.module.model)
 
     @override(Checkpointable)
     def get_ctor_args_and_kwargs(self):

@@ -25,6 +25,14 @@ gradient of the whole mini-batch's token-mean. A learner without rows in a mini-
 runs a forward and backward pass, on a stand-in row whose loss counts 0, so that it joins the DDP collectives
 the others wait for; every learner takes the same steps.
 
+With ``learner_sharding="fsdp"`` the learners hold the policy sharded (:mod:`policies.fsdp`) instead of as DDP
+replicas: the same steps (FSDP averages the gradients as DDP does, so the loss scale is the same), the passes run
+through the shards' root, the micro-batches before a step's last accumulate unreduced gradients
+(``set_requires_gradient_sync``, DDP's ``no_sync``), the gradient norm and its clipping are over the whole sharded
+gradient, AdamW steps on the shards. The KL reference is sharded the same way unless offloaded (then a whole copy in
+host memory, as without sharding); LoRA adapters are sharded with the layers that hold them. The weights and the
+optimizer state are then shards (``algos/tree_grpo/learner_state.py``: how they are saved and gathered).
+
 The schedule position (``OPTIMIZER_STEPS``, optimizer steps taken) is part of the learner's state next to
 the optimizer state, so a resumed run continues its warm-up and decay instead of restarting them.
 """
@@ -32,16 +40,16 @@ the optimizer state, so a resumed run continues its warm-up and decay instead of
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import math
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from ray.rllib.core import COMPONENT_OPTIMIZER, DEFAULT_MODULE_ID
+from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.utils.annotations import override
-from ray.rllib.utils.typing import StateDict
 
 from algos.batch import (
     ADVANTAGES,
@@ -54,15 +62,18 @@ from algos.batch import (
     minibatch_slices,
 )
 from algos.losses import (
-    MismatchStats,
     clipped_policy_loss,
     k3_kl,
     masked_mean,
-    sampler_mismatch,
     truncated_importance_weights,
 )
 from algos.lr_schedule import scheduled_lr
 from algos.tree_grpo import metrics as metric_keys
+from algos.tree_grpo.learner_metrics import EXTREMES, LOSS, across_learners, mismatch_sums, update_metrics
+from algos.tree_grpo.learner_state import OPTIMIZER_STEPS as OPTIMIZER_STEPS  # re-exported: the learner's state key
+from algos.tree_grpo.learner_state import LearnerState
+from algos.tree_grpo.settings import check_learner_sharding
+from policies.fsdp import global_norm, gradient_sync, shard_model, world_size
 from policies.logprobs import (
     ENTROPY,
     GENERATED_MASK,
@@ -77,35 +88,8 @@ from policies.logprobs import (
 from policies.memory import peak_memory_gib, reset_peak_memory
 from policies.reference_model import ReferenceModel
 
-# a learner state key too: optimizer steps taken so far (the schedule position)
-OPTIMIZER_STEPS = metric_keys.OPTIMIZER_STEPS
 OLD, REF, TIS = "old_logprobs", "ref_logprobs", "tis_weights"  # columns the update adds to its batch
 MISMATCH = "mismatch"  # a step's sampler mismatch metrics (the first step's, when the old log-probs are the sampler's)
-LOSS = "loss"  # a step's total loss (policy + KL - entropy terms), returned to RLlib as total_loss
-TOKENS = "tokens"  # the generated tokens a step's (or the mismatch's) partial sums are over, on this learner
-# per-step metrics that combine as extremes, not as token-weighted means
-EXTREMES = (metric_keys.RATIO_MAX, metric_keys.RATIO_MIN)
-# per-step metrics equal on every learner (after DDP's gradient all-reduce)
-SAME_ON_EVERY_LEARNER = (metric_keys.GRAD_NORM, metric_keys.NONFINITE_GRAD_SHARE, metric_keys.LEARNING_RATE)
-
-
-def mismatch_metrics(stats: MismatchStats) -> dict[str, float]:
-    return {metric_keys.SAMPLER_RATIO_MEAN: stats.ratio_mean, metric_keys.SAMPLER_RATIO_P99: stats.ratio_p99,
-            metric_keys.SAMPLER_RATIO_OUTSIDE: stats.outside}
-
-
-def _mismatch_sums(learner_logprobs: torch.Tensor, data: dict[str, torch.Tensor]) -> dict[str, float]:
-    """The sampler mismatch of ``data``'s rows as sums over its generated tokens (``TOKENS`` of them; the 99th
-    percentile as it is, -inf without tokens), to be added up over the learners (``_across_learners``)."""
-    mask = data[GENERATED_MASK]
-    tokens = float(mask.sum())
-    stats = sampler_mismatch(learner_logprobs, data[SAMPLING_LOGPROBS], mask)
-    return {metric_keys.SAMPLER_RATIO_MEAN: stats.ratio_mean * tokens,
-            metric_keys.SAMPLER_RATIO_OUTSIDE: stats.outside * tokens,
-            metric_keys.SAMPLER_RATIO_P99: stats.ratio_p99 if tokens else -math.inf,
-            metric_keys.TIS_WEIGHT_MEAN: float((data[TIS] * mask).sum()), TOKENS: tokens}
-
-
 def old_logprobs_source(choice: str, compute_dtype: torch.dtype, generator: str = "hf") -> str:
     """``sampler`` or ``recompute``: ``auto`` takes the sampler's when the HF generator computes in float32 (it
     then computes what the learner would, up to KV-cache rounding), and recomputes otherwise (bf16 compute, or
@@ -116,35 +100,23 @@ def old_logprobs_source(choice: str, compute_dtype: torch.dtype, generator: str 
 
 
 def gradient_norm(gradients: list[torch.Tensor]) -> float:
-    """The global L2 norm of ``gradients``, NaN or inf when one of them is (RLlib's ``compute_global_norm``
-    replaces those by 0 and 1e9, which would hide them)."""
-    if not gradients:
-        return 0.0
-    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.detach()) for g in gradients])))
+    """The global L2 norm of ``gradients`` (of the whole gradients when they are shards), NaN or inf when one of
+    them is (RLlib's ``compute_global_norm`` replaces those by 0 and 1e9, which would hide them); see
+    :func:`policies.fsdp.global_norm`."""
+    return global_norm([g.detach() for g in gradients])
 
 
-def _cpu_copy(optimizer_state: dict) -> dict:
-    """A torch optimizer's ``state_dict()`` with every per-parameter tensor copied to the CPU."""
-    return {**optimizer_state, "state": {
-        index: {key: value.detach().to("cpu", copy=True) if torch.is_tensor(value) else value
-                for key, value in per_param.items()}
-        for index, per_param in optimizer_state["state"].items()}}
-
-
-class TreeGRPOTorchLearner(TorchLearner):
+class TreeGRPOTorchLearner(LearnerState, TorchLearner):
     @override(TorchLearner)
     def build(self) -> None:
+        self._gathering = False  # True while every learner gathers the full state together (gathered_state)
         super().build()
         module = self.module[DEFAULT_MODULE_ID].unwrapped()
         model = module.model
-        self._uses_lora = hasattr(model, "disable_adapter")
-        self._reference = None
-        if not self._uses_lora and self.config.kl_coef > 0:  # in the compute dtype: the passes run in it anyway
-            self._reference = ReferenceModel(model, dtype=module.precision.compute, device=self._device,
-                                             offload=self.config.reference_offload)
         self._optimizer_steps = 0
-        # DDP's world (RLlib wraps the module in DDP when num_learners > 1; Ray Train set up the process group)
-        self._world = dist.get_world_size() if self.config.num_learners > 1 else 1
+        # the learners' world (RLlib wraps the module in DDP when num_learners > 1; Ray Train set up the process
+        # group, for any number of remote learners)
+        self._world = world_size() if self._policy_root is not None or self.config.num_learners > 1 else 1
         settings = self.config.settings
         self._mini_batches, self._epochs = settings.mini_batches, settings.ppo_epochs
         self._warmup_steps, self._total_steps = settings.warmup_optimizer_steps, settings.total_optimizer_steps
@@ -155,6 +127,32 @@ class TreeGRPOTorchLearner(TorchLearner):
             base.set_attn_implementation(settings.learner_attention)
 
     @override(TorchLearner)
+    def _make_module(self):
+        """RLlib's module on the learner's device, then the KL reference (in the compute dtype: the passes run in it
+        anyway) copied from its initial weights; with fsdp, both sharded (the reference unless offloaded) before
+        RLlib builds the optimizer, which then holds the shards."""
+        modules = super()._make_module()
+        module = modules[DEFAULT_MODULE_ID]
+        self._uses_lora = hasattr(module.model, "disable_adapter")
+        self._reference = None
+        if not self._uses_lora and self.config.kl_coef > 0:
+            self._reference = ReferenceModel(module.model, dtype=module.precision.compute, device=self._device,
+                                             offload=self.config.reference_offload)
+        self._policy_root = self._reference_root = None  # FSDP's roots: every pass over shards runs through one
+        if self.config.learner_sharding == "fsdp":
+            check_learner_sharding(self.config.learner_sharding, self.config.num_learners)
+            self._policy_root = shard_model(module.model)
+            if self._reference is not None and not self.config.reference_offload:
+                self._reference_root = shard_model(self._reference.model)
+        return modules
+
+    @override(TorchLearner)
+    def _make_modules_ddp_if_necessary(self) -> None:
+        """DDP replicas as RLlib makes them, unless the module is sharded (``_make_module``)."""
+        if self._policy_root is None:
+            super()._make_modules_ddp_if_necessary()
+
+    @override(TorchLearner)
     def configure_optimizers_for_module(self, module_id, config=None) -> None:
         params = [p for p in self.get_parameters(self._module[module_id]) if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=config.lr, betas=(0.9, 0.999), weight_decay=config.weight_decay)
@@ -162,45 +160,23 @@ class TreeGRPOTorchLearner(TorchLearner):
         # to config.lr after every update (and its logged learning rate would hide the warm-up).
         self.register_optimizer(module_id=module_id, optimizer=optimizer, params=params)
 
-    @override(TorchLearner)
-    def get_state(self, components=None, *, not_components=None, **kwargs) -> StateDict:
-        """RLlib's learner state plus ``OPTIMIZER_STEPS``, which travels with the optimizer component: restoring
-        weights alone gives a fresh optimizer, whose warm-up starts again."""
-        state = super().get_state(components, not_components=not_components, **kwargs)
-        if self._check_component(COMPONENT_OPTIMIZER, components, not_components):
-            state[OPTIMIZER_STEPS] = self._optimizer_steps
-        return state
-
-    @override(TorchLearner)
-    def set_state(self, state: StateDict) -> None:
-        super().set_state(state)
-        if OPTIMIZER_STEPS in state:
-            self._optimizer_steps = int(state[OPTIMIZER_STEPS])
-
-    @override(TorchLearner)
-    def _get_optimizer_state(self) -> StateDict:
-        """RLlib's optimizer state with CPU torch tensors instead of numpy arrays: numpy has no bfloat16, so
-        RLlib's conversion fails for the AdamW moments of a bf16 model. Copies, so the state is a snapshot.
-        (RLlib's ``_set_optimizer_state`` takes tensors as they are; AdamW casts them back to the parameters'
-        dtype.)"""
-        return {name: {"module_id": self._optimizer_name_to_module[name], "state": _cpu_copy(optimizer.state_dict())}
-                for name, optimizer in self._named_optimizers.items()}
-
-    def _forward(self, module, part: dict[str, torch.Tensor], **kwargs) -> dict[str, torch.Tensor]:
+    def _forward(self, module, part: dict[str, torch.Tensor], root, **kwargs) -> dict[str, torch.Tensor]:
         """The module's log-probs of ``part`` as the config says: at the sampling temperature (the distribution
-        the rollouts sampled from), each unique token once with prefix sharing."""
-        return module.forward_train(part, share_prefixes=self.config.prefix_sharing,
-                                    temperature=self.config.temperature, **kwargs)
+        the rollouts sampled from), each unique token once with prefix sharing; through FSDP's ``root`` when the
+        module's model is sharded (``_policy_root`` or ``_reference_root``; None when not sharded)."""
+        call = functools.partial(module.forward_train, part, share_prefixes=self.config.prefix_sharing,
+                                 temperature=self.config.temperature, **kwargs)
+        return call() if root is None else root(call)
 
     def _reference_logprobs(self, part: dict[str, torch.Tensor]) -> torch.Tensor:
         module = self.module[DEFAULT_MODULE_ID].unwrapped()
         if self._uses_lora:
             with module.model.disable_adapter():
-                return self._forward(module, part)[LOGPROBS]
+                return self._forward(module, part, self._policy_root)[LOGPROBS]
         live = module.model
         module.model = self._reference.model  # the same log-prob code path, on the frozen weights
-        try:
-            return self._forward(module, part)[LOGPROBS]
+        try:  # not sharded when offloaded: a whole copy comes in
+            return self._forward(module, part, self._reference_root)[LOGPROBS]
         finally:
             module.model = live
 
@@ -223,26 +199,20 @@ class TreeGRPOTorchLearner(TorchLearner):
         minis = self._mini_batch_rows(data)
         pieces = [self._micro_slices(data, rows) if rows.stop > rows.start else [] for rows in minis]
         in_order = [piece for mini in pieces for piece in mini]  # the same micro-batches in every pass
+        step_passes, scoring_passes = self._pass_counts(pieces)
         packings = self._packings(data, in_order)
-        mismatch = self._fix_old_logprobs(data, in_order, packings)
+        mismatch = self._fix_old_logprobs(data, in_order, packings, scoring_passes)
         steps = [self._optimizer_step({k: v[rows] for k, v in data.items()},
-                                      [self._part(data, piece, packings) for piece in mini_pieces],
+                                      [self._part(data, piece, packings) for piece in mini_pieces], passes,
                                       measure_mismatch=not i and not mismatch)
-                 for i, (rows, mini_pieces) in enumerate(list(zip(minis, pieces, strict=True)) * self._epochs)]
+                 for i, (rows, mini_pieces, passes)
+                 in enumerate(list(zip(minis, pieces, step_passes, strict=True)) * self._epochs)]
         mismatch = mismatch or steps[0].pop(MISMATCH)
         peak_memory = peak_memory_gib(device)
-        steps, mismatch, trained_tokens, peak_memory = self._across_learners(
-            steps, mismatch, float(data[GENERATED_MASK].sum()), peak_memory)
+        steps, mismatch, trained_tokens, peak_memory = across_learners(
+            steps, mismatch, float(data[GENERATED_MASK].sum()), peak_memory, self._all_reduce)
         loss = sum(step.pop(LOSS) for step in steps) / len(steps)
-        metrics = mismatch
-        counts = {key: sum(step.pop(key) for step in steps) for key in (UNIQUE_TOKENS, PACKED_TOKENS, REAL_TOKENS)}
-        if counts[REAL_TOKENS]:
-            metrics[metric_keys.UNIQUE_TOKEN_SHARE] = counts[UNIQUE_TOKENS] / counts[REAL_TOKENS]
-            metrics[metric_keys.FORWARDED_TOKEN_SHARE] = counts[PACKED_TOKENS] / counts[REAL_TOKENS]
-        for key in steps[0]:
-            values = [step[key] for step in steps]
-            metrics[key] = (max(values) if key == metric_keys.RATIO_MAX else min(values) if key == metric_keys.RATIO_MIN
-                            else values[-1] if key == metric_keys.LEARNING_RATE else sum(values) / len(values))
+        metrics = {**mismatch, **update_metrics(steps)}
         metrics.update({metric_keys.TRAINED_TOKENS: trained_tokens, metric_keys.OPTIMIZER_STEPS: self._optimizer_steps,
                         metric_keys.OLD_LOGPROBS_RECOMPUTED: float(self._old_source == "recompute"),
                         metric_keys.LEARNER_PEAK_MEMORY_GIB: peak_memory})
@@ -275,32 +245,15 @@ class TreeGRPOTorchLearner(TorchLearner):
         dist.all_reduce(tensor, op=op)
         return tensor.tolist()
 
-    def _across_learners(self, steps: list[dict], mismatch: dict, trained_tokens: float,
-                         peak_memory: float) -> tuple[list[dict], dict[str, float], float, float]:
-        """The steps' metrics and the mismatch of the whole batch (all learners, two all-reduces) from this
-        learner's partial sums (``_optimizer_step``, ``_mismatch_sums``), and the batch's trained tokens and largest
-        peak memory."""
-        summed = sorted(key for key in steps[0] if key not in EXTREMES + SAME_ON_EVERY_LEARNER)
-        mismatch_keys = sorted(key for key in mismatch if key != metric_keys.SAMPLER_RATIO_P99)
-        sums = self._all_reduce([step[key] for step in steps for key in summed]
-                                + [mismatch[key] for key in mismatch_keys] + [trained_tokens], dist.ReduceOp.SUM)
-        bounds = [value for step in steps for value in (step[metric_keys.RATIO_MAX], -step[metric_keys.RATIO_MIN])]
-        highs = self._all_reduce([*bounds, mismatch[metric_keys.SAMPLER_RATIO_P99], peak_memory], dist.ReduceOp.MAX)
-        out = []
-        for i, step in enumerate(steps):
-            high, low = highs[2 * i], -highs[2 * i + 1]
-            out.append({**step, **dict(zip(summed, sums[i * len(summed):(i + 1) * len(summed)], strict=True)),
-                        # no generated token in the step on any learner: ratio 1, as clipped_policy_loss says then
-                        metric_keys.RATIO_MAX: high if math.isfinite(high) else 1.0,
-                        metric_keys.RATIO_MIN: low if math.isfinite(low) else 1.0})
-        totals = dict(zip(mismatch_keys, sums[len(steps) * len(summed):-1], strict=True))
-        tokens, p99 = totals.pop(TOKENS), highs[-2]
-        if tokens:
-            reduced = {key: value / tokens for key, value in totals.items()}
-            reduced[metric_keys.SAMPLER_RATIO_P99] = p99
-        else:  # as sampler_mismatch says for no tokens; importance weights of 1
-            reduced = {**mismatch_metrics(MismatchStats(1.0, 1.0, 0.0)), metric_keys.TIS_WEIGHT_MEAN: 1.0}
-        return out, reduced, sums[-1], highs[-1]
+    def _pass_counts(self, pieces: list[list[slice]]) -> tuple[list[int], int]:
+        """The forward passes this learner runs: per mini-batch (its micro-batches, at least one: a learner without
+        rows runs a stand-in) and over all micro-batches without gradients. Sharded, the largest counts over the
+        learners (one all-reduce), since every pass gathers each layer's shards from every learner; the passes a
+        learner runs beyond its micro-batches are stand-ins (``_idle_part``)."""
+        counts = [len(mini) for mini in pieces] + [sum(len(mini) for mini in pieces)]
+        if self._policy_root is not None:
+            counts = [int(count) for count in self._all_reduce(counts, dist.ReduceOp.MAX)]
+        return [max(1, count) for count in counts[:-1]], counts[-1]
 
     def _micro_slices(self, data: dict[str, torch.Tensor], rows: slice) -> list[slice]:
         """The micro-batches of the mini-batch ``rows`` as row ranges of ``data``: ``micro_batch_tokens`` decoder
@@ -330,21 +283,24 @@ class TreeGRPOTorchLearner(TorchLearner):
         return part
 
     def _fix_old_logprobs(self, data: dict[str, torch.Tensor], pieces: list[slice],
-                          packings: dict[tuple[int, int], PackedRows]) -> dict[str, float] | None:
+                          packings: dict[tuple[int, int], PackedRows], passes: int) -> dict[str, float] | None:
         """Add the old (``OLD``) and reference (``REF``) log-probs and the truncated importance weights (``TIS``)
         to ``data``, without gradients, before the first step, micro-batch by micro-batch (``pieces``, in row
-        order). Returns the sampler mismatch's sums over this learner's tokens (``_mismatch_sums``) when the old
-        log-probs were recomputed (None when they are the sampler's: the first step measures it then)."""
+        order; then stand-ins up to ``passes``, see ``_pass_counts``). Returns the sampler mismatch's sums over this
+        learner's tokens (``mismatch_sums``) when the old log-probs were recomputed (None when they are the
+        sampler's: the first step measures it then)."""
         cfg, module = self.config, self.module[DEFAULT_MODULE_ID].unwrapped()
         olds, refs = [], []
         reference = self._reference.on_device() if self._reference is not None else contextlib.nullcontext()
         with torch.no_grad(), reference:  # an offloaded reference comes in once for all the micro-batches
-            for piece in pieces:
-                part = self._part(data, piece, packings)
-                old = (self._forward(module, part)[LOGPROBS] if self._old_source == "recompute"
+            for i in range(max(passes, len(pieces))):
+                part = self._part(data, pieces[i], packings) if i < len(pieces) else self._idle_part(data)
+                old = (self._forward(module, part, self._policy_root)[LOGPROBS] if self._old_source == "recompute"
                        else part[SAMPLING_LOGPROBS])
-                olds.append(old)
-                refs.append(self._reference_logprobs(part) if cfg.kl_coef > 0 else old)
+                ref = self._reference_logprobs(part) if cfg.kl_coef > 0 else old
+                if i < len(pieces):
+                    olds.append(old)
+                    refs.append(ref)
         empty = data[SAMPLING_LOGPROBS][:0]  # a learner without rows (more learners than rows)
         data[OLD], data[REF] = (torch.cat(olds), torch.cat(refs)) if pieces else (empty, empty)
         mask = data[GENERATED_MASK]
@@ -355,16 +311,18 @@ class TreeGRPOTorchLearner(TorchLearner):
             data[TIS] = torch.ones_like(data[OLD])
         if self._old_source != "recompute":
             return None
-        return _mismatch_sums(data[OLD], data)
+        return mismatch_sums(data[OLD], data[SAMPLING_LOGPROBS], data[TIS], data[GENERATED_MASK])
 
-    def _optimizer_step(self, data: dict[str, torch.Tensor], parts: list[dict], measure_mismatch: bool) -> dict:
+    def _optimizer_step(self, data: dict[str, torch.Tensor], parts: list[dict], passes: int,
+                        measure_mismatch: bool) -> dict:
         """One optimizer step on a mini-batch (``data``: this learner's rows of it, ``parts``: their micro-batches,
-        none when it has no rows here): accumulated micro-batch gradients of the token-mean over the mini-batch's
-        tokens on all learners (module docstring), RLlib's gradient postprocessing (clipping), the scheduled
-        learning rate, AdamW. Returns this learner's partial sums of the step's metrics, token-weighted
-        (``value * tokens / the mini-batch's tokens on all learners``; ``_across_learners`` adds them up), the
-        ratio bounds as extremes (infinite without tokens), the gradient norm (the same on every learner); with
-        ``measure_mismatch`` also the sampler mismatch of the weights before the step (``MISMATCH``, sums)."""
+        none when it has no rows here, then stand-ins up to ``passes``, see ``_pass_counts``): accumulated
+        micro-batch gradients of the token-mean over the mini-batch's tokens on all learners (module docstring),
+        RLlib's gradient postprocessing (clipping), the scheduled learning rate, AdamW. Returns this learner's
+        partial sums of the step's metrics, token-weighted (``value * tokens / the mini-batch's tokens on all
+        learners``; ``across_learners`` adds them up), the ratio bounds as extremes (infinite without tokens), the
+        gradient norm (the same on every learner); with ``measure_mismatch`` also the sampler mismatch of the
+        weights before the step (``MISMATCH``, sums)."""
         cfg, module = self.config, self.module[DEFAULT_MODULE_ID]
         local_tokens = float(data[GENERATED_MASK].sum())
         total_tokens = max(self._all_reduce([local_tokens], dist.ReduceOp.SUM)[0], 1.0)
@@ -375,19 +333,22 @@ class TreeGRPOTorchLearner(TorchLearner):
             p.grad = None
         totals: dict[str, float] = {metric_keys.RATIO_MAX: -math.inf, metric_keys.RATIO_MIN: math.inf}
         current = []
-        for i, part in enumerate(parts or [self._idle_part(data)]):
-            last = i == len(parts) - 1 or not parts
-            sync = contextlib.nullcontext() if last or cfg.num_learners <= 1 else module.no_sync()
+        for i, part in enumerate(parts + [self._idle_part(data)] * (passes - len(parts))):
+            real, last = i < len(parts), i == passes - 1
+            if self._policy_root is not None:  # FSDP: the gradients are reduce-scattered after the last only
+                sync = gradient_sync(self._policy_root, enabled=last)
+            else:
+                sync = contextlib.nullcontext() if last or cfg.num_learners <= 1 else module.no_sync()
             with sync:
-                out = self._forward(module, part, return_entropy=cfg.entropy_coef > 0)
+                out = self._forward(module, part, self._policy_root, return_entropy=cfg.entropy_coef > 0)
                 loss, stats = self.loss_and_stats(part, out)
-                tokens = float(part[GENERATED_MASK].sum()) if parts else 0.0  # the stand-in: no gradient, metrics
+                tokens = float(part[GENERATED_MASK].sum()) if real else 0.0  # a stand-in: no gradient, metrics
                 (loss * (tokens * scale)).backward()
             for key in (UNIQUE_TOKENS, PACKED_TOKENS, REAL_TOKENS):  # counts, summed (shared-prefix forward only)
-                totals[key] = totals.get(key, 0) + (out.get(key, 0) if parts else 0)
+                totals[key] = totals.get(key, 0) + (out.get(key, 0) if real else 0)
             weight = tokens / total_tokens
             totals[LOSS] = totals.get(LOSS, 0.0) + loss.item() * weight
-            if measure_mismatch and parts:
+            if measure_mismatch and real:
                 current.append(out[LOGPROBS].detach())
             for key, value in stats.items():  # token-weighted sums, extremes for the ratio bounds
                 if key in EXTREMES:
@@ -413,20 +374,23 @@ class TreeGRPOTorchLearner(TorchLearner):
         totals.update({metric_keys.GRAD_NORM: grad_norm, metric_keys.NONFINITE_GRAD_SHARE: float(nonfinite),
                        metric_keys.LEARNING_RATE: lr})
         if measure_mismatch:  # the weights before this first step are the sampler's: their log-probs are the old
-            totals[MISMATCH] = _mismatch_sums(torch.cat(current) if current else data[SAMPLING_LOGPROBS], data)
+            totals[MISMATCH] = mismatch_sums(torch.cat(current) if current else data[SAMPLING_LOGPROBS],
+                                             data[SAMPLING_LOGPROBS], data[TIS], data[GENERATED_MASK])
         return totals
 
     @staticmethod
     def _idle_part(data: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """A stand-in micro-batch for a learner without rows in a mini-batch, with ``data``'s columns: one row of two
-        tokens, the second counted as generated so that the loss has a graph through every weight (the step
-        multiplies it by 0). Its forward and backward passes are the DDP collectives (buffer broadcast, gradient
-        all-reduce) the other learners wait for."""
+        """A stand-in micro-batch for a learner without rows in a mini-batch (or, sharded, with fewer micro-batches
+        than another learner), with ``data``'s columns: one row of two tokens, the second counted as generated so
+        that the loss has a graph through every weight (the step multiplies it by 0). Its forward and backward
+        passes are the collectives (DDP's buffer broadcast and gradient all-reduce; FSDP's gathers and gradient
+        reductions) the other learners wait for."""
         part = {key: torch.zeros((1, 2) if value.dim() == 2 else (1, *value.shape[1:]), dtype=value.dtype,
                                  device=value.device) for key, value in data.items()}
         part[ATTENTION_MASK] = torch.ones_like(part[ATTENTION_MASK])
         part[GENERATED_MASK][0, 1] = 1
-        part[TIS] = torch.ones_like(part[TIS])
+        if TIS in part:
+            part[TIS] = torch.ones_like(part[TIS])
         return part
 
     @override(TorchLearner)

@@ -143,6 +143,11 @@ class TreeGRPOSettings(BaseModel):
                            "brought to the learner's device for its one no-gradient pass per update (saves a "
                            "model's weights on the GPU; not with LoRA, whose reference is the base with adapters "
                            "off)")
+    learner_sharding: Literal["ddp", "fsdp"] = Field(
+        "ddp", description="how the learners (num_learners >= 1) hold the policy: ddp (each a whole replica: weights, "
+                           "gradients and AdamW state) or fsdp (torch FSDP2: each decoder layer and the rest of the "
+                           "model sharded over the learners, about 1 / num_learners of that state each; the KL "
+                           "reference sharded too unless offloaded; LoRA adapters sharded with their layers)")
     entropy_coef: float = Field(0.001, ge=0, description="entropy bonus")
     skip_uniform_rewards: bool = Field(
         default_factory=per_device(cpu=False, gpu=True),
@@ -270,3 +275,12 @@ def validated(model: type[BaseModel], values: dict[str, Any], where: dict[str, s
 
 
 ALGORITHM_FIELDS: tuple[str, ...] = tuple(TreeGRPOSettings.model_fields)
+
+
+def check_learner_sharding(learner_sharding: str, num_learners: int) -> None:
+    """A ``ValueError`` naming the options when ``learner_sharding`` cannot run with ``num_learners`` learners: fsdp
+    shards over RLlib's remote learners (their process group), so it needs at least one."""
+    if learner_sharding == "fsdp" and num_learners < 1:
+        raise ValueError("learner_sharding: fsdp shards the policy over the remote learners' process group, but "
+                         "num_learners is 0 (learning in the driver); set --num-learners 1 or more (1: one sharded "
+                         "learner at world size 1), or use --learner-sharding ddp")

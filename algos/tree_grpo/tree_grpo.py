@@ -35,8 +35,10 @@ from algos.rollout import TreeShape
 from algos.tree_grpo import metrics as metric_keys
 from algos.tree_grpo.env_runner import RunnerResult, TreeSearchEnvRunner
 from algos.tree_grpo.learner import TreeGRPOTorchLearner
-from algos.tree_grpo.settings import ALGORITHM_FIELDS, TreeGRPOSettings, validated
+from algos.tree_grpo.learner_group import TreeGRPOLearnerGroup
+from algos.tree_grpo.settings import ALGORITHM_FIELDS, TreeGRPOSettings, check_learner_sharding, validated
 from algos.tree_grpo.sharding import run_sharded
+from algos.tree_grpo.weight_transport import sync_env_runners
 from algos.tree_view import with_advantages
 from policies.generation import SamplingSettings
 from policies.rl_module import LLMRLModule
@@ -152,7 +154,7 @@ class TreeGRPO(Algorithm):
         if self.config.vllm_sleep:
             self.env_runner_group.foreach_env_runner(lambda runner: runner.wake_generator())
         with self.metrics.log_time((TIMERS, SYNCH_WORKER_WEIGHTS_TIMER)):
-            self.env_runner_group.sync_weights(from_worker_or_learner_group=self.learner_group, inference_only=True)
+            sync_env_runners(self.learner_group, self.env_runner_group)
         # this iteration's own times (RLlib's timers above are smoothed over iterations)
         self.metrics.log_value(metric_keys.UPDATE_TIME_S, sync_start - update_start, window=1)
         self.metrics.log_value(metric_keys.SYNC_TIME_S, time.perf_counter() - sync_start, window=1)
@@ -194,17 +196,16 @@ class TreeGRPO(Algorithm):
 
     @override(Algorithm)
     def restore_env_runners(self, env_runner_group: EnvRunnerGroup) -> list[int]:
-        """RLlib's restore of the runners it saw fail (each gets the learner's current weights), plus the runners
-        Ray restarted unseen (killed between two calls: the next call reaches the new process, RLlib never hears
-        of it): those are told by their new incarnation and get the current weights too. All are counted as
+        """The runners Ray restarted get the learner's current weights through the weight sync: those RLlib saw
+        fail (its probe marks them healthy again) and those restarted unseen (killed between two calls: the next
+        call reaches the new process, RLlib never hears of it), told by their new incarnation. All are counted as
         ``env_runner_restarts``. RLlib calls this before every training step, this class also after a runner
-        failed mid-call."""
-        restored = super().restore_env_runners(env_runner_group)
+        failed mid-call. (RLlib's own restore would send the whole state dict, got from learner 0 alone.)"""
+        restored = env_runner_group.probe_unhealthy_env_runners() if self.config.is_online else []
         unseen = ([index for index in self._new_incarnations() if index not in restored]
                   if env_runner_group is self.env_runner_group else [])
-        if unseen:
-            env_runner_group.sync_weights(from_worker_or_learner_group=self.learner_group, to_worker_indices=unseen,
-                                          inference_only=True)
+        if restored or unseen:
+            sync_env_runners(self.learner_group, env_runner_group, to_worker_indices=restored + unseen)
         self.metrics.log_value(metric_keys.ENV_RUNNER_RESTARTS, len(restored) + len(unseen), reduce="sum")
         return restored + unseen
 
@@ -373,6 +374,7 @@ class TreeGRPOConfig(AlgorithmConfig):
         if self.settings.mini_batches > rows:
             raise ValueError(f"ppo_mini_batches ({self.settings.mini_batches}) exceeds the rows each of the "
                              f"{max(1, self.num_learners)} learner(s) gets ({rows})")
+        check_learner_sharding(self.learner_sharding, self.num_learners)
         if self.grad_clip_by not in GRAD_CLIP_MODES:  # .training() checks it, a plain assignment does not
             raise ValueError(f"grad_clip_by must be one of {GRAD_CLIP_MODES}, got {self.grad_clip_by!r}")
 
@@ -385,3 +387,12 @@ class TreeGRPOConfig(AlgorithmConfig):
     @override(AlgorithmConfig)
     def get_default_learner_class(self) -> type:
         return TreeGRPOTorchLearner
+
+    @override(AlgorithmConfig)
+    def build_learner_group(self, *, env=None, spaces=None, rl_module_spec=None,
+                            placement_group=None) -> TreeGRPOLearnerGroup:
+        """RLlib's learner group, as ``TreeGRPOLearnerGroup``: sharded learners gather, save and restore their
+        state together (``algos/tree_grpo/learner_group.py``)."""
+        if rl_module_spec is None:
+            rl_module_spec = self.get_multi_rl_module_spec(env=env, spaces=spaces)
+        return TreeGRPOLearnerGroup(config=self.copy(), module_spec=rl_module_spec, placement_group=placement_group)

@@ -1,0 +1,219 @@
+"""Learner sharding: step time and per-rank memory of DDP replicas against FSDP shards (``policies/fsdp.py``).
+
+    python -m benchmarks.bench_learner_sharding                              # CPU: SmolLM2-135M's shape, world 1, 2
+    python -m benchmarks.bench_learner_sharding --report docs/benchmarks.md
+    python -m benchmarks.bench_learner_sharding --gpu                        # one GPU: Qwen2.5-1.5B's shape, world 1
+
+No Ray: each configuration (sharding, world size) runs in ``world`` fresh processes that this script starts
+(``torch.multiprocessing``, a file-store process group: gloo on the CPU, nccl on GPUs), so it runs where only torch
+and transformers are installed. Each rank builds a model of the shape with random weights (Llama; Qwen2 for shapes
+with q/k/v biases), wraps it as the learner does (DDP over the whole model, or ``policies.fsdp.shard_model``), and
+takes ``--steps`` optimizer steps, each of ``--micro-batches`` micro-batches of its own: rows sharing a prompt
+(about ``--tokens`` unique tokens), forwarded with shared prefixes through ``policies.logprobs.sequence_logprobs``
+(log-probs and entropies), the token-mean loss backpropagated (the gradients reduced after the step's last
+micro-batch only: DDP's ``no_sync``, FSDP's ``set_requires_gradient_sync``), the gradient norm over all ranks,
+AdamW. Each rank's micro-batches are the same at every world size: a step at world 2 does twice the work of one at
+world 1, on twice the processes.
+
+Measured per rank: the median step time after the first step (the first builds AdamW's state), the peak memory
+of the steps (GPU: peak allocated; CPU: the process's peak resident set minus its resident set before the model
+was built, glibc's mmap threshold fixed at 1 MiB so that freed tensors leave it, as in bench_memory) and the bytes
+of parameters, gradients and AdamW state it holds after a step, counted from the tensors
+(``policies.fsdp.trained_state_bytes``). ``--gpu``: bf16 compute under autocast over float32 masters (the
+learner's ``--dtype bfloat16``) and activation checkpointing, as a GPU run trains; world 1 only, where FSDP's
+sharding is trivial but its whole path (root, gathers, reductions, sharded optimizer) runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+
+from benchmarks.bench_memory import MMAP_THRESHOLD, resident_gib, tree_batch
+from benchmarks.report import machine_description, replace_section
+from policies.memory_plan import GIB
+from policies.model_shape import PRESETS, SMOLLM2, ModelShape
+
+GPU_SHAPE = "qwen2.5-1.5b-instruct"
+ENTROPY_COEF = 0.001  # the learner's default entropy bonus
+SECTION_KEY, SECTION_TITLE = "learner-sharding", "Learner sharding: DDP replicas against FSDP shards (CPU)"
+
+
+def build_model(shape: ModelShape, seed: int):
+    """A float32 causal LM of ``shape`` with random weights (Qwen2 when the shape has q/k/v biases), in train()
+    mode, sdpa attention (which takes the tree mask)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    common = {"vocab_size": shape.vocab, "hidden_size": shape.hidden, "intermediate_size": shape.intermediate,
+              "num_hidden_layers": shape.layers, "num_attention_heads": shape.heads,
+              "num_key_value_heads": shape.kv_heads, "tie_word_embeddings": shape.tied_embeddings,
+              "max_position_embeddings": 8192, "attn_implementation": "sdpa"}
+    torch.manual_seed(seed)
+    if shape.qkv_bias:
+        return Qwen2ForCausalLM(Qwen2Config(**common)).train()
+    return LlamaForCausalLM(LlamaConfig(**common, head_dim=shape.head_dim)).train()
+
+
+def rank_main(rank: int, world: int, store: str, args: argparse.Namespace, sharding: str, out: str) -> None:
+    """One rank of one configuration: its steps, then its measurements to ``out/<rank>.json``."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from policies.fsdp import ShardedRoot, global_norm, gradient_sync, shard_model, trained_state_bytes
+    from policies.logprobs import ENTROPY, LOGPROBS, PACKING, pack_rows, sequence_logprobs
+    from policies.memory import peak_memory_gib, reset_peak_memory
+    from policies.precision import precision_of
+
+    torch.set_num_threads(args.threads)
+    cuda = args.device == "cuda"
+    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+                            timeout=timedelta(minutes=10))
+    shape = PRESETS[args.shape]
+    precision = precision_of(args.dtype)
+    batches = [tree_batch(shape.vocab, args.rows, args.prompt_tokens, args.tokens, args.seed + 100 * rank + i)
+               for i in range(args.micro_batches)]
+    before = resident_gib("VmRSS")
+    model = build_model(shape, args.seed).to(device)
+    if args.checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if sharding == "fsdp":
+        root = shard_model(model)
+    else:
+        root = DistributedDataParallel(ShardedRoot(model), device_ids=[rank] if cuda else None)
+    for batch in batches:
+        for key, value in list(batch.items()):
+            batch[key] = value.to(device)
+        batch[PACKING] = pack_rows(model, batch)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+
+    def loss_of(batch):
+        with precision.autocast(device):
+            out = sequence_logprobs(model, batch, share_prefixes=True, return_entropy=True)
+        scored = batch["attention_mask"][:, 1:].sum()
+        return -(out[LOGPROBS].sum() + ENTROPY_COEF * out[ENTROPY].sum()) / scored
+
+    times, norm = [], 0.0
+    reset_peak_memory(device)
+    for _ in range(args.steps):
+        if cuda:
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        for i, batch in enumerate(batches):
+            last = i == len(batches) - 1
+            if sharding == "fsdp":
+                sync = gradient_sync(root, enabled=last)
+            else:
+                sync = contextlib.nullcontext() if last else root.no_sync()
+            with sync:
+                (root(loss_of, batch) / len(batches)).backward()
+        norm = global_norm([p.grad for p in model.parameters() if p.grad is not None])
+        optimizer.step()
+        if cuda:
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - start)
+    peak = peak_memory_gib(device) - (0.0 if cuda else before)
+    result = {"sharding": sharding, "world": world, "rank": rank, "step_s": statistics.median(times[1:] or times),
+              "peak_gib": peak, "trained_gib": trained_state_bytes(model, optimizer) / GIB, "grad_norm": norm,
+              "parameters": shape.parameters}
+    Path(out, f"{rank}.json").write_text(json.dumps(result))
+    dist.destroy_process_group()
+
+
+def measure(args: argparse.Namespace, sharding: str, world: int) -> list[dict]:
+    """One configuration on ``world`` fresh processes; each rank's measurements."""
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as out:
+        mp.spawn(rank_main, args=(world, str(Path(out) / "store"), args, sharding, out), nprocs=world, join=True)
+        return [json.loads(Path(out, f"{rank}.json").read_text()) for rank in range(world)]
+
+
+def table(results: list[list[dict]]) -> str:
+    """One row per configuration: the largest rank's step time and peak, the per-rank counted bytes."""
+    lines = ["| sharding | learners | step (s), slowest rank | peak per rank (GiB) | params + grads + AdamW per rank "
+             "(GiB, counted) | of world 1's |",
+             "|---|---:|---:|---:|---:|---:|"]
+    alone = {ranks[0]["sharding"]: ranks[0]["trained_gib"] for ranks in results if ranks[0]["world"] == 1}
+    for ranks in results:
+        first = ranks[0]
+        trained = max(rank["trained_gib"] for rank in ranks)
+        share = f"{trained / alone[first['sharding']]:.2f}" if first["sharding"] in alone else "n/a"
+        lines.append(f"| {first['sharding']} | {first['world']} | {max(r['step_s'] for r in ranks):.2f} | "
+                     f"{max(r['peak_gib'] for r in ranks):.2f} | {trained:.3f} | {share} |")
+    return "\n".join(lines)
+
+
+def report(results: list[list[dict]], args: argparse.Namespace, command: str) -> str:
+    return (f"`{command}` on {machine_description()}.\n\n"
+            f"{PRESETS[args.shape].name}'s shape ({PRESETS[args.shape].parameters / 1e6:.0f}M parameters, random "
+            f"weights, {args.dtype}{', activation checkpointing' if args.checkpointing else ''}); per rank and "
+            f"step {args.micro_batches} micro-batches of {args.rows} rows sharing a {args.prompt_tokens}-token "
+            f"prompt (about {args.tokens} unique tokens each), {args.steps} steps (the first not timed), "
+            f"{args.threads} thread(s) per rank. Peak: the process's resident set above its level before the "
+            f"model was built (CPU) or peak allocated (GPU).\n\n{table(results)}\n")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--gpu", action="store_true", help=f"one GPU: {GPU_SHAPE}'s shape, world 1, bf16 autocast and "
+                                                      f"activation checkpointing (defaults of the options below)")
+    p.add_argument("--shape", choices=sorted(PRESETS), default=None, help=f"default: {SMOLLM2} ({GPU_SHAPE} with "
+                                                                          "--gpu)")
+    p.add_argument("--worlds", type=int, nargs="+", default=None, help="world sizes (default: 1 2; 1 with --gpu)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
+                   help="compute dtype over float32 masters (default: float32; bfloat16 with --gpu)")
+    p.add_argument("--checkpointing", action=argparse.BooleanOptionalAction, default=None,
+                   help="activation checkpointing (default: off; on with --gpu)")
+    p.add_argument("--shardings", nargs="+", choices=("ddp", "fsdp"), default=["ddp", "fsdp"])
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--micro-batches", type=int, default=2)
+    p.add_argument("--rows", type=int, default=4)
+    p.add_argument("--prompt-tokens", type=int, default=128)
+    p.add_argument("--tokens", type=int, default=384, help="unique tokens per micro-batch (about)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, help="also write the per-rank results here")
+    p.add_argument("--report", default=None, help="rewrite this section of a markdown file (docs/benchmarks.md)")
+    args = p.parse_args(argv)
+    args.device = "cuda" if args.gpu else "cpu"
+    args.shape = args.shape or (GPU_SHAPE if args.gpu else SMOLLM2)
+    args.worlds = args.worlds or ([1] if args.gpu else [1, 2])
+    args.dtype = args.dtype or ("bfloat16" if args.gpu else "float32")
+    args.checkpointing = args.gpu if args.checkpointing is None else args.checkpointing
+    return args
+
+
+def main(argv: list[str] | None = None) -> list[list[dict]]:
+    args = parse_args(argv)
+    os.environ[MMAP_THRESHOLD] = str(2**20)  # inherited by the spawned ranks (see the module docstring)
+    results = []
+    for sharding in args.shardings:
+        for world in args.worlds:
+            ranks = measure(args, sharding, world)
+            print(json.dumps(ranks), flush=True)
+            results.append(ranks)
+    print(table(results))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    if args.report:
+        command = "python -m benchmarks.bench_learner_sharding" + (" --gpu" if args.gpu else "")
+        title = SECTION_TITLE if not args.gpu else SECTION_TITLE.replace("(CPU)", "(one GPU)")
+        replace_section(args.report, SECTION_KEY + ("-gpu" if args.gpu else ""), title, report(results, args, command))
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,178 @@
+"""A causal LM sharded with torch's FSDP2 (``fully_shard``) across a process group: each decoder layer one unit,
+the rest of the model (embeddings, final norm, LM head, tied or not) the root's unit. Ray-free: the learner, the
+tests and the benchmarks run it under any ``torch.distributed`` process group (gloo on the CPU, nccl on GPUs).
+
+Every parameter is split along its first dimension over the ranks (a ``DTensor`` with a ``Shard(0)`` placement), and
+so are its gradient and, built over the sharded parameters, AdamW's moments: each rank holds about 1 / world of the
+model's trained state. A unit's full parameters exist only while it runs (all-gathered before its forward and again
+before its backward, freed after); its gradients are reduce-scattered (averaged) after its backward.
+
+The log-prob passes (:func:`policies.logprobs.sequence_logprobs`) call the decoder and the LM head separately, not
+the model's ``forward``, so FSDP's root is :class:`ShardedRoot`: a module over the model whose ``forward`` runs the
+given pass, so that the root's parameters are gathered around the whole pass and its gradients reduced after it.
+
+Precision: the units gather and compute in the parameters' own dtype (no FSDP ``MixedPrecisionPolicy``). A
+``--dtype bfloat16`` pass keeps running under the module's autocast over float32 master shards, the meaning
+:mod:`policies.precision` gives it, so a sharded learner computes what a DDP or single learner computes (the same
+bf16 matrix products, float32 norms and softmax) and its gradients are reduced in float32. The price is float32
+all-gathers, twice the bytes of bf16 ones.
+
+Anything that reads the full weights (:func:`full_state`) is a collective: every rank must call it, in the same
+order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.tensor import DTensor
+
+MODEL, OPTIMIZER = "model", "optimizer"  # the two entries of a sharded checkpoint
+
+
+def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
+    """The decoder layers of a causal LM (or of a peft model's base): ``get_decoder().layers``. A ``ValueError``
+    names the model class when they cannot be found."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    decoder = base.get_decoder() if hasattr(base, "get_decoder") else None
+    layers = getattr(decoder, "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList) or not len(layers):
+        raise ValueError(f"learner_sharding fsdp: cannot find the decoder layers of {type(base).__name__} (expected "
+                         f"get_decoder().layers, a non-empty ModuleList, as transformers' causal LMs have); use "
+                         f"--learner-sharding ddp for this model")
+    return layers
+
+
+class ShardedRoot(torch.nn.Module):
+    """FSDP's root over ``model``: ``root(fn, *args, **kwargs)`` runs ``fn(*args, **kwargs)`` (a pass over the model)
+    with the root unit's parameters gathered; see the module docstring."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+
+def shard_model(model: torch.nn.Module) -> ShardedRoot:
+    """Shard ``model``'s parameters in place over the default process group, one unit per decoder layer plus the
+    root, from rank 0's values (broadcast first); returns the root, through which every pass must run. The
+    model's parameters are ``DTensor`` shards from here on: build its optimizer after this call. Tied parameters
+    stay tied (both uses are in the root's unit)."""
+    layers = decoder_layers(model)
+    # every rank starts from rank 0's weights, as DDP's replicas do: a rank's own random initialisation (LoRA
+    # adapters are not seeded) would otherwise give each shard another model's values
+    for tensor in [*model.parameters(), *model.buffers()]:
+        dist.broadcast(tensor.detach(), src=0)
+    for layer in layers:
+        fully_shard(layer)
+    # the root's parameters are freed after each pass too (the default keeps them for the backward): a pass without
+    # gradients (old or reference log-probs) would otherwise leave them gathered
+    return fully_shard(ShardedRoot(model), reshard_after_forward=True)
+
+
+@contextlib.contextmanager
+def gradient_sync(root: FSDPModule, enabled: bool) -> Iterator[None]:
+    """Inside the block, backward passes reduce-scatter the gradients (``enabled``) or accumulate them unreduced on
+    each rank (the micro-batches before a step's last, as DDP's ``no_sync``: one reduction per step; the unreduced
+    gradients are full-size until then)."""
+    root.set_requires_gradient_sync(enabled)
+    try:
+        yield
+    finally:
+        root.set_requires_gradient_sync(True)
+
+
+def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """A shard's full tensor (a collective: every rank calls it), a plain tensor as it is."""
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def full_state(module: torch.nn.Module, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """``module.state_dict()``'s entries one at a time, each gathered to its full tensor on the CPU (floating ones
+    cast to ``dtype`` when given) before the next is gathered, so that no rank holds more than one full tensor of
+    the device at once. A collective: every rank iterates it to the end."""
+    for name, tensor in module.state_dict().items():
+        value = full_tensor(tensor.detach())
+        if dtype is not None and value.is_floating_point():
+            value = value.to(dtype)
+        yield name, value.cpu()
+
+
+def global_norm(tensors: list[torch.Tensor]) -> float:
+    """The L2 norm of ``tensors`` taken together, each accumulated in float64 (a float32 sum over millions of small
+    gradient entries drifts by 1e-5 of the norm, more than the learners' reduction order moves it); of the full
+    tensors when they are ``DTensor`` shards (the shards' sums of squares all-reduced: a collective). NaN or inf
+    when an entry is."""
+    squares = torch.zeros((), dtype=torch.float64, device=tensors[0].device if tensors else "cpu")
+    for tensor in tensors:
+        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+        squares += torch.linalg.vector_norm(local, dtype=torch.float64).square()
+    if any(isinstance(tensor, DTensor) for tensor in tensors):
+        dist.all_reduce(squares)
+    return float(squares.sqrt())
+
+
+def local_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes this rank holds of ``tensors`` (a ``DTensor``'s local shard only), each storage counted once."""
+    seen, total = set(), 0
+    for tensor in tensors:
+        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+        key = (local.untyped_storage().data_ptr(), local.storage_offset(), tuple(local.shape))
+        if key not in seen:
+            seen.add(key)
+            total += local.numel() * local.element_size()
+    return total
+
+
+def trained_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of ``model``'s parameters, their gradients and ``optimizer``'s state on this rank (counted from the
+    tensors; a sharded model's shards only)."""
+    params = list(model.parameters())
+    grads = [p.grad for p in params if p.grad is not None]
+    states = [value for per_param in optimizer.state.values() for value in per_param.values()
+              if torch.is_tensor(value) and value.dim() > 0]  # AdamW's step counters are scalars
+    return local_bytes(params) + local_bytes(grads) + local_bytes(states)
+
+
+def save_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: str | Path) -> None:
+    """Every rank writes its shards of ``model``'s weights and ``optimizer``'s state into ``directory`` (torch
+    distributed checkpoint: one file per rank and the metadata; a collective)."""
+    dcp.save({MODEL: get_model_state_dict(model), OPTIMIZER: get_optimizer_state_dict(model, optimizer)},
+             checkpoint_id=str(directory))
+
+
+def load_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: str | Path) -> None:
+    """Every rank reads its shards of what :func:`save_sharded` wrote into ``model`` and ``optimizer`` (a
+    collective)."""
+    state = {MODEL: get_model_state_dict(model), OPTIMIZER: get_optimizer_state_dict(model, optimizer)}
+    dcp.load(state, checkpoint_id=str(directory))
+    set_model_state_dict(model, state[MODEL])
+    set_optimizer_state_dict(model, optimizer, state[OPTIMIZER])
+
+
+def load_full_weights(model: torch.nn.Module, directory: str | Path) -> None:
+    """Read the weights that :func:`save_sharded` wrote (at any world size) into the plain (unsharded) ``model`` of
+    the same architecture, in this process alone (no process group)."""
+    state = model.state_dict()
+    dcp.load({MODEL: state}, checkpoint_id=str(directory), no_dist=True)
+    model.load_state_dict(state)
+
+
+def world_size() -> int:
+    """The default process group's size (1 without one)."""
+    return dist.get_world_size() if dist.is_initialized() else 1
