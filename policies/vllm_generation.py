@@ -2,9 +2,8 @@
 
 :class:`VLLMEngine` runs a vLLM engine over a *copy* of a transformers model's weights: it starts from the model's
 config and tokenizer with dummy weights, then loads the model's tensors through vLLM's in-place reload
-(``reload_weights`` on the worker, the path RL frameworks use, fed a stream of (name, tensor) pairs), and does
-the same after every learner update (:meth:`VLLMEngine.load_weights`, which also resets the prefix cache). No
-checkpoint is written or read.
+(``reload_weights`` on the worker, the path RL frameworks use), and does the same after every learner update
+(:meth:`VLLMEngine.load_weights`, which also resets the prefix cache). No checkpoint is written or read.
 
 :class:`VLLMStepGenerator` advances branches given as token ids (``TokensPrompt``: no re-tokenisation) by one
 agent step with the same contract as the HF backend: stop strings kept in the output, after ``</answer>`` one
@@ -149,9 +148,8 @@ class VLLMEngine:
             self._directory.cleanup()
 
     def load_weights(self, model: PreTrainedModel) -> None:
-        """Serve ``model``'s current weights from now on; cached prefixes of the old weights are dropped. The
-        engine reads them as a stream, one tensor at a time (in process: no list of the whole model)."""
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named_weights(model)})
+        """Serve ``model``'s current weights from now on; cached prefixes of the old weights are dropped."""
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(named_weights(model))})
         self.llm.reset_prefix_cache()
 
     def sleep(self) -> None:
