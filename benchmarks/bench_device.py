@@ -54,7 +54,7 @@ from algos.losses import clipped_policy_loss, sampler_mismatch
 from algos.rollout import TreeRollout, TreeShape
 from benchmarks.report import add_accelerator_options, machine_description, resolve_dtype
 from envs.synthetic import WorldSpec, world_data_dir
-from policies.generation import SamplingSettings
+from policies.generation import GenerationCounters, SamplingSettings
 from policies.hf_generation import HFStepGenerator
 from policies.logprobs import FLEX_ATTENTION, GENERATED_MASK, LOGPROBS, PACKING, pack_rows, sequence_logprobs
 from policies.memory import peak_memory_gib, reset_peak_memory
@@ -203,7 +203,7 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, str]:
     prompts, shape = list(range(args.prompts)), TreeShape(2, 2, 1)
     for _ in range(args.warmup_rollouts):  # graphs captured, the KV pool at its size, kernels chosen
         rollout.grow(prompts, shape)
-    generator.counters = type(generator.counters)()
+    generator.counters = GenerationCounters()  # the timed rollout's own
     passes_before = (generator.static_decode.passes, generator.static_decode.captures) if generator.static_decode \
         else (0, 0)
     reset_peak_memory(args.device)
