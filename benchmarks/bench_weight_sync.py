@@ -15,7 +15,8 @@ dtype), from a remote learner returned to the driver, ``ray.put`` of the dict in
 ``set_state``: ``module.set_state`` (``load_state_dict``); colocated, ``set_state`` of the learner's state
 directly. Buckets: ``put_weights`` in the learner's process (buckets of ``--bucket-mib``, each tensor once, each
 put in the object store as it is made), the refs to the runners, each runner's ``receive_weights`` (a zero-copy
-get, a copy into its parameters); colocated, ``copy_weights``.
+get, a copy into its parameters); colocated, ``sync_in_process`` (in float32 the engine shares the learner's
+parameters: no copy; in bf16 a cast copy into its own).
 
 Measured per path: seconds from the start of the learner's part until every runner has loaded (median of
 ``--repeats`` after a warm-up round), and the peak host memory the sync adds to each process (``VmHWM`` reset
@@ -47,7 +48,7 @@ from envs.search_qa import UnicodeText
 from policies.memory import peak_memory_gib, reset_peak_memory
 from policies.model_shape import PRESETS, SMOLLM2
 from policies.rl_module import LLMRLModule
-from policies.weight_sync import copy_weights, tensor_specs
+from policies.weight_sync import sync_in_process, tensor_specs
 
 MIB = 2**20
 RUNNERS = 2
@@ -126,7 +127,7 @@ def sync_once(path: str, layout: str, learner: Process | Any, runners: list[Any]
     if layout == "colocated":
         (runner,) = runners
         if path == "buckets":
-            copy_weights(learner.module.model, runner.module.model)
+            sync_in_process(learner.module.model, runner.module.model)
         else:
             runner.load_state_dict(learner.state_dict_weights())
         return
@@ -149,7 +150,8 @@ def bytes_moved(path: str, layout: str, sizes: dict[str, int], cast: bool) -> di
     state, unique = sizes["state"], sizes["unique"]
     if layout == "colocated":
         if path == "buckets":
-            return {"copy into the engine's parameters (cast fused)": unique}
+            return ({"copy into the engine's parameters (cast fused)": unique} if cast else
+                    {"none: the engine holds the learner's parameters": 0})
         return {"cast to the compute dtype": state if cast else 0, "load_state_dict": state}
     runners = RUNNERS
     if path == "buckets":

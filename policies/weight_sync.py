@@ -12,7 +12,9 @@ filled (and whichever buckets its caller keeps), never the whole state dict in f
 Receiving side: :func:`load_buckets` checks the sender's :class:`TensorSpec` list against the module (the same
 names, shapes; a clear error otherwise, before anything is written), then copies each piece straight into the
 parameter's storage (``copy_`` casts to the parameter's dtype). No state dict, no ``load_state_dict``.
-:func:`copy_weights` does the same tensor to tensor for a learner and an engine in one process.
+:func:`copy_weights` does the same tensor to tensor for a learner and an engine in one process, and
+:func:`share_weights` lets such an engine hold the learner's own parameters instead, where :func:`shareable` says it
+can (on the CPU, in the same dtype: no copy at all).
 
 Sync scope (:func:`engine_tensors`): each parameter and persistent buffer once (tied weights, e.g. the input
 embedding and the LM head, are one parameter: the receiving model's own tying restores the other name); for a
@@ -191,3 +193,45 @@ def copy_weights(source: torch.nn.Module, target: torch.nn.Module) -> None:
     with torch.no_grad():
         for name, tensor in engine_tensors(source):
             targets[name].copy_(tensor)
+
+
+def shareable(source: torch.nn.Module, target: torch.nn.Module) -> bool:
+    """Whether ``target`` (an engine's model in ``source``'s process) can hold ``source``'s own parameters instead of
+    copies: both on the CPU, neither sharded nor with adapters, the same parameter names, shapes and dtypes (the
+    CPU default: a float32 learner beside a float32 engine). On a GPU an engine's CUDA graphs hold the addresses
+    of its own weights, and a bf16 engine beside float32 masters needs its cast copy: there it keeps its copy."""
+    if hasattr(source, "peft_config") or hasattr(target, "peft_config"):
+        return False
+    theirs, own = dict(source.named_parameters()), dict(target.named_parameters())
+    if theirs.keys() != own.keys():
+        return False
+    return all(not isinstance(t, DTensor) and t.device.type == "cpu" == o.device.type and t.dtype == o.dtype
+               and t.shape == o.shape for t, o in ((theirs[name], own[name]) for name in theirs))
+
+
+def share_weights(source: torch.nn.Module, target: torch.nn.Module) -> None:
+    """``target``'s parameters replaced by ``source``'s own parameter objects, name by name (tied names too, so the
+    tying holds), and its persistent buffers copied: one copy of the weights in the process, and ``target`` sees each
+    in-place optimizer step of ``source`` as it happens (the packed linears notice it by the parameters' version
+    counters, which the shared objects carry). Call when :func:`shareable`; again after ``source``'s parameters
+    were replaced (a rebuilt learner), which it finds and shares anew."""
+    theirs = dict(source.named_parameters(remove_duplicate=False))
+    for name, _ in list(target.named_parameters(remove_duplicate=False)):
+        owner, _, leaf = name.rpartition(".")
+        module = target.get_submodule(owner)
+        if module._parameters[leaf] is not theirs[name]:
+            module._parameters[leaf] = theirs[name]
+    persistent = set(target.state_dict(keep_vars=True))
+    buffers = dict(source.named_buffers())
+    with torch.no_grad():
+        for name, buffer in target.named_buffers():
+            if name in persistent:
+                buffer.copy_(buffers[name])
+
+
+def sync_in_process(source: torch.nn.Module, target: torch.nn.Module) -> None:
+    """``source``'s weights into ``target`` in the same process: shared where :func:`shareable`, else copied."""
+    if shareable(source, target):
+        share_weights(source, target)
+    else:
+        copy_weights(source, target)

@@ -398,3 +398,16 @@ def test_a_learner_and_runner_in_one_process_copy_tensor_to_tensor(ray_session, 
         assert_runners_hold(algo, learner_model, torch.bfloat16, [0])
     finally:
         algo.stop()
+
+
+def test_a_float32_runner_in_the_learners_process_holds_the_learners_own_parameters(ray_session, data_dir):
+    algo = tiny_config(data_dir, 1).rl_module(model_config={"model": "tiny-random", "dtype": "float32"}).build_algo()
+    learner_model = algo.learner_group._learner.module["default_policy"].model
+    engine_model = algo.env_runner_group.local_env_runner.module.model
+    try:
+        algo.train()  # an update in place, then the training step's own sync
+        theirs = dict(learner_model.named_parameters(remove_duplicate=False))
+        assert all(p is theirs[name] for name, p in engine_model.named_parameters(remove_duplicate=False))
+        assert_runners_hold(algo, learner_model, torch.float32, [0])
+    finally:
+        algo.stop()

@@ -28,6 +28,8 @@ from policies.weight_sync import (
     engine_tensors,
     load_buckets,
     pack_buckets,
+    share_weights,
+    shareable,
     tensor_specs,
 )
 
@@ -264,6 +266,7 @@ def test_the_benchmark_counts_every_host_write_of_each_path():
     assert bytes_moved("buckets", "colocated", sizes, cast=True) == {
         "copy into the engine's parameters (cast fused)": 8}
     assert sum(bytes_moved("state dict", "colocated", sizes, cast=True).values()) == 20
+    assert sum(bytes_moved("buckets", "colocated", sizes, cast=False).values()) == 0  # the learner's own tensors
 
 
 def test_an_engine_serves_the_synced_weights_after_it_has_run():
@@ -275,3 +278,32 @@ def test_an_engine_serves_the_synced_weights_after_it_has_run():
     (after,), (expected,) = (m.generator(settings).generate_step(prompt, seed=0) for m in (engine, source))
     assert after.token_ids == expected.token_ids and before[0].logprobs != expected.logprobs
     torch.testing.assert_close(torch.tensor(after.logprobs), torch.tensor(expected.logprobs), atol=1e-5, rtol=0)
+
+
+def test_a_cpu_engine_of_the_same_dtype_shares_the_learner_parameters_and_sees_each_step():
+    source, engine = module(seed=1), module(seed=2, inference_only=True)
+    assert shareable(source.model, engine.model)
+    prompt = [Branch(prompt_ids(engine.tokenizer, "Who wrote Hamlet?"))]
+    settings = SamplingSettings(max_step_tokens=6)
+    engine.generator(settings).generate_step(prompt, seed=0)  # its linears packed from its own weights
+    share_weights(source.model, engine.model)
+    theirs = dict(source.model.named_parameters(remove_duplicate=False))
+    assert all(p is theirs[name] for name, p in engine.model.named_parameters(remove_duplicate=False))
+    optimizer = torch.optim.SGD(source.model.parameters(), lr=0.1)
+    for _ in range(2):  # an optimizer step in place, then the engine samples what the learner now holds
+        source.model(torch.tensor([[1, 2, 3]])).logits.sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        (after,), (expected,) = (m.generator(settings).generate_step(prompt, seed=0) for m in (engine, source))
+        assert after.token_ids == expected.token_ids
+        torch.testing.assert_close(torch.tensor(after.logprobs), torch.tensor(expected.logprobs), atol=1e-5, rtol=0)
+
+
+def test_an_engine_in_another_dtype_or_with_adapters_keeps_its_copy():
+    source = load_model(TINY_QWEN2, seed=1)[0]
+    assert shareable(source, load_model(TINY_QWEN2, seed=2)[0])
+    assert not shareable(source, load_model(TINY_QWEN2, seed=2)[0].to(torch.bfloat16))
+    assert not shareable(source, load_model(TINY_LLAMA3, seed=2)[0])
+    pytest.importorskip("peft")
+    lora = LoraSettings(rank=4, alpha=8)
+    assert not shareable(load_model(TINY_QWEN2, seed=1, lora=lora)[0], load_model(TINY_QWEN2, seed=1, lora=lora)[0])

@@ -37,7 +37,7 @@ from algos.tree_view import trees_to_dicts
 from policies.generation import SamplingSettings, StepGenerator
 from policies.rl_module import LLMRLModule
 from policies.vllm_generation import VLLMEngine, VLLMStepGenerator
-from policies.weight_sync import copy_weights
+from policies.weight_sync import sync_in_process
 
 
 @dataclass
@@ -224,10 +224,11 @@ class TreeSearchEnvRunner(EnvRunner, Checkpointable):
                                                         self.num_env_steps_sampled_lifetime)
 
     def copy_weights_from(self, module: LLMRLModule, seq_no: int) -> None:
-        """A learner's weights in this process (``seq_no``: their sequence number), copied tensor to tensor into
-        this runner's module (cast to its dtype) unless this runner has them already."""
+        """A learner's weights in this process (``seq_no``: their sequence number) into this runner's module unless
+        it has them already: the learner's own parameters where they can be shared (the CPU, one dtype), else copied
+        tensor to tensor (cast to this module's dtype)."""
         if seq_no == 0 or self._weights_seq_no < seq_no:
-            copy_weights(module.model, self.module.model)
+            sync_in_process(module.model, self.module.model)
             self._weights_loaded()
         self._weights_seq_no = max(self._weights_seq_no, seq_no)
 
