@@ -63,13 +63,13 @@ def oracle_trajectory(env: gym.Env, tokenizer, index: int, max_searches: int, en
 def oracle_data_dirs(args: argparse.Namespace, env_kwargs: dict) -> list[Path]:
     """The data directories whose train questions are trained: ``--env``'s (for a generated world, the world it
     serves: the data directory's, else the default one), then ``--extra-worlds`` worlds shaped like it with the
-    seeds that follow its seed (written to the cache)."""
+    seeds that follow its seed (written to ``--cache-dir``)."""
     dataset = envs.ENV_IDS[args.env][0]
     if dataset not in SPECS:
         return [Path(env_kwargs["data_dir"])]
     served = world_dir(dataset, data_dir=env_kwargs["data_dir"])
     spec = read_spec(dataset, served)
-    return [served, *(world_data_dir(dataclasses.replace(spec, seed=spec.seed + k))
+    return [served, *(world_data_dir(dataclasses.replace(spec, seed=spec.seed + k), args.cache_dir)
                       for k in range(1, args.extra_worlds + 1))]
 
 

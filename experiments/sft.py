@@ -1,12 +1,13 @@
 """Supervised fine-tuning on weighted tokens, the warm start's training (``experiments/warmstart.py``): the
 per-token loss weights of a trajectory, the weighted cross-entropy, right-padding, and the training loop (AdamW,
-warm-up then cosine decay) whose state is checkpointed after every epoch and resumed exactly."""
+warm-up then cosine decay, then more epochs while a check of the model fails) whose state is checkpointed after
+every epoch and resumed exactly."""
 
 from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -47,21 +48,34 @@ def pad(rows: Sequence[tuple[list[int], Sequence[float]]], pad_id: int) -> tuple
     return ids, attention, weights
 
 
+def learning_rate_factor(step: int, steps: int, warmup: int, floor: float) -> float:
+    """The schedule's multiplier of the peak learning rate at optimizer step ``step``: a linear warm-up over
+    ``warmup`` steps, then a cosine from 1 down to ``floor`` at step ``steps``, and ``floor`` after (the extra
+    epochs a failed check adds)."""
+    cosine = 0.5 * (1 + np.cos(np.pi * min(step, steps) / steps))
+    return min(1.0, (step + 1) / warmup) * (floor + (1 - floor) * cosine)
+
+
 def train(model, data: list[tuple[list[int], Sequence[float]]], *, epochs: int, lr: float, batch_size: int, seed: int,
-          pad_id: int, max_minutes: float | None = None, checkpoint: Path | None = None, log=print) -> list[float]:
-    """AdamW over shuffled batches, linear warm-up then cosine decay; the mean loss of each epoch.
+          pad_id: int, max_minutes: float | None = None, checkpoint: Path | None = None, lr_floor: float = 0.0,
+          check: Callable[[], float] | None = None, check_min: float = 0.0, extra_epochs: int = 0,
+          log=print) -> dict[str, list[float]]:
+    """AdamW over shuffled batches, linear warm-up then cosine decay to ``lr_floor`` times ``lr`` over ``epochs``;
+    then, with ``check`` (a score of the model, e.g. greedy exact match on questions it does not train on), up to
+    ``extra_epochs`` more epochs at the floor while the score after the last epoch is below ``check_min``. Returns
+    ``{"loss": the mean loss of each epoch, "check": the score after each checked epoch}``.
 
     With ``checkpoint``, the whole training state (weights, optimizer, schedule, shuffling and torch generators, loss
-    curve) is written there after every epoch and, when the file exists, training resumes after its last epoch: a
-    killed run continues where it stopped and ends as an uninterrupted one would. ``max_minutes`` counts this
-    process's time only."""
+    curve and checks) is written there after every epoch and, when the file exists, training resumes after its last
+    epoch: a killed run continues where it stopped and ends as an uninterrupted one would. ``max_minutes`` counts
+    this process's time only."""
     rng = np.random.default_rng(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     steps = epochs * -(-len(data) // batch_size)
     warmup = max(1, steps // 20)
     schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + np.cos(np.pi * min(s, steps) / steps)))
-    curve: list[float] = []
+        optimizer, functools.partial(learning_rate_factor, steps=steps, warmup=warmup, floor=lr_floor))
+    curve: dict[str, list[float]] = {"loss": [], "check": []}
     if checkpoint is not None and checkpoint.exists():
         state = torch.load(checkpoint, weights_only=False)
         model.load_state_dict(state["model"])
@@ -70,10 +84,12 @@ def train(model, data: list[tuple[list[int], Sequence[float]]], *, epochs: int, 
         rng.bit_generator.state = state["shuffle_rng"]
         torch.set_rng_state(state["torch_rng"])
         curve = state["curve"]
-        log(f"resuming after epoch {len(curve)}/{epochs} from {checkpoint}")
-    model.train()
+        log(f"resuming after epoch {len(curve['loss'])}/{epochs} from {checkpoint}")
     start = time.perf_counter()
-    for epoch in range(len(curve), epochs):
+    for epoch in range(len(curve["loss"]), epochs + extra_epochs):
+        if epoch >= epochs and (check is None or curve["check"][-1] >= check_min):
+            break
+        model.train()
         order = rng.permutation(len(data))
         batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
         losses = []
@@ -86,8 +102,13 @@ def train(model, data: list[tuple[list[int], Sequence[float]]], *, epochs: int, 
             optimizer.step()
             schedule.step()
             losses.append(loss.item())
-        curve.append(float(np.mean(losses)))
-        log(f"epoch {epoch + 1}/{epochs}: loss {curve[-1]:.4f}  ({time.perf_counter() - start:.0f} s)")
+        curve["loss"].append(float(np.mean(losses)))
+        message = f"epoch {epoch + 1}/{epochs}: loss {curve['loss'][-1]:.4f}"
+        if check is not None and epoch + 1 >= epochs:
+            model.eval()
+            curve["check"].append(check())
+            message += f", check {curve['check'][-1]:.3f} (wanted >= {check_min})"
+        log(f"{message}  ({time.perf_counter() - start:.0f} s)")
         if checkpoint is not None:
             state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                      "schedule": schedule.state_dict(), "shuffle_rng": rng.bit_generator.state,

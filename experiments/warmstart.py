@@ -64,15 +64,25 @@ def build_model(args: argparse.Namespace):
     return model, tokenizer
 
 
-def dev_em(model, tokenizer, args: argparse.Namespace, env_kwargs: dict) -> dict[str, float]:
-    """Greedy dev results (means) on the first --dev-questions of the env's evaluation split."""
+def dev_em(model, tokenizer, args: argparse.Namespace, env_kwargs: dict, questions: int) -> dict[str, float]:
+    """Greedy results (means) on the first ``questions`` of the evaluation split of the env ``env_kwargs`` serve."""
     from algos.evaluation import mean_results
 
     generator = step_generator("hf", model, tokenizer,
                                SamplingSettings(greedy=True, max_step_tokens=args.max_step_tokens))
-    rows = evaluate_env(args.env, generator, tokenizer, split=envs.eval_split(args.env), limit=args.dev_questions,
+    rows = evaluate_env(args.env, generator, tokenizer, split=envs.eval_split(args.env), limit=questions,
                         batch_size=32, env_kwargs=env_kwargs)
     return mean_results(rows)
+
+
+def taught_em(model, tokenizer, args: argparse.Namespace, env: gym.Env, questions: Sequence[int]) -> list[dict]:
+    """Greedy results on the training questions ``questions`` (positions in ``env``'s split), 32 at a time."""
+    from algos.evaluation import greedy_chains
+
+    generator = step_generator("hf", model, tokenizer,
+                               SamplingSettings(greedy=True, max_step_tokens=args.max_step_tokens))
+    return [row for start in range(0, len(questions), 32)
+            for row in greedy_chains(env, generator, tokenizer, questions[start:start + 32])]
 
 
 def cached_warm_start(world: WorldSpec | BranchSpec, recipe: Sequence[str], *, topk: int,
@@ -107,7 +117,7 @@ def cached_warm_start(world: WorldSpec | BranchSpec, recipe: Sequence[str], *, t
               flush=True)
         env_id = next(env_id for env_id, (dataset, *_) in envs.ENV_IDS.items() if dataset == world.DATASET)
         main(["--env", env_id, "--data-dir", str(world_data_dir(world, cache_dir)), "--topk", str(topk),
-              "--dev-questions", "0", *recipe, *start, "--output", str(staging)])
+              "--dev-questions", "0", *recipe, *start, "--cache-dir", str(cache_dir), "--output", str(staging)])
         os.replace(staging, model.parent)
     print(f"warm start: moved into the cache: {model} (use --model {model})")
     return model
@@ -162,8 +172,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the oracle's thought before a search restates the passage's sentence that ends with the query "
                         "(\"The chair of X is Y\" before searching Y; SynthBranch's role passages), so the name "
                         "is copied as the continuation of words the passage holds")
-    p.add_argument("--epochs", type=int, default=6)
+    p.add_argument("--epochs", type=int, default=6, help="epochs of the schedule (warm-up, cosine to --lr-floor)")
     p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (use ~1e-5 to fine-tune smollm2)")
+    p.add_argument("--lr-floor", type=float, default=0.0,
+                   help="the learning rate at the schedule's end and in any extra epoch, a fraction of --lr")
+    p.add_argument("--check-questions", type=int, default=0,
+                   help="after the schedule, greedy exact match on the first this many training questions of the "
+                        "served data that the oracle answers right (not --unanswered, --premature or --misroute), "
+                        "and up to --extra-epochs more epochs while it is below --check-em (0: no check)")
+    p.add_argument("--check-em", type=float, default=0.0, help="the check's minimum exact match")
+    p.add_argument("--extra-epochs", type=int, default=0, help="at most this many epochs after --epochs")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--max-minutes", type=float, default=None, help="stop after the epoch that passes this")
     p.add_argument("--max-turns", type=int, default=3)
@@ -173,6 +191,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="greedy dev questions evaluated before and after (0: no dev evaluation)")
     p.add_argument("--data-dir", default=None, help="default: $TREEGRPO_DATA_DIR, else ./data")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cache-dir", default=None, help="where generated worlds are written (default: the cache, "
+                                                     "$TREEGRPO_CACHE_DIR, else ~/.cache/tree-grpo)")
     p.add_argument("--output", default="outputs/warmstart")
     args = p.parse_args(argv)
     if args.extra_worlds < 0:
@@ -180,6 +200,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("unanswered", "premature", "misroute"):
         if not 0.0 <= getattr(args, name) <= 1.0:
             p.error(f"--{name} must be a share in [0, 1], got {getattr(args, name)}")
+    if not 0.0 <= args.lr_floor <= 1.0:
+        p.error(f"--lr-floor must be a fraction of --lr in [0, 1], got {args.lr_floor}")
+    if not 0.0 <= args.check_em <= 1.0:
+        p.error(f"--check-em must be an exact match in [0, 1], got {args.check_em}")
+    for name in ("check_questions", "extra_epochs"):
+        if getattr(args, name) < 0:
+            p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     if args.observation_weight < 0:
         p.error(f"--observation-weight must be >= 0, got {args.observation_weight}")
     if args.questions is not None and args.questions < 1:
@@ -187,6 +214,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     synthetic = [env_id for env_id, (dataset, *_) in envs.ENV_IDS.items() if dataset in SPECS]
     if args.extra_worlds and args.env not in synthetic:
         p.error(f"--extra-worlds needs a generated world (--env {' or '.join(synthetic)}), got --env {args.env}")
+    if args.extra_epochs and not args.check_questions:
+        p.error("--extra-epochs needs --check-questions (the extra epochs run while the check fails)")
     if args.misroute_role and not args.misroute:
         p.error("--misroute-role needs --misroute (the share of those questions to misroute)")
     if args.misroute and args.env != "SynthBranch-v0":
@@ -203,7 +232,7 @@ def main(argv: list[str] | None = None) -> Path:
                   "topk": args.topk}
     model, tokenizer = build_model(args)
     end_of_turn = min(end_of_turn_ids(tokenizer, model))
-    data = []
+    data, taught_right = [], []
     for data_dir in oracle_data_dirs(args, env_kwargs):
         env = gym.make(args.env, **{**env_kwargs, "data_dir": str(data_dir)})
         count = min(args.questions or len(env.unwrapped.records), len(env.unwrapped.records))
@@ -218,24 +247,42 @@ def main(argv: list[str] | None = None) -> Path:
                                    premature=i in premature, route=questions[i].decoy if i in misrouted else None,
                                    restate=args.restate)
                  for i in range(count)]
+        if not taught_right:  # the served data's questions the oracle answers right: what the check asks
+            cut_short = {i for i in premature if len(env.unwrapped.records[i].supporting_titles) > 1}
+            taught_right = [i for i in range(count) if i not in unanswered | cut_short | misrouted]
         env.close()
     tokens = sum(len(ids) for ids, _ in data)
     print(f"{len(data)} oracle trajectories, {tokens} tokens ({sum(sum(m) for _, m in data)} generated); "
           f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters")
     data = [(ids, loss_weights(generated, args.observation_weight)) for ids, generated in data]
-    before = dev_em(model, tokenizer, args, env_kwargs) if args.dev_questions else None  # 0: no dev evaluation
+    before = dev_em(model, tokenizer, args, env_kwargs, args.dev_questions) if args.dev_questions else None
     if before is not None:
         print(f"dev before: EM {before['em']:.3f}, reward {before['reward']:.3f}, answer rate "
               f"{before['answered']:.2f}")
+    check = None
+    if args.check_questions:
+        check_env = gym.make(args.env, **env_kwargs)
+        check_questions = taught_right[:args.check_questions]
+        if not check_questions:
+            raise SystemExit("--check-questions: the oracle answers none of the served training questions right "
+                             "(every one --unanswered, --premature or --misroute): nothing to check")
+
+        def check() -> float:
+            return float(np.mean([row["em"] for row in taught_em(model, tokenizer, args, check_env, check_questions)]))
+
     curve = train(model, data, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, seed=args.seed,
-                  pad_id=tokenizer.pad_token_id, max_minutes=args.max_minutes, checkpoint=checkpoint)
-    after = dev_em(model, tokenizer, args, env_kwargs) if args.dev_questions else None
+                  pad_id=tokenizer.pad_token_id, max_minutes=args.max_minutes, checkpoint=checkpoint,
+                  lr_floor=args.lr_floor, check=check, check_min=args.check_em, extra_epochs=args.extra_epochs)
+    if args.check_questions:
+        check_env.close()
+    after = dev_em(model, tokenizer, args, env_kwargs, args.dev_questions) if args.dev_questions else None
     if after is not None:
         print(f"dev after: EM {after['em']:.3f}, reward {after['reward']:.3f}, answer rate {after['answered']:.2f}, "
               f"tool calls {after['tool_calls']:.2f}")
     model.save_pretrained(output / "model")
     tokenizer.save_pretrained(output / "model")
-    summary = {"settings": vars(args), "trajectories": len(data), "tokens": tokens, "loss_per_epoch": curve,
+    summary = {"settings": vars(args), "trajectories": len(data), "tokens": tokens, "loss_per_epoch": curve["loss"],
+               "check_per_epoch": curve["check"],
                "dev_before": before, "dev_after": after}
     (output / "warmstart.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
     checkpoint.unlink(missing_ok=True)  # the model is saved: the optimizer's state is not worth its disk

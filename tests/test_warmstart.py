@@ -24,7 +24,7 @@ from experiments.oracle_trajectories import (
     oracle_trajectory,
     train_branch_questions,
 )
-from experiments.sft import loss_weights, pad, sft_loss, train
+from experiments.sft import learning_rate_factor, loss_weights, pad, sft_loss, train
 from experiments.warmstart import cached_warm_start, parse_args
 from experiments.warmstart import main as warmstart_main
 from policies.generation import observation_ids, prompt_ids
@@ -244,7 +244,7 @@ def test_a_training_killed_after_an_epoch_resumes_and_ends_as_an_uninterrupted_o
     whole_curve = train(whole, data, **settings)
     checkpoint = tmp_path / "checkpoint.pt"
     first = fresh_model()
-    assert len(train(first, data, **settings, max_minutes=0, checkpoint=checkpoint)) == 1  # "killed" after epoch 1
+    assert len(train(first, data, **settings, max_minutes=0, checkpoint=checkpoint)["loss"]) == 1  # "killed"
     resumed = fresh_model()  # a new process: fresh weights and generators, restored from the checkpoint
     torch.manual_seed(123)
     lines = []
@@ -253,6 +253,42 @@ def test_a_training_killed_after_an_epoch_resumes_and_ends_as_an_uninterrupted_o
     assert resumed_curve == whole_curve
     for a, b in zip(whole.parameters(), resumed.parameters(), strict=True):
         torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+def test_the_schedule_warms_up_then_decays_to_its_floor_and_stays_there():
+    # 10 steps, 2 of warm-up, floor 0.1: step s multiplies the peak by min(1, (s + 1) / 2) * (0.1 + 0.9 * cosine)
+    factor = [learning_rate_factor(s, steps=10, warmup=2, floor=0.1) for s in (0, 1, 5, 10, 15)]
+    np.testing.assert_allclose(factor, [0.5, 0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi / 10)), 0.55, 0.1, 0.1])
+    assert learning_rate_factor(10, steps=10, warmup=2, floor=0.0) == pytest.approx(0.0)
+
+
+@pytest.mark.parametrize(("scores", "extra_epochs", "epochs_run"), [
+    ([0.2, 0.4, 0.9, 0.9], 5, 3),  # below 0.5 twice: two extra epochs, then the check passes
+    ([0.2, 0.4, 0.9], 1, 2),  # the cap: one extra epoch, whatever the check says
+    ([0.9], 5, 1),  # in the band after the schedule: no extra epoch
+])
+def test_extra_epochs_run_while_the_check_fails_up_to_the_cap(setup, scores, extra_epochs, epochs_run):
+    env, tokenizer, _ = setup
+    data = [oracle_trajectory(env, tokenizer, i, 3, tokenizer.eos_token_id) for i in range(2)]
+    model = build_tiny_random(tokenizer, hidden_size=32, layers=1, heads=2)
+    checked = iter(scores)
+    curve = train(model, data, epochs=1, lr=3e-3, batch_size=2, seed=0, pad_id=tokenizer.pad_token_id,
+                  check=lambda: next(checked), check_min=0.5, extra_epochs=extra_epochs, log=lambda _: None)
+    assert len(curve["loss"]) == epochs_run and curve["check"] == scores[:epochs_run]
+
+
+def test_a_training_killed_in_its_extra_epochs_resumes_with_its_checks(setup, tmp_path):
+    env, tokenizer, _ = setup
+    data = [oracle_trajectory(env, tokenizer, i, 3, tokenizer.eos_token_id) for i in range(2)]
+    settings = {"epochs": 1, "lr": 3e-3, "batch_size": 2, "seed": 0, "pad_id": tokenizer.pad_token_id,
+                "check_min": 0.5, "extra_epochs": 4, "log": lambda _: None}
+    checkpoint = tmp_path / "checkpoint.pt"
+    scores = iter([0.1, 0.3, 0.7])
+    model = build_tiny_random(tokenizer, hidden_size=32, layers=1, heads=2)
+    assert train(model, data, **settings, check=lambda: next(scores), max_minutes=0,
+                 checkpoint=checkpoint)["check"] == [0.1]
+    curve = train(model, data, **settings, check=lambda: next(scores), checkpoint=checkpoint)
+    assert curve["check"] == [0.1, 0.3, 0.7] and len(curve["loss"]) == 3
 
 
 def test_a_checkpoint_left_by_other_settings_is_refused_naming_it(tmp_path):
@@ -281,6 +317,41 @@ def test_warmstart_main_trains_on_extra_worlds_and_saves_a_loadable_model(setup,
     model, _ = load_model(str(model_dir))
     assert model.config.hidden_size == 32
     assert not list((tmp_path / "warm").glob("checkpoint*"))  # the model is saved: the training state is dropped
+
+
+def test_warmstart_checks_the_questions_taught_right_and_writes_worlds_to_its_cache_dir(setup, tmp_path,
+                                                                                        monkeypatch):
+    cache = tmp_path / "cache"
+    checked = []
+
+    def taught_em(model, tokenizer, args, env, questions):
+        checked.append(list(questions))
+        return [{"em": 0.0} for _ in questions]
+
+    monkeypatch.setattr(warmstart_module, "taught_em", taught_em)
+    warmstart_main(["--data-dir", str(setup[2]), "--extra-worlds", "1", "--questions", "12", "--hidden-size", "32",
+                    "--layers", "1", "--heads", "2", "--epochs", "1", "--dev-questions", "0", "--premature", "1",
+                    "--check-questions", "3", "--check-em", "0.5", "--extra-epochs", "1", "--max-step-tokens", "8",
+                    "--cache-dir", str(cache), "--output", str(tmp_path / "warm")])
+    summary = json.loads((tmp_path / "warm" / "warmstart.json").read_text())
+    # the check fails after the schedule and after the one extra epoch allowed: two epochs, two checks
+    assert summary["check_per_epoch"] == [0.0, 0.0] and len(summary["loss_per_epoch"]) == 2
+    env = gym.make("SynthHop-v0", data_dir=setup[2])
+    one_hop = [i for i in range(12) if len(env.unwrapped.records[i].supporting_titles) == 1]
+    assert len(one_hop) >= 3 and checked == [one_hop[:3]] * 2  # --premature 1: every multi-hop question is taught wrong, so not checked
+    written = {json.loads((d / "synthhop" / "world.json").read_text())["seed"] for d in (cache / "synthhop").iterdir()}
+    assert written == {WORLD.seed + 1}  # the extra world, in --cache-dir
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--extra-epochs", "2"], "--extra-epochs needs --check-questions"),
+    (["--lr-floor", "1.5"], "--lr-floor must be a fraction"),
+    (["--check-em", "-0.1"], "--check-em must be an exact match"),
+])
+def test_warmstart_check_options_at_their_edges_are_refused_naming_them(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        parse_args(argv)
+    assert message in capsys.readouterr().err
 
 
 def test_warmstart_without_dev_questions_prints_no_dev_line(setup, tmp_path, capsys):
