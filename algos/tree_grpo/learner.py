@@ -41,10 +41,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
 import math
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from ray.rllib.core import DEFAULT_MODULE_ID
@@ -55,11 +53,9 @@ from algos.batch import (
     ADVANTAGES,
     ATTENTION_MASK,
     INPUT_IDS,
-    MINI_BATCH,
     PROMPT_INDEX,
     SAMPLING_LOGPROBS,
     micro_batch_slices,
-    minibatch_slices,
 )
 from algos.losses import (
     clipped_policy_loss,
@@ -70,6 +66,7 @@ from algos.losses import (
 from algos.lr_schedule import scheduled_lr
 from algos.tree_grpo import metrics as metric_keys
 from algos.tree_grpo.learner_metrics import EXTREMES, LOSS, across_learners, mismatch_sums, update_metrics
+from algos.tree_grpo.learner_rows import OLD, REF, TIS, micro_batch, mini_batch_rows, stand_in
 from algos.tree_grpo.learner_state import OPTIMIZER_STEPS as OPTIMIZER_STEPS  # re-exported: the learner's state key
 from algos.tree_grpo.learner_state import LearnerState
 from algos.tree_grpo.settings import check_learner_sharding
@@ -79,7 +76,6 @@ from policies.logprobs import (
     GENERATED_MASK,
     LOGPROBS,
     PACKED_TOKENS,
-    PACKING,
     REAL_TOKENS,
     UNIQUE_TOKENS,
     PackedRows,
@@ -88,7 +84,6 @@ from policies.logprobs import (
 from policies.memory import peak_memory_gib, reset_peak_memory
 from policies.reference_model import ReferenceModel
 
-OLD, REF, TIS = "old_logprobs", "ref_logprobs", "tis_weights"  # columns the update adds to its batch
 MISMATCH = "mismatch"  # a step's sampler mismatch metrics (the first step's, when the old log-probs are the sampler's)
 def old_logprobs_source(choice: str, compute_dtype: torch.dtype, generator: str = "hf") -> str:
     """``sampler`` or ``recompute``: ``auto`` takes the sampler's when the HF generator computes in float32 (it
@@ -196,14 +191,14 @@ class TreeGRPOTorchLearner(LearnerState, TorchLearner):
         for param in self.module[DEFAULT_MODULE_ID].parameters():
             param.grad = None  # the last update's: not held through this update's no-gradient passes
         reset_peak_memory(device)
-        minis = self._mini_batch_rows(data)
+        minis = mini_batch_rows(data, self._mini_batches, self._world)
         pieces = [self._micro_slices(data, rows) if rows.stop > rows.start else [] for rows in minis]
         in_order = [piece for mini in pieces for piece in mini]  # the same micro-batches in every pass
         step_passes, scoring_passes = self._pass_counts(pieces)
         packings = self._packings(data, in_order)
         mismatch = self._fix_old_logprobs(data, in_order, packings, scoring_passes)
         steps = [self._optimizer_step({k: v[rows] for k, v in data.items()},
-                                      [self._part(data, piece, packings) for piece in mini_pieces], passes,
+                                      [micro_batch(data, piece, packings) for piece in mini_pieces], passes,
                                       measure_mismatch=not i and not mismatch)
                  for i, (rows, mini_pieces, passes)
                  in enumerate(list(zip(minis, pieces, step_passes, strict=True)) * self._epochs)]
@@ -220,23 +215,6 @@ class TreeGRPOTorchLearner(LearnerState, TorchLearner):
             self.metrics.log_value((DEFAULT_MODULE_ID, key), value, window=1)
         return {}, {DEFAULT_MODULE_ID: torch.tensor(loss)}, {}  # logged by RLlib as total_loss (mean over steps)
 
-    def _mini_batch_rows(self, data: dict[str, torch.Tensor]) -> list[slice]:
-        """The rows of each of the ``ppo_mini_batches`` mini-batches in ``data``: from its ``MINI_BATCH`` column
-        (:func:`learner_shards`; a mini-batch can have no rows here), else cut from ``data`` itself (one learner
-        only: the learners' cuts of their shards would not make the whole batch's mini-batches)."""
-        if MINI_BATCH not in data:
-            if self._world > 1:
-                raise ValueError(f"{self._world} learners need the batch laid out by learner_shards (its "
-                                 f"{MINI_BATCH!r} column), so that their mini-batches make the whole batch's")
-            return minibatch_slices(data[PROMPT_INDEX].cpu().numpy(), self._mini_batches)
-        tags = data[MINI_BATCH].cpu().numpy()
-        if len(tags) and not (np.all(np.diff(tags) >= 0) and tags[0] >= 0 and tags[-1] < self._mini_batches):
-            raise ValueError(f"the {MINI_BATCH!r} column must not decrease and lie in 0..ppo_mini_batches - 1 "
-                             f"({self._mini_batches - 1}), as learner_shards lays out a batch for this learner "
-                             f"count; got {tags.tolist()}")
-        bounds = np.searchsorted(tags, np.arange(self._mini_batches + 1))
-        return [slice(int(a), int(b)) for a, b in itertools.pairwise(bounds)]
-
     def _all_reduce(self, values: list[float], op: dist.ReduceOp) -> list[float]:
         """``values`` reduced over the learners (float64, on the learner's device); as they are with one."""
         if self._world == 1:
@@ -249,7 +227,7 @@ class TreeGRPOTorchLearner(LearnerState, TorchLearner):
         """The forward passes this learner runs: per mini-batch (its micro-batches, at least one: a learner without
         rows runs a stand-in) and over all micro-batches without gradients. Sharded, the largest counts over the
         learners (one all-reduce), since every pass gathers each layer's shards from every learner; the passes a
-        learner runs beyond its micro-batches are stand-ins (``_idle_part``)."""
+        learner runs beyond its micro-batches are stand-ins (``stand_in``)."""
         counts = [len(mini) for mini in pieces] + [sum(len(mini) for mini in pieces)]
         if self._policy_root is not None:
             counts = [int(count) for count in self._all_reduce(counts, dist.ReduceOp.MAX)]
@@ -274,14 +252,6 @@ class TreeGRPOTorchLearner(LearnerState, TorchLearner):
         return {(piece.start, piece.stop): pack_rows(model, {k: v[piece] for k, v in data.items()})
                 for piece in pieces}
 
-    @staticmethod
-    def _part(data: dict[str, torch.Tensor], piece: slice, packings: dict[tuple[int, int], PackedRows]) -> dict:
-        """The micro-batch ``piece`` of ``data``, with its packing when there is one."""
-        part = {k: v[piece] for k, v in data.items()}
-        if (piece.start, piece.stop) in packings:
-            part[PACKING] = packings[piece.start, piece.stop]
-        return part
-
     def _fix_old_logprobs(self, data: dict[str, torch.Tensor], pieces: list[slice],
                           packings: dict[tuple[int, int], PackedRows], passes: int) -> dict[str, float] | None:
         """Add the old (``OLD``) and reference (``REF``) log-probs and the truncated importance weights (``TIS``)
@@ -294,7 +264,7 @@ class TreeGRPOTorchLearner(LearnerState, TorchLearner):
         reference = self._reference.on_device() if self._reference is not None else contextlib.nullcontext()
         with torch.no_grad(), reference:  # an offloaded reference comes in once for all the micro-batches
             for i in range(max(passes, len(pieces))):
-                part = self._part(data, pieces[i], packings) if i < len(pieces) else self._idle_part(data)
+                part = micro_batch(data, pieces[i], packings) if i < len(pieces) else stand_in(data)
                 old = (self._forward(module, part, self._policy_root)[LOGPROBS] if self._old_source == "recompute"
                        else part[SAMPLING_LOGPROBS])
                 ref = self._reference_logprobs(part) if cfg.kl_coef > 0 else old
@@ -333,7 +303,7 @@ class TreeGRPOTorchLearner(LearnerState, TorchLearner):
             p.grad = None
         totals: dict[str, float] = {metric_keys.RATIO_MAX: -math.inf, metric_keys.RATIO_MIN: math.inf}
         current = []
-        for i, part in enumerate(parts + [self._idle_part(data)] * (passes - len(parts))):
+        for i, part in enumerate(parts + [stand_in(data)] * (passes - len(parts))):
             real, last = i < len(parts), i == passes - 1
             if self._policy_root is not None:  # FSDP: the gradients are reduce-scattered after the last only
                 sync = gradient_sync(self._policy_root, enabled=last)
@@ -377,21 +347,6 @@ class TreeGRPOTorchLearner(LearnerState, TorchLearner):
             totals[MISMATCH] = mismatch_sums(torch.cat(current) if current else data[SAMPLING_LOGPROBS],
                                              data[SAMPLING_LOGPROBS], data[TIS], data[GENERATED_MASK])
         return totals
-
-    @staticmethod
-    def _idle_part(data: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """A stand-in micro-batch for a learner without rows in a mini-batch (or, sharded, with fewer micro-batches
-        than another learner), with ``data``'s columns: one row of two tokens, the second counted as generated so
-        that the loss has a graph through every weight (the step multiplies it by 0). Its forward and backward
-        passes are the collectives (DDP's buffer broadcast and gradient all-reduce; FSDP's gathers and gradient
-        reductions) the other learners wait for."""
-        part = {key: torch.zeros((1, 2) if value.dim() == 2 else (1, *value.shape[1:]), dtype=value.dtype,
-                                 device=value.device) for key, value in data.items()}
-        part[ATTENTION_MASK] = torch.ones_like(part[ATTENTION_MASK])
-        part[GENERATED_MASK][0, 1] = 1
-        if TIS in part:
-            part[TIS] = torch.ones_like(part[TIS])
-        return part
 
     @override(TorchLearner)
     def compute_loss_for_module(self, *, module_id, config, batch: dict, fwd_out: dict) -> torch.Tensor:
