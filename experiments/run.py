@@ -28,6 +28,7 @@ the save. Checkpoints are pickles: load only your own (``experiments/export.py``
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import math
 import shlex
@@ -173,6 +174,13 @@ def progress_line(row: dict[str, Any], total: int) -> str:
                if row.get(metric_keys.UPDATE_SKIPPED) else ""))
 
 
+def remove_empty_logdir(logdir: Path) -> None:
+    """Remove the log folder an RLlib Algorithm built outside Tune makes (``~/ray_results/<date>``) when it is
+    empty: this run logs into its own directory, so every run would otherwise leave one behind."""
+    with contextlib.suppress(OSError):  # not empty (something wrote there) or already gone: left as it is
+        logdir.rmdir()
+
+
 def build_algorithm(run: RunPlan):
     """The algorithm of ``run``, with its tracker, restored from the checkpoint when resuming."""
     settings = run.settings
@@ -265,6 +273,7 @@ def train(run: RunPlan) -> tuple[Path | None, int]:
             if algo.iteration and not algo.mid_update and saved_at != algo.iteration:  # never a half-done update
                 latest = checkpoints.save(algo, algo.iteration)
             algo.stop()
+            remove_empty_logdir(Path(algo.logdir))
             tracker.mlflow.log_artifact(output / METRICS_FILE)
             curve = save_learning_curve(output)
             if curve is not None:

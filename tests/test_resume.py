@@ -36,9 +36,12 @@ def weights(run: Path) -> dict[str, torch.Tensor]:
     return load_policy(str(run / "checkpoints" / "latest"))[0].state_dict()
 
 
-def test_three_iterations_equal_one_plus_resume_two(ray_session, data_dir, tmp_path):
+def test_three_iterations_equal_one_plus_resume_two(ray_session, data_dir, tmp_path, test_root):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    results = test_root / "ray_results"  # where RLlib's default result logger would write (~/ray_results for a user)
+    before = set(results.iterdir()) if results.is_dir() else set()
     main([*FAST, "--iterations", "3", "--output", str(straight)])
+    assert (set(results.iterdir()) if results.is_dir() else set()) == before
     main([*FAST, "--iterations", "1", "--output", str(resumed)])
     main(["--resume", str(resumed), "--iterations", "2"])  # continues in its own directory, same settings
 
