@@ -178,8 +178,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the learning rate at the schedule's end and in any extra epoch, a fraction of --lr")
     p.add_argument("--check-questions", type=int, default=0,
                    help="after the schedule, greedy exact match on the first this many training questions of the "
-                        "served data that the oracle answers right (not --unanswered, --premature or --misroute), "
-                        "and up to --extra-epochs more epochs while it is below --check-em (0: no check)")
+                        "served data that need one search (whether the start has learnt its world's names, apart "
+                        "from the strategy its data teaches; not --unanswered ones), and up to --extra-epochs more "
+                        "epochs while it is below --check-em (0: no check)")
     p.add_argument("--check-em", type=float, default=0.0, help="the check's minimum exact match")
     p.add_argument("--extra-epochs", type=int, default=0, help="at most this many epochs after --epochs")
     p.add_argument("--batch-size", type=int, default=16)
@@ -232,7 +233,7 @@ def main(argv: list[str] | None = None) -> Path:
                   "topk": args.topk}
     model, tokenizer = build_model(args)
     end_of_turn = min(end_of_turn_ids(tokenizer, model))
-    data, taught_right = [], []
+    data, one_search = [], []
     for data_dir in oracle_data_dirs(args, env_kwargs):
         env = gym.make(args.env, **{**env_kwargs, "data_dir": str(data_dir)})
         count = min(args.questions or len(env.unwrapped.records), len(env.unwrapped.records))
@@ -247,9 +248,9 @@ def main(argv: list[str] | None = None) -> Path:
                                    premature=i in premature, route=questions[i].decoy if i in misrouted else None,
                                    restate=args.restate)
                  for i in range(count)]
-        if not taught_right:  # the served data's questions the oracle answers right: what the check asks
-            cut_short = {i for i in premature if len(env.unwrapped.records[i].supporting_titles) > 1}
-            taught_right = [i for i in range(count) if i not in unanswered | cut_short | misrouted]
+        if not one_search:  # the served data's questions the check asks: one search, taught right
+            one_search = [i for i in range(count) if len(env.unwrapped.records[i].supporting_titles) == 1
+                          and i not in unanswered | misrouted]
         env.close()
     tokens = sum(len(ids) for ids, _ in data)
     print(f"{len(data)} oracle trajectories, {tokens} tokens ({sum(sum(m) for _, m in data)} generated); "
@@ -262,10 +263,10 @@ def main(argv: list[str] | None = None) -> Path:
     check = None
     if args.check_questions:
         check_env = gym.make(args.env, **env_kwargs)
-        check_questions = taught_right[:args.check_questions]
+        check_questions = one_search[:args.check_questions]
         if not check_questions:
-            raise SystemExit("--check-questions: the oracle answers none of the served training questions right "
-                             "(every one --unanswered, --premature or --misroute): nothing to check")
+            raise SystemExit("--check-questions: no served training question needs one search and is answered by "
+                             "the oracle (not --unanswered or --misroute): nothing to check")
 
         def check() -> float:
             return float(np.mean([row["em"] for row in taught_em(model, tokenizer, args, check_env, check_questions)]))
