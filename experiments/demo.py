@@ -1,28 +1,32 @@
 """The CPU learning demo behind ``make run`` on a machine without a GPU: Tree-GRPO teaches an agent when to
 search again, and held-out exact match rises within minutes, with 95% intervals.
 
-    python experiments/demo.py                          # about 12 minutes on 2 cores the first time
+    python experiments/demo.py                          # about 13 minutes on 2 cores the first time
     python experiments/demo.py --output outputs/demo2   # again: the world and the warm start come from the cache
+    python experiments/demo.py --start-seed 3           # another warm start (trained once, then cached)
     python experiments/demo.py --ppo-mini-batches 1     # any other option goes to run.py (after the demo's own)
 
-The task is SynthHop-v0 on a small generated world (60 people, 30 companies; 240 training and 60 held-out
-questions, half of them 1-hop, half 2-hop; one passage per search). The start policy is a 10M-parameter Llama
-trained from scratch for about ten minutes on oracle search trajectories of this world and of 9 others (other
-names, so it learns to copy names rather than memorise them), in which half the 2-hop questions are answered
-right after the first search, with the entity it found: a wrong answer in the right format. So the start
-policy copies names well but, at the branch point after its first search, often answers one hop short. The
-world and this warm start are built on the first run and cached (``$TREEGRPO_CACHE_DIR``, default
-``~/.cache/tree-grpo``), so a second run starts training at once. Then Tree-GRPO, (M, N, L) = (2, 2, 1), 8
-prompts per iteration, the paper's update (PPO mini-batches, warm-up). Sibling leaves that branch after the
-same first search, one answering and one searching again, earn different rewards: the step-level signal the
-trees give. (Chain GRPO learns the second search as well on this task: docs/benchmarks.md, "Learning: tree vs
-chain".)
+The task is SynthHop-v0 on a small generated world (100 people named by one given name each, 50 companies; 240
+training and 200 held-out questions, half of them 1-hop, half 2-hop; one passage per search). The start policy is a 10M-parameter Llama
+trained from scratch for about ten minutes on oracle search trajectories of this world and of 4 others, in which
+half the 2-hop questions are answered right after the first search, with the entity it found: a wrong answer in
+the right format. So the start policy has learnt its world's names and answers most 1-hop questions, but at the
+branch point after its first search it often answers one hop short. How far a fixed number of epochs gets it
+depends on the last bits of the float sums (the seed, the CPU, the thread count): so after its schedule the warm
+start answers 100 of its training questions that need one search and trains on (at most two more epochs) while
+fewer than ``CHECK_EM`` of them come out right. The demo says whether the start's held-out exact match landed in
+``START_BAND``. The world and the warm start are built on the first run and cached (``$TREEGRPO_CACHE_DIR``,
+default ``~/.cache/tree-grpo``), so a second run starts training at once. Then Tree-GRPO, (M, N, L) = (2, 2, 1),
+8 prompts per iteration, the paper's update (PPO mini-batches, warm-up). Sibling leaves that branch after the same
+first search, one answering and one searching again, earn different rewards: the step-level signal the trees give.
+(Chain GRPO learns the second search as well on this task: docs/benchmarks.md, "Learning: tree vs chain".)
 
-Before and after, the same held-out questions are answered greedily; the summary gives each metric's mean with
-its 95% interval and the paired change (per question) with its interval, the failure mix, the tokens generated,
-and where the plot, the sampled trees and the MLflow store are. Everything lands in ``--output``:
-``summary.md``, ``summary.json`` and the run's own files (``metrics.jsonl``, ``learning_curve.png``, ``trees/``,
-``checkpoints/``, ``mlflow.db``).
+Before, halfway and after, the same held-out questions are answered greedily; the summary gives each metric's mean
+with its 95% interval and the paired change (per question) with its interval, the failure mix, the tokens
+generated, and where the plots, the sampled trees and the MLflow store are. ``held_out_curve.png`` draws held-out
+exact match (with its interval) beside the sampled training reward, which moves with each iteration's prompts and
+is not what the policy has learnt. Everything lands in ``--output``: ``summary.md``, ``summary.json``, the curve
+and the run's own files (``metrics.jsonl``, ``learning_curve.png``, ``trees/``, ``checkpoints/``, ``mlflow.db``).
 """
 
 from __future__ import annotations
@@ -40,19 +44,34 @@ from algos.evaluation import failure_mix, mean_results, occurring_failures
 from algos.tree_grpo import metrics as metric_keys
 from envs.cache import default_cache_dir
 from envs.synthetic import WorldSpec, world_data_dir
-from experiments.confidence import mean_interval, paired_difference_interval
+from experiments.confidence import Interval, mean_interval, paired_difference_interval
 from experiments.evaluate import world_held_out
 from experiments.warmstart import cached_warm_start
 
-WORLD = WorldSpec(seed=0, people=60, companies=30, cities=12, countries=5, train_questions=240, dev_questions=60,
+WORLD = WorldSpec(seed=0, people=70, companies=35, cities=12, countries=5, train_questions=175, dev_questions=175,
                   hop_mix=(0.5, 0.5, 0.0))
 TOPK = 1  # one passage per search: a short context, in which a model trained for minutes learns to copy names
 MAX_STEP_TOKENS = 48
-# the warm start: oracle trajectories of 10 worlds, half the 2-hop ones answering one hop short (one cached start
-# for every --seed)
-WARM_START = ("--extra-worlds", "9", "--epochs", "4", "--premature", "0.5", "--batch-size", "8", "--lr", "3e-3",
+# the warm start: oracle trajectories of 5 worlds, half the 2-hop ones answering one hop short; seven epochs of a
+# cosine to a tenth of the peak, then up to two more while greedy exact match on 100 training questions that need
+# one search is below CHECK_EM (how far the start has learnt its world's names by a fixed epoch depends on the last bits of
+# the sums: the check trains on until it has)
+CHECK_EM = 0.9
+WARM_START = ("--extra-worlds", "4", "--epochs", "8", "--premature", "0.5", "--batch-size", "8", "--lr", "3e-3",
+              "--lr-floor", "0.1", "--check-questions", "100", "--check-em", str(CHECK_EM), "--extra-epochs", "2",
               "--seed", "0")
+# where the start's held-out exact match should land: it copies names (the 1-hop questions right) and answers half
+# the 2-hop ones a hop short (at most 0.75 with every name copied)
+START_BAND = (0.45, 0.80)
+HELD_OUT_CURVE = "held_out_curve.png"
 SUMMARY_METRICS = {"em": "exact match", "answered": "answer rate", "reward": "reward", "tool_calls": "tool calls"}
+
+
+def recipe_with_seed(recipe: Sequence[str], seed: int) -> tuple[str, ...]:
+    """``recipe`` (warm-start options) with its ``--seed`` value replaced by ``seed``."""
+    options = list(recipe)
+    options[options.index("--seed") + 1] = str(seed)
+    return tuple(options)
 
 
 def compare(before: Sequence[Mapping[str, float]], after: Sequence[Mapping[str, float]]) -> dict[str, Any]:
@@ -87,6 +106,7 @@ def summary_text(comparison: Mapping[str, Any], run_dir: Path, rows: Sequence[Ma
     mlflow_db = run_dir / "mlflow.db"
     lines += ["", f"Training: {len(rows)} iterations, {tokens:,} tokens generated, {tool_calls:,} tool calls, "
                   f"{minutes:.1f} minutes in all.", "",
+              f"- held-out exact match over the iterations, beside the training reward: {run_dir / HELD_OUT_CURVE}",
               f"- learning curve: {run_dir / 'learning_curve.png'}",
               f"- sampled trees: {trees[-1] if trees else '(none exported)'}",
               f"- per-iteration metrics: {run_dir / 'metrics.jsonl'}"]
@@ -98,24 +118,55 @@ def summary_text(comparison: Mapping[str, Any], run_dir: Path, rows: Sequence[Ma
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--output", default="outputs/demo", help="the run's directory (replaced if it holds a demo run)")
-    p.add_argument("--iterations", type=int, default=8)
+    p.add_argument("--iterations", type=int, default=10)
     p.add_argument("--lr", type=float, default=2e-4)
-    p.add_argument("--seed", type=int, default=0, help="the training run's seed (the warm start is one, cached)")
+    p.add_argument("--seed", type=int, default=0, help="the training run's seed")
+    p.add_argument("--start-seed", type=int, default=0,
+                   help="the warm start's seed (each seed's start is trained once and cached)")
+    p.add_argument("--curve-every", type=int, default=None,
+                   help="held-out exact match every this many iterations for the learning curve (default: half the "
+                        "iterations; before and after always)")
     p.add_argument("--questions", type=int, default=WORLD.dev_questions, help="held-out questions evaluated")
     p.add_argument("--no-mlflow", action="store_true", help="do not track the run in MLflow")
     args, args.run_args = p.parse_known_args(argv)
     for name in ("iterations", "questions"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.questions > WORLD.dev_questions:
+        p.error(f"--questions must be <= {WORLD.dev_questions} (the demo world's held-out questions), "
+                f"got {args.questions}")
+    if args.curve_every is None:
+        args.curve_every = max(1, args.iterations // 2)
+    if not 1 <= args.curve_every <= args.iterations:
+        p.error(f"--curve-every must be in [1, --iterations ({args.iterations})], got {args.curve_every}")
     if not 0 < args.lr < 1:
         p.error(f"--lr must be in (0, 1), got {args.lr}")
     return args
 
 
+def band_text(start: Interval) -> str:
+    """Whether the start policy's held-out exact match landed in ``START_BAND``, in words."""
+    low, high = START_BAND
+    where = "inside" if low <= start.mean <= high else "OUTSIDE"
+    text = (f"The start policy's held-out exact match, {start}, is {where} the band [{low:.2f}, {high:.2f}] its recipe "
+            f"aims for")
+    if where == "inside":
+        return text + "."
+    return text + (": it copies fewer names than intended, so the gain shown is not the demo's usual one "
+                   "(docs/benchmarks.md, \"The demo's start\", has the spread over seeds)." if start.mean < low else
+                   ": it answers fewer questions one hop short than intended, leaving less to learn.")
+
+
+def curve_iterations(iterations: int, every: int) -> list[int]:
+    """The iterations whose checkpoints the learning curve evaluates (the last one is the demo's "after")."""
+    return [*range(every, iterations, every), iterations]
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     import time
 
-    from experiments.plot import load_metrics
+    from experiments.checkpoints import checkpoint_name
+    from experiments.plot import load_metrics, plot_held_out_curve
     from experiments.run import main as run
     from experiments.tracking import METRICS_FILE
 
@@ -124,24 +175,37 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     cache_dir = default_cache_dir()
     data_dir = world_data_dir(WORLD, cache_dir)
-    model = cached_warm_start(WORLD, WARM_START, topk=TOPK, cache_dir=cache_dir)
+    model = cached_warm_start(WORLD, recipe_with_seed(WARM_START, args.start_seed), topk=TOPK, cache_dir=cache_dir)
     print(f"held-out questions: evaluating the start policy on {args.questions} ...", flush=True)
     before = world_held_out(model, data_dir, args.questions, MAX_STEP_TOKENS, TOPK)
+    print(band_text(mean_interval([row["em"] for row in before])), flush=True)
     output = Path(args.output).resolve()
     if (output / "demo.json").exists() or (output / METRICS_FILE).exists():
         shutil.rmtree(output)  # a demo's own earlier run: the demo always starts fresh
+    points = curve_iterations(args.iterations, args.curve_every)
     latest = run(["--env", "SynthHop-v0", "--data-dir", str(data_dir), "--topk", str(TOPK), "--model", str(model),
                   "--max-step-tokens", str(MAX_STEP_TOKENS), "--seed", str(args.seed), "--M", "2", "--N", "2",
                   "--L", "1", "--iterations", str(args.iterations), "--prompts-per-iter", "8", "--lr", str(args.lr),
-                  "--micro-batch-size", "16", "--eval-every", "0", "--checkpoint-every", "0",
-                  "--trees-every", str(args.iterations), "--trees-count", "2", "--quiet", "--output", str(output),
-                  *(["--no-mlflow"] if args.no_mlflow else []), *args.run_args])
+                  "--micro-batch-size", "16", "--eval-every", "0", "--checkpoint-every", str(args.curve_every),
+                  "--keep-checkpoints", str(len(points)), "--trees-every", str(args.iterations), "--trees-count", "2",
+                  "--quiet", "--output", str(output), *(["--no-mlflow"] if args.no_mlflow else []), *args.run_args])
+    curve = {0: before}
+    for iteration in points[:-1]:
+        print(f"held-out questions: evaluating iteration {iteration}'s policy on {args.questions} ...", flush=True)
+        curve[iteration] = world_held_out(output / "checkpoints" / checkpoint_name(iteration), data_dir,
+                                          args.questions, MAX_STEP_TOKENS, TOPK)
     print(f"held-out questions: evaluating the trained policy on {args.questions} ...", flush=True)
-    after = world_held_out(latest, data_dir, args.questions, MAX_STEP_TOKENS, TOPK)
+    after = curve[args.iterations] = world_held_out(latest, data_dir, args.questions, MAX_STEP_TOKENS, TOPK)
     comparison = compare(before, after)
-    text = summary_text(comparison, output, load_metrics(output / METRICS_FILE), (time.perf_counter() - start) / 60)
+    rows = load_metrics(output / METRICS_FILE)
+    held_out = {iteration: mean_interval([row["em"] for row in results]) for iteration, results in curve.items()}
+    plot_held_out_curve(rows, [(i, em.mean, em.low, em.high) for i, em in held_out.items()],
+                        output / HELD_OUT_CURVE)
+    text = summary_text(comparison, output, rows, (time.perf_counter() - start) / 60)
+    text = band_text(held_out[0]) + "\n\n" + text
     payload = {"settings": vars(args), "world": asdict(WORLD), "warm_start": str(model),
-               "before": mean_results(before), "after": mean_results(after),
+               "start_band": list(START_BAND), "before": mean_results(before), "after": mean_results(after),
+               "held_out_em": {str(i): asdict(em) for i, em in held_out.items()},
                "metrics": {k: {part: asdict(i) for part, i in v.items()} for k, v in comparison["metrics"].items()},
                "failures": comparison["failures"], "questions": {"before": before, "after": after}}
     (output / "demo.json").write_text(json.dumps(payload, indent=1), encoding="utf-8")

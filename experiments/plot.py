@@ -142,6 +142,30 @@ def _draw_panel(ax, runs: dict[str, list[dict]], metric: str, x: str) -> None:
     ax.legend(fontsize="small")
 
 
+def plot_held_out_curve(rows: Sequence[dict], held_out: Sequence[tuple[int, float, float, float]],
+                        path: str | Path, reward: str = "reward_mean") -> Path:
+    """Write one PNG of a single run against iterations: its sampled training ``reward`` per iteration (a line)
+    and held-out greedy exact match at a few iterations (``held_out``: (iteration, mean, low, high) of its 95%
+    interval; markers with error bars). The training reward is sampled at temperature on each iteration's prompts
+    and moves with them; the held-out points are what the policy has learnt. Returns the path written."""
+    figure = Figure(figsize=(6.5, 4), layout="constrained")
+    ax = figure.subplots()
+    xs, ys = curve(rows, reward)
+    ax.plot(xs, ys, marker=".", color="tab:gray", label=f"training {reward} (sampled, this iteration's prompts)")
+    if held_out:
+        its, means, lows, highs = (np.array(column, dtype=float) for column in zip(*held_out, strict=True))
+        ax.errorbar(its, means, yerr=[means - lows, highs - means], marker="o", capsize=4, color="tab:blue",
+                    label="held-out exact match (greedy, 95% interval)")
+    ax.set(xlabel="iteration", ylabel="score", ylim=(0, 1))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small", loc="lower right")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, format="png", dpi=120)
+    return path
+
+
 def run_label(run: str) -> str:
     """The default label of a RUN path: the run directory's name (or, for another file name, the file's stem)."""
     path = Path(run).resolve()

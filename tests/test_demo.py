@@ -10,7 +10,7 @@ import pytest
 from algos.evaluation import FAILURES, failure_kind, failure_mix
 from benchmarks.bench_update import report as update_report
 from experiments.confidence import Interval
-from experiments.demo import compare, parse_args, summary_text
+from experiments.demo import START_BAND, band_text, compare, curve_iterations, parse_args, summary_text
 
 
 def row(em=0.0, answered=0.0, tool_calls=1.0, hops=1.0, reward=0.0) -> dict[str, float]:
@@ -69,6 +69,37 @@ def test_options_are_checked_and_the_rest_go_to_run_py():
             parse_args(bad)
 
 
+@pytest.mark.parametrize(("em", "where"), [(START_BAND[0], "inside"), (START_BAND[1], "inside"),
+                                           (START_BAND[0] - 0.01, "OUTSIDE"), (START_BAND[1] + 0.01, "OUTSIDE")])
+def test_the_demo_says_whether_its_start_landed_in_the_band(em, where):
+    text = band_text(Interval(em, em - 0.07, em + 0.07))
+    assert f"is {where} the band [{START_BAND[0]:.2f}, {START_BAND[1]:.2f}]" in text
+    if em < START_BAND[0]:
+        assert "copies fewer names" in text
+
+
+@pytest.mark.parametrize(("iterations", "every", "points"), [(8, 4, [4, 8]), (8, 3, [3, 6, 8]), (8, 8, [8]),
+                                                              (1, 1, [1])])
+def test_the_learning_curve_evaluates_every_k_iterations_and_the_last(iterations, every, points):
+    assert curve_iterations(iterations, every) == points
+
+
+def test_curve_and_seed_options_at_their_edges():
+    assert parse_args([]).curve_every == 4 and parse_args(["--iterations", "1"]).curve_every == 1
+    assert parse_args(["--start-seed", "3"]).start_seed == 3
+    for bad in (["--curve-every", "0"], ["--iterations", "4", "--curve-every", "5"], ["--questions", "100000"]):
+        with pytest.raises(SystemExit):
+            parse_args(bad)
+
+
+def test_the_held_out_curve_is_drawn_with_its_intervals(tmp_path):
+    from experiments.plot import plot_held_out_curve
+
+    rows = [{"iteration": i, "reward_mean": 0.1 * i} for i in range(1, 5)]
+    path = plot_held_out_curve(rows, [(0, 0.5, 0.43, 0.57), (4, 0.7, 0.64, 0.76)], tmp_path / "curve.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+
+
 def test_update_report_gives_intervals_and_the_paired_difference():
     def payload(answered_after: list[float]) -> dict:
         questions = {"before": [row() for _ in answered_after],
@@ -88,8 +119,7 @@ def test_update_report_gives_intervals_and_the_paired_difference():
 
 
 def test_the_start_spread_retrains_the_demo_recipe_with_only_its_seed_changed():
-    from benchmarks.demo_start_spread import recipe_with_seed
-    from experiments.demo import WARM_START
+    from experiments.demo import WARM_START, recipe_with_seed
 
     changed = recipe_with_seed(WARM_START, 3)
     differ = [i for i, (a, b) in enumerate(zip(WARM_START, changed, strict=True)) if a != b]
