@@ -6,9 +6,9 @@ search again, and held-out exact match rises within minutes, with 95% intervals.
     python experiments/demo.py --start-seed 3           # another warm start (trained once, then cached)
     python experiments/demo.py --ppo-mini-batches 1     # any other option goes to run.py (after the demo's own)
 
-The task is SynthHop-v0 on a small generated world (100 people named by one given name each, 50 companies; 240
-training and 200 held-out questions, half of them 1-hop, half 2-hop; one passage per search). The start policy is a 10M-parameter Llama
-trained from scratch for about ten minutes on oracle search trajectories of this world and of 4 others, in which
+The task is SynthHop-v0 on a small generated world (70 people, 35 companies; 175 training and 175 held-out
+questions, half of them 1-hop, half 2-hop; one passage per search). The start policy is a 10M-parameter Llama
+trained from scratch for about eight minutes on oracle search trajectories of this world and of 4 others, in which
 half the 2-hop questions are answered right after the first search, with the entity it found: a wrong answer in
 the right format. So the start policy has learnt its world's names and answers most 1-hop questions, but at the
 branch point after its first search it often answers one hop short. How far a fixed number of epochs gets it
@@ -52,10 +52,10 @@ WORLD = WorldSpec(seed=0, people=70, companies=35, cities=12, countries=5, train
                   hop_mix=(0.5, 0.5, 0.0))
 TOPK = 1  # one passage per search: a short context, in which a model trained for minutes learns to copy names
 MAX_STEP_TOKENS = 48
-# the warm start: oracle trajectories of 5 worlds, half the 2-hop ones answering one hop short; seven epochs of a
+# the warm start: oracle trajectories of 5 worlds, half the 2-hop ones answering one hop short; eight epochs of a
 # cosine to a tenth of the peak, then up to two more while greedy exact match on 100 training questions that need
-# one search is below CHECK_EM (how far the start has learnt its world's names by a fixed epoch depends on the last bits of
-# the sums: the check trains on until it has)
+# one search is below CHECK_EM (how far a start has learnt its world's names by a fixed epoch depends on the last
+# bits of the sums: the check trains on until it has)
 CHECK_EM = 0.9
 WARM_START = ("--extra-worlds", "4", "--epochs", "8", "--premature", "0.5", "--batch-size", "8", "--lr", "3e-3",
               "--lr-floor", "0.1", "--check-questions", "100", "--check-em", str(CHECK_EM), "--extra-epochs", "2",

@@ -85,7 +85,7 @@ def test_the_learning_curve_evaluates_every_k_iterations_and_the_last(iterations
 
 
 def test_curve_and_seed_options_at_their_edges():
-    assert parse_args([]).curve_every == 4 and parse_args(["--iterations", "1"]).curve_every == 1
+    assert parse_args(["--iterations", "8"]).curve_every == 4 and parse_args(["--iterations", "1"]).curve_every == 1
     assert parse_args(["--start-seed", "3"]).start_seed == 3
     for bad in (["--curve-every", "0"], ["--iterations", "4", "--curve-every", "5"], ["--questions", "100000"]):
         with pytest.raises(SystemExit):
