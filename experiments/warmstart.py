@@ -75,8 +75,8 @@ def dev_em(model, tokenizer, args: argparse.Namespace, env_kwargs: dict, questio
     return mean_results(rows)
 
 
-def taught_em(model, tokenizer, args: argparse.Namespace, env: gym.Env, questions: Sequence[int]) -> list[dict]:
-    """Greedy results on the training questions ``questions`` (positions in ``env``'s split), 32 at a time."""
+def greedy_results(model, tokenizer, args: argparse.Namespace, env: gym.Env, questions: Sequence[int]) -> list[dict]:
+    """Greedy results on the questions at positions ``questions`` of ``env``'s split, 32 at a time."""
     from algos.evaluation import greedy_chains
 
     generator = step_generator("hf", model, tokenizer,
@@ -177,10 +177,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr-floor", type=float, default=0.0,
                    help="the learning rate at the schedule's end and in any extra epoch, a fraction of --lr")
     p.add_argument("--check-questions", type=int, default=0,
-                   help="after the schedule, greedy exact match on the first this many training questions of the "
-                        "served data that need one search (whether the start has learnt its world's names, apart "
-                        "from the strategy its data teaches; not --unanswered ones), and up to --extra-epochs more "
-                        "epochs while it is below --check-em (0: no check)")
+                   help="generated worlds with --extra-worlds: after the schedule, greedy exact match on the first "
+                        "this many held-out questions that need one search of the first extra world (questions no "
+                        "trajectory trains, about entities the trajectories do: what the served world's held-out "
+                        "questions ask, without reading them; the world's names, apart from the strategy the data "
+                        "teaches), and up to --extra-epochs more epochs while it is below --check-em (0: no check)")
     p.add_argument("--check-em", type=float, default=0.0, help="the check's minimum exact match")
     p.add_argument("--extra-epochs", type=int, default=0, help="at most this many epochs after --epochs")
     p.add_argument("--batch-size", type=int, default=16)
@@ -215,6 +216,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     synthetic = [env_id for env_id, (dataset, *_) in envs.ENV_IDS.items() if dataset in SPECS]
     if args.extra_worlds and args.env not in synthetic:
         p.error(f"--extra-worlds needs a generated world (--env {' or '.join(synthetic)}), got --env {args.env}")
+    if args.check_questions and not args.extra_worlds:
+        p.error("--check-questions needs --extra-worlds >= 1 (it asks the first extra world's held-out questions)")
     if args.extra_epochs and not args.check_questions:
         p.error("--extra-epochs needs --check-questions (the extra epochs run while the check fails)")
     if args.misroute_role and not args.misroute:
@@ -233,7 +236,7 @@ def main(argv: list[str] | None = None) -> Path:
                   "topk": args.topk}
     model, tokenizer = build_model(args)
     end_of_turn = min(end_of_turn_ids(tokenizer, model))
-    data, one_search = [], []
+    data = []
     for data_dir in oracle_data_dirs(args, env_kwargs):
         env = gym.make(args.env, **{**env_kwargs, "data_dir": str(data_dir)})
         count = min(args.questions or len(env.unwrapped.records), len(env.unwrapped.records))
@@ -248,9 +251,6 @@ def main(argv: list[str] | None = None) -> Path:
                                    premature=i in premature, route=questions[i].decoy if i in misrouted else None,
                                    restate=args.restate)
                  for i in range(count)]
-        if not one_search:  # the served data's questions the check asks: one search, taught right
-            one_search = [i for i in range(count) if len(env.unwrapped.records[i].supporting_titles) == 1
-                          and i not in unanswered | misrouted]
         env.close()
     tokens = sum(len(ids) for ids, _ in data)
     print(f"{len(data)} oracle trajectories, {tokens} tokens ({sum(sum(m) for _, m in data)} generated); "
@@ -262,14 +262,17 @@ def main(argv: list[str] | None = None) -> Path:
               f"{before['answered']:.2f}")
     check = None
     if args.check_questions:
-        check_env = gym.make(args.env, **env_kwargs)
-        check_questions = one_search[:args.check_questions]
+        check_dir = oracle_data_dirs(args, env_kwargs)[1]  # the first extra world (parse_args asks for one)
+        check_env = gym.make(args.env, **{**env_kwargs, "data_dir": str(check_dir)}, split=envs.eval_split(args.env))
+        check_questions = [i for i, record in enumerate(check_env.unwrapped.records)
+                           if len(record.supporting_titles) == 1][:args.check_questions]
         if not check_questions:
-            raise SystemExit("--check-questions: no served training question needs one search and is answered by "
-                             "the oracle (not --unanswered or --misroute): nothing to check")
+            raise SystemExit(f"--check-questions: the held-out split of {check_dir} has no question that needs one "
+                             f"search: nothing to check")
 
         def check() -> float:
-            return float(np.mean([row["em"] for row in taught_em(model, tokenizer, args, check_env, check_questions)]))
+            rows = greedy_results(model, tokenizer, args, check_env, check_questions)
+            return float(np.mean([row["em"] for row in rows]))
 
     curve = train(model, data, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, seed=args.seed,
                   pad_id=tokenizer.pad_token_id, max_minutes=args.max_minutes, checkpoint=checkpoint,

@@ -319,15 +319,15 @@ def test_warmstart_main_trains_on_extra_worlds_and_saves_a_loadable_model(setup,
     assert not list((tmp_path / "warm").glob("checkpoint*"))  # the model is saved: the training state is dropped
 
 
-def test_warmstart_checks_the_one_search_questions_and_writes_worlds_to_its_cache_dir(setup, tmp_path, monkeypatch):
+def test_warmstart_checks_an_extra_worlds_held_out_one_search_questions(setup, tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     checked = []
 
-    def taught_em(model, tokenizer, args, env, questions):
+    def greedy_results(model, tokenizer, args, env, questions):
         checked.append(list(questions))
         return [{"em": 0.0} for _ in questions]
 
-    monkeypatch.setattr(warmstart_module, "taught_em", taught_em)
+    monkeypatch.setattr(warmstart_module, "greedy_results", greedy_results)
     warmstart_main(["--data-dir", str(setup[2]), "--extra-worlds", "1", "--questions", "12", "--hidden-size", "32",
                     "--layers", "1", "--heads", "2", "--epochs", "1", "--dev-questions", "0", "--premature", "1",
                     "--check-questions", "3", "--check-em", "0.5", "--extra-epochs", "1", "--max-step-tokens", "8",
@@ -335,15 +335,17 @@ def test_warmstart_checks_the_one_search_questions_and_writes_worlds_to_its_cach
     summary = json.loads((tmp_path / "warm" / "warmstart.json").read_text())
     # the check fails after the schedule and after the one extra epoch allowed: two epochs, two checks
     assert summary["check_per_epoch"] == [0.0, 0.0] and len(summary["loss_per_epoch"]) == 2
-    env = gym.make("SynthHop-v0", data_dir=setup[2])
-    one_hop = [i for i in range(12) if len(env.unwrapped.records[i].supporting_titles) == 1]
-    assert len(one_hop) >= 3 and checked == [one_hop[:3]] * 2  # the names, not the strategy taught
+    extra = cache / "synthhop" / replace(WORLD, seed=WORLD.seed + 1).key
+    env = gym.make("SynthHop-v0", data_dir=extra, split="dev")
+    one_hop = [i for i, record in enumerate(env.unwrapped.records) if len(record.supporting_titles) == 1]
+    assert len(one_hop) >= 3 and checked == [one_hop[:3]] * 2  # questions no trajectory trains, one search each
     written = {json.loads((d / "synthhop" / "world.json").read_text())["seed"] for d in (cache / "synthhop").iterdir()}
     assert written == {WORLD.seed + 1}  # the extra world, in --cache-dir
 
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["--extra-epochs", "2"], "--extra-epochs needs --check-questions"),
+    (["--check-questions", "5"], "--check-questions needs --extra-worlds"),
     (["--lr-floor", "1.5"], "--lr-floor must be a fraction"),
     (["--check-em", "-0.1"], "--check-em must be an exact match"),
 ])
