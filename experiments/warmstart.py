@@ -17,6 +17,11 @@ is fine-tuned. Deliberately weaker starts: ``--unanswered`` (never answers), ``-
 short), ``--misroute`` (SynthBranch-v0: follows the other person named by the first search, so the start policy
 copies names well and routes wrong that often). Writes OUTPUT/model (a directory ``--model`` accepts) and
 OUTPUT/warmstart.json (settings, loss curve, greedy dev EM before and after).
+The schedule is a warm-up, then a cosine from ``--lr`` down to ``--lr-floor`` (a fraction of it) over ``--epochs``;
+with ``--check-questions N`` the start then answers N held-out one-search questions of the first extra world (unseen
+questions about trained entities) greedily, and trains on at the floor, at most ``--extra-epochs`` more epochs, while
+fewer than ``--check-em`` of them come out right: when a start has learnt its names by a fixed epoch depends on the
+seed and the last bits of the sums. The checks are in OUTPUT/warmstart.json beside the loss per epoch.
 The training state is saved to OUTPUT/checkpoint.pt after every epoch: the same command after a kill resumes
 there and ends as an uninterrupted run would (the file is removed once the model is saved).
 ``cached_warm_start`` trains a recipe once per generated world and caches it: the CPU demo's start policy and the
