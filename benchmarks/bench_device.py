@@ -62,7 +62,8 @@ from policies.memory import peak_memory_gib, reset_peak_memory
 RANDOM_SUFFIX = "-random"
 DEFAULT_MODELS = ("smollm2-135m-random", "llama-3.2-1b-random")
 QUICK = {"model": ["tiny-random"], "prompts": 1, "max_step_tokens": 4, "device": "cpu", "warmup_rollouts": 0}
-# the demo's world (experiments.demo.WORLD, not imported: that module needs Ray, which the GPU machine lacks)
+# the CPU demo's earlier world (its figures in docs/benchmarks.md were measured on it; experiments.demo is not
+# imported: that module needs Ray, which the GPU machine lacks)
 WORLD = WorldSpec(seed=0, people=60, companies=30, cities=12, countries=5, train_questions=240, dev_questions=60)
 
 
