@@ -219,8 +219,8 @@ def share_weights(source: torch.nn.Module, target: torch.nn.Module) -> None:
     for name, _ in list(target.named_parameters(remove_duplicate=False)):
         owner, _, leaf = name.rpartition(".")
         module = target.get_submodule(owner)
-        if module._parameters[leaf] is not theirs[name]:
-            module._parameters[leaf] = theirs[name]
+        if getattr(module, leaf) is not theirs[name]:
+            setattr(module, leaf, theirs[name])  # a Parameter assigned to a module registers as its parameter
     persistent = set(target.state_dict(keep_vars=True))
     buffers = dict(source.named_buffers())
     with torch.no_grad():
