@@ -1,7 +1,7 @@
 """The CPU learning demo behind ``make run`` on a machine without a GPU: Tree-GRPO teaches an agent when to
 search again, and held-out exact match rises within minutes, with 95% intervals.
 
-    python experiments/demo.py                          # about 13 minutes on 2 cores the first time
+    python experiments/demo.py                          # about 16 minutes on 2 cores the first time
     python experiments/demo.py --output outputs/demo2   # again: the world and the warm start come from the cache
     python experiments/demo.py --start-seed 3           # another warm start (trained once, then cached)
     python experiments/demo.py --ppo-mini-batches 1     # any other option goes to run.py (after the demo's own)
@@ -9,17 +9,18 @@ search again, and held-out exact match rises within minutes, with 95% intervals.
 The task is SynthHop-v0 on a small generated world (70 people, 35 companies; 175 training and 175 held-out
 questions, half of them 1-hop, half 2-hop; one passage per search). The start policy is a 10M-parameter Llama
 trained from scratch for about eight minutes on oracle search trajectories of this world and of 4 others, in which
-half the 2-hop questions are answered right after the first search, with the entity it found: a wrong answer in
-the right format. So the start policy has learnt its world's names and answers most 1-hop questions, but at the
-branch point after its first search it often answers one hop short. How far a fixed number of epochs gets it
-depends on the last bits of the float sums (the seed, the CPU, the thread count): so after its schedule the warm
-start answers 100 of its training questions that need one search and trains on (at most two more epochs) while
-fewer than ``CHECK_EM`` of them come out right. The demo says whether the start's held-out exact match landed in
-``START_BAND``. The world and the warm start are built on the first run and cached (``$TREEGRPO_CACHE_DIR``,
-default ``~/.cache/tree-grpo``), so a second run starts training at once. Then Tree-GRPO, (M, N, L) = (2, 2, 1),
-8 prompts per iteration, the paper's update (PPO mini-batches, warm-up). Sibling leaves that branch after the same
-first search, one answering and one searching again, earn different rewards: the step-level signal the trees give.
-(Chain GRPO learns the second search as well on this task: docs/benchmarks.md, "Learning: tree vs chain".)
+half the 2-hop questions are answered right after the first search, with the entity it found: a wrong answer in the
+right format; the retrieved passages are trained too, so it learns the facts they state. So the start policy has
+learnt its world's names and answers most 1-hop questions, but at the branch point after its first search it often
+answers one hop short. How far a fixed number of epochs gets it depends on the last bits of the float sums (the
+seed, the CPU, the thread count): so after its schedule the warm start answers 100 held-out one-search questions of
+another world it trained on and trains on (at most two more epochs) while fewer than ``CHECK_EM`` of them come out
+right. The demo says whether the start's held-out exact match landed in ``START_BAND``. The world and the warm start
+are built on the first run and cached (``$TREEGRPO_CACHE_DIR``, default ``~/.cache/tree-grpo``), so a second run
+starts training at once. Then Tree-GRPO, (M, N, L) = (2, 2, 1), 8 prompts per iteration, the paper's update (PPO
+mini-batches, warm-up). Sibling leaves that branch after the same first search, one answering and one searching
+again, earn different rewards: the step-level signal the trees give. (Chain GRPO learns the second search as well on
+this task: docs/benchmarks.md, "Learning: tree vs chain".)
 
 Before, halfway and after, the same held-out questions are answered greedily; the summary gives each metric's mean
 with its 95% interval and the paired change (per question) with its interval, the failure mix, the tokens
@@ -53,9 +54,9 @@ WORLD = WorldSpec(seed=0, people=70, companies=35, cities=12, countries=5, train
 TOPK = 1  # one passage per search: a short context, in which a model trained for minutes learns to copy names
 MAX_STEP_TOKENS = 48
 # the warm start: oracle trajectories of 5 worlds, half the 2-hop ones answering one hop short; eight epochs of a
-# cosine to a tenth of the peak, then up to two more while greedy exact match on 100 training questions that need
-# one search is below CHECK_EM (how far a start has learnt its world's names by a fixed epoch depends on the last
-# bits of the sums: the check trains on until it has)
+# cosine to a tenth of the peak, then up to two more while greedy exact match on 100 held-out one-search questions
+# of the first extra world is below CHECK_EM (how far a start has learnt its world's names by a fixed epoch
+# depends on the seed: the check trains on while it has not)
 CHECK_EM = 0.8
 WARM_START = ("--extra-worlds", "4", "--epochs", "8", "--premature", "0.5", "--observation-weight", "0.5",
               "--batch-size", "8", "--lr", "3e-3", "--lr-floor", "0.1", "--check-questions", "100", "--check-em",
@@ -153,7 +154,7 @@ def band_text(start: Interval) -> str:
     if where == "inside":
         return text + "."
     return text + (": it copies fewer names than intended, so the gain shown is not the demo's usual one "
-                   "(docs/benchmarks.md, \"The demo's start\", has the spread over seeds)." if start.mean < low else
+                   "(docs/benchmarks.md, \"The demo across seeds\", has the spread)." if start.mean < low else
                    ": it answers fewer questions one hop short than intended, leaving less to learn.")
 
 
