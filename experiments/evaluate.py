@@ -115,13 +115,20 @@ def evaluate_env(env_id: str, generator, tokenizer, *, split: str, limit: int | 
     count = len(env.unwrapped.records) if limit is None else min(limit, len(env.unwrapped.records))
     if progress is not None:
         progress.reset(total=count)
-    rows: list[dict[str, Any]] = []
-    for start in range(0, count, batch_size):
-        indices = list(range(start, min(start + batch_size, count)))
-        rows += greedy_chains(env, generator, tokenizer, indices)
-        if progress is not None:
-            progress.update(len(indices))
+    rows = chains_in_batches(env, generator, tokenizer, list(range(count)), batch_size, progress)
     env.close()
+    return rows
+
+
+def chains_in_batches(env, generator, tokenizer, indices: Sequence[int], batch_size: int,
+                      progress=None) -> list[dict[str, Any]]:
+    """``greedy_chains`` over the questions at positions ``indices`` of ``env``, ``batch_size`` at a time."""
+    rows: list[dict[str, Any]] = []
+    for start in range(0, len(indices), batch_size):
+        batch = list(indices[start:start + batch_size])
+        rows += greedy_chains(env, generator, tokenizer, batch)
+        if progress is not None:
+            progress.update(len(batch))
     return rows
 
 

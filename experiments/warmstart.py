@@ -45,7 +45,7 @@ import envs
 from envs.cache import WARM_START_LOCK, WARM_START_STAGING, WARM_STARTS_DIR, default_cache_dir
 from envs.datasets import resolve_data_dir
 from envs.synthetic import BRANCH_ROLES, SPECS, BranchSpec, WorldSpec, world_data_dir
-from experiments.evaluate import evaluate_env
+from experiments.evaluate import chains_in_batches, evaluate_env
 from experiments.oracle_trajectories import (
     misrouted_questions,
     oracle_data_dirs,
@@ -82,12 +82,9 @@ def dev_em(model, tokenizer, args: argparse.Namespace, env_kwargs: dict, questio
 
 def greedy_results(model, tokenizer, args: argparse.Namespace, env: gym.Env, questions: Sequence[int]) -> list[dict]:
     """Greedy results on the questions at positions ``questions`` of ``env``'s split, 32 at a time."""
-    from algos.evaluation import greedy_chains
-
     generator = step_generator("hf", model, tokenizer,
                                SamplingSettings(greedy=True, max_step_tokens=args.max_step_tokens))
-    return [row for start in range(0, len(questions), 32)
-            for row in greedy_chains(env, generator, tokenizer, questions[start:start + 32])]
+    return chains_in_batches(env, generator, tokenizer, questions, batch_size=32)
 
 
 def cached_warm_start(world: WorldSpec | BranchSpec, recipe: Sequence[str], *, topk: int,
