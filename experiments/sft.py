@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,26 @@ def loss_weights(generated: Sequence[int], observation_weight: float) -> list[fl
     (every token after the first generated one that the policy did not generate), 0 on the prompt."""
     first = next((t for t, g in enumerate(generated) if g), len(generated))
     return [1.0 if g else observation_weight if t > first else 0.0 for t, g in enumerate(generated)]
+
+
+@dataclass(frozen=True)
+class TokenWeights:
+    """How a trajectory's tokens weigh in the loss: the generated ones 1, the observations ``observation`` (0: not
+    trained). With ``observation_share`` below 1 each epoch trains a fresh random draw of that share of the
+    observation tokens at ``observation / observation_share``: the same expected gradient for a fraction of the LM
+    head's cost, which the observations dominate."""
+
+    observation: float = 0.0
+    observation_share: float = 1.0
+
+    def draw(self, generated: Sequence[int], rng: np.random.Generator) -> list[float]:
+        """The weights of a trajectory whose generated tokens ``generated`` marks (1) for one epoch."""
+        weights = loss_weights(generated, self.observation)
+        if self.observation == 0.0 or self.observation_share >= 1.0:
+            return weights
+        kept = rng.random(len(weights)) < self.observation_share
+        return [w if g else w / self.observation_share if keep else 0.0
+                for w, g, keep in zip(weights, generated, kept, strict=True)]
 
 
 def sft_loss(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -56,20 +77,22 @@ def learning_rate_factor(step: int, steps: int, warmup: int, floor: float) -> fl
     return min(1.0, (step + 1) / warmup) * (floor + (1 - floor) * cosine)
 
 
-def train(model, data: list[tuple[list[int], Sequence[float]]], *, epochs: int, lr: float, batch_size: int, seed: int,
-          pad_id: int, max_minutes: float | None = None, checkpoint: Path | None = None, lr_floor: float = 0.0,
-          check: Callable[[], float] | None = None, check_min: float = 0.0, extra_epochs: int = 0,
-          log=print) -> dict[str, list[float]]:
-    """AdamW over shuffled batches, linear warm-up then cosine decay to ``lr_floor`` times ``lr`` over ``epochs``;
-    then, with ``check`` (a score of the model, e.g. greedy exact match on questions it does not train on), up to
-    ``extra_epochs`` more epochs at the floor while the score after the last epoch is below ``check_min``. Returns
+def train(model, data: list[tuple[list[int], Sequence[int]]], *, epochs: int, lr: float, batch_size: int, seed: int,
+          pad_id: int, token_weights: TokenWeights = TokenWeights(), max_minutes: float | None = None,
+          checkpoint: Path | None = None, lr_floor: float = 0.0, check: Callable[[], float] | None = None,
+          check_min: float = 0.0, extra_epochs: int = 0, log=print) -> dict[str, list[float]]:
+    """AdamW over shuffled batches of ``data`` (token ids, 1 on the generated ones) weighted by ``token_weights``,
+    linear warm-up then cosine decay to ``lr_floor`` times ``lr`` over ``epochs``; then, with ``check`` (a score of
+    the model, e.g. greedy exact match on questions it does not train on), up to ``extra_epochs`` more epochs at the
+    floor while the score after the last epoch is below ``check_min``. Returns
     ``{"loss": the mean loss of each epoch, "check": the score after each checked epoch}``.
 
-    With ``checkpoint``, the whole training state (weights, optimizer, schedule, shuffling and torch generators, loss
+    With ``checkpoint``, the whole training state (weights, optimizer, schedule, random generators, loss
     curve and checks) is written there after every epoch and, when the file exists, training resumes after its last
     epoch: a killed run continues where it stopped and ends as an uninterrupted one would. ``max_minutes`` counts
     this process's time only."""
     rng = np.random.default_rng(seed)
+    draws = np.random.default_rng([seed, 1])  # the observations each epoch trains, apart from the shuffling
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     steps = epochs * -(-len(data) // batch_size)
     warmup = max(1, steps // 20)
@@ -82,6 +105,7 @@ def train(model, data: list[tuple[list[int], Sequence[float]]], *, epochs: int, 
         optimizer.load_state_dict(state["optimizer"])
         schedule.load_state_dict(state["schedule"])
         rng.bit_generator.state = state["shuffle_rng"]
+        draws.bit_generator.state = state["draw_rng"]
         torch.set_rng_state(state["torch_rng"])
         curve = state["curve"]
         log(f"resuming after epoch {len(curve['loss'])}/{epochs} from {checkpoint}")
@@ -94,7 +118,7 @@ def train(model, data: list[tuple[list[int], Sequence[float]]], *, epochs: int, 
         batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
         losses = []
         for batch in batches:
-            ids, attention, weights = pad([data[i] for i in batch], pad_id)
+            ids, attention, weights = pad([(data[i][0], token_weights.draw(data[i][1], draws)) for i in batch], pad_id)
             loss = sft_loss(model, ids, attention, weights)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -112,6 +136,7 @@ def train(model, data: list[tuple[list[int], Sequence[float]]], *, epochs: int, 
         if checkpoint is not None:
             state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                      "schedule": schedule.state_dict(), "shuffle_rng": rng.bit_generator.state,
+                     "draw_rng": draws.bit_generator.state,
                      "torch_rng": torch.get_rng_state(), "curve": curve}
             replace_atomically(checkpoint, functools.partial(torch.save, state))  # a kill mid-write keeps the last
         if max_minutes is not None and time.perf_counter() - start > 60 * max_minutes:

@@ -52,7 +52,7 @@ from experiments.oracle_trajectories import (
     oracle_trajectory,
     train_branch_questions,
 )
-from experiments.sft import loss_weights, train
+from experiments.sft import TokenWeights, train
 from policies.generation import SamplingSettings, end_of_turn_ids
 from policies.generators import step_generator
 
@@ -170,6 +170,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="loss weight of the observations' tokens (language modelling on the retrieved passages: their "
                         "titles repeat the query and their text repeats the title, so predicting them trains copying; "
                         "0: the generated tokens only)")
+    p.add_argument("--observation-share", type=float, default=1.0,
+                   help="with --observation-weight: train a fresh random draw of this share of the observations' "
+                        "tokens each epoch, at the weight divided by the share (the same expected loss; the LM "
+                        "head's cost over the passages falls with the share)")
     p.add_argument("--restate", action="store_true",
                    help="the oracle's thought before a search restates the passage's sentence that ends with the query "
                         "(\"The chair of X is Y\" before searching Y; SynthBranch's role passages), so the name "
@@ -211,6 +215,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("check_questions", "extra_epochs"):
         if getattr(args, name) < 0:
             p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    if not 0.0 < args.observation_share <= 1.0:
+        p.error(f"--observation-share must be a share in (0, 1], got {args.observation_share}")
     if args.observation_weight < 0:
         p.error(f"--observation-weight must be >= 0, got {args.observation_weight}")
     if args.questions is not None and args.questions < 1:
@@ -257,7 +263,6 @@ def main(argv: list[str] | None = None) -> Path:
     tokens = sum(len(ids) for ids, _ in data)
     print(f"{len(data)} oracle trajectories, {tokens} tokens ({sum(sum(m) for _, m in data)} generated); "
           f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters")
-    data = [(ids, loss_weights(generated, args.observation_weight)) for ids, generated in data]
     before = dev_em(model, tokenizer, args, env_kwargs, args.dev_questions) if args.dev_questions else None
     if before is not None:
         print(f"dev before: EM {before['em']:.3f}, reward {before['reward']:.3f}, answer rate "
@@ -276,9 +281,11 @@ def main(argv: list[str] | None = None) -> Path:
             rows = greedy_results(model, tokenizer, args, check_env, check_questions)
             return float(np.mean([row["em"] for row in rows]))
 
+    token_weights = TokenWeights(args.observation_weight, args.observation_share)
     curve = train(model, data, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, seed=args.seed,
-                  pad_id=tokenizer.pad_token_id, max_minutes=args.max_minutes, checkpoint=checkpoint,
-                  lr_floor=args.lr_floor, check=check, check_min=args.check_em, extra_epochs=args.extra_epochs)
+                  pad_id=tokenizer.pad_token_id, token_weights=token_weights, max_minutes=args.max_minutes,
+                  checkpoint=checkpoint, lr_floor=args.lr_floor, check=check, check_min=args.check_em,
+                  extra_epochs=args.extra_epochs)
     if args.check_questions:
         check_env.close()
     after = dev_em(model, tokenizer, args, env_kwargs, args.dev_questions) if args.dev_questions else None

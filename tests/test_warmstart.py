@@ -24,7 +24,7 @@ from experiments.oracle_trajectories import (
     oracle_trajectory,
     train_branch_questions,
 )
-from experiments.sft import learning_rate_factor, loss_weights, pad, sft_loss, train
+from experiments.sft import TokenWeights, learning_rate_factor, loss_weights, pad, sft_loss, train
 from experiments.warmstart import cached_warm_start, parse_args
 from experiments.warmstart import main as warmstart_main
 from policies.generation import observation_ids, prompt_ids
@@ -205,6 +205,30 @@ def test_loss_weights_train_observations_after_the_first_step_only():
     assert loss_weights([0, 0], 0.5) == [0.0, 0.0]  # nothing generated: nothing trained
 
 
+class FixedDraws:
+    """A stand-in for a numpy generator whose ``random`` returns the given numbers."""
+
+    def __init__(self, values: list[float]):
+        self.values = values
+
+    def random(self, size: int) -> np.ndarray:
+        return np.array(self.values[:size])
+
+
+def test_token_weights_train_a_drawn_share_of_the_observations_at_the_weight_over_the_share():
+    # prompt (3 tokens), a step (2), an observation (2), a step (1), an observation (1); share 0.5 keeps a token
+    # whose draw is below 0.5, at 0.25 / 0.5
+    generated = [0, 0, 0, 1, 1, 0, 0, 1, 0]
+    draws = FixedDraws([0.1, 0.9, 0.1, 0.9, 0.1, 0.3, 0.7, 0.9, 0.2])
+    assert TokenWeights(0.25, 0.5).draw(generated, draws) == [0, 0, 0, 1, 1, 0.5, 0, 1, 0.5]
+    assert TokenWeights(0.25, 1.0).draw(generated, draws) == loss_weights(generated, 0.25)  # no draw
+    assert TokenWeights(0.0, 0.5).draw(generated, draws) == generated  # observations untrained: nothing to draw
+    # the expected weight of an observation token is the weight asked
+    rng = np.random.default_rng(0)
+    mean = np.mean([TokenWeights(0.25, 0.5).draw(generated, rng)[5] for _ in range(4000)])
+    assert mean == pytest.approx(0.25, abs=0.02)
+
+
 def test_sft_loss_weighs_observation_tokens(setup):
     _, tokenizer, _ = setup
     model = build_tiny_random(tokenizer, hidden_size=32, layers=1, heads=2)
@@ -233,8 +257,9 @@ def test_sft_fits_a_few_oracle_trajectories(setup):
 def test_a_training_killed_after_an_epoch_resumes_and_ends_as_an_uninterrupted_one(setup, tmp_path):
     env, tokenizer, _ = setup
     data = [oracle_trajectory(env, tokenizer, i, 3, tokenizer.eos_token_id) for i in range(6)]
+    # a drawn share of the observations: the resumed run must draw on where the killed one stopped
     settings = {"epochs": 3, "lr": 3e-3, "batch_size": 4, "seed": 0, "pad_id": tokenizer.pad_token_id,
-                "log": lambda _: None}
+                "token_weights": TokenWeights(0.5, 0.5), "log": lambda _: None}
 
     def fresh_model():
         torch.manual_seed(0)
@@ -308,7 +333,7 @@ def test_warmstart_main_trains_on_extra_worlds_and_saves_a_loadable_model(setup,
     monkeypatch.setenv("TREEGRPO_CACHE_DIR", str(tmp_path / "cache"))
     model_dir = warmstart_main(["--data-dir", str(setup[2]), "--extra-worlds", "1", "--hidden-size", "32",
                                 "--layers", "1", "--heads", "2", "--epochs", "1", "--dev-questions", "2",
-                                "--observation-weight", "0.5",
+                                "--observation-weight", "0.5", "--observation-share", "0.5",
                                 "--max-step-tokens", "8", "--output", str(tmp_path / "warm")])
     summary = json.loads((tmp_path / "warm" / "warmstart.json").read_text())
     assert summary["trajectories"] == 2 * WORLD.train_questions and len(summary["loss_per_epoch"]) == 1
@@ -348,6 +373,8 @@ def test_warmstart_checks_an_extra_worlds_held_out_one_search_questions(setup, t
     (["--check-questions", "5"], "--check-questions needs --extra-worlds"),
     (["--lr-floor", "1.5"], "--lr-floor must be a fraction"),
     (["--check-em", "-0.1"], "--check-em must be an exact match"),
+    (["--observation-share", "0"], "--observation-share must be a share in (0, 1], got 0.0"),
+    (["--observation-share", "1.5"], "--observation-share must be a share in (0, 1], got 1.5"),
 ])
 def test_warmstart_check_options_at_their_edges_are_refused_naming_them(argv, message, capsys):
     with pytest.raises(SystemExit):
