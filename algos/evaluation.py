@@ -22,7 +22,8 @@ from policies.generation import StepGenerator
 EVAL_COLUMNS = ("em", "f1", "reward", "tool_calls", "turns", "answered")
 QUESTIONS = "questions"  # beside the means: how many questions they are over
 QUERIES = "queries"  # beside the columns: the chain's search queries, in order (what ``route_taken`` reads)
-FAILURES = ("correct", "wrong answer", "wrong route", "answered before its last hop", "no answer")
+ANSWERED_EARLY = "answered before its last hop"
+FAILURES = ("correct", "wrong answer", "wrong route", ANSWERED_EARLY, "no answer")
 # a question's ``route`` (``route_taken``): the right one, the wrong one, or neither (no search at the decision,
 # or a query naming neither route's entity)
 ROUTES = ("right", "wrong", "neither")
@@ -74,7 +75,7 @@ def failure_kind(row: Mapping[str, Any]) -> str:
         return "no answer"
     if row.get("route") == "wrong":
         return "wrong route"
-    return "answered before its last hop" if row["tool_calls"] < row["hops"] else "wrong answer"
+    return ANSWERED_EARLY if row["tool_calls"] < row["hops"] else "wrong answer"
 
 
 def failure_mix(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:

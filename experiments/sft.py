@@ -69,10 +69,12 @@ def pad(rows: Sequence[tuple[list[int], Sequence[float]]], pad_id: int) -> tuple
     return ids, attention, weights
 
 
-def learning_rate_factor(step: int, steps: int, warmup: int, floor: float) -> float:
+def learning_rate_factor(step: int, steps: int, warmup: int, floor: float, extra: float | None = None) -> float:
     """The schedule's multiplier of the peak learning rate at optimizer step ``step``: a linear warm-up over
-    ``warmup`` steps, then a cosine from 1 down to ``floor`` at step ``steps``, and ``floor`` after (the extra
-    epochs a failed check adds)."""
+    ``warmup`` steps, then a cosine from 1 down to ``floor`` at step ``steps``; after it (the extra epochs a failed
+    check adds) ``extra``, the floor when None."""
+    if step >= steps and extra is not None:
+        return extra
     cosine = 0.5 * (1 + np.cos(np.pi * min(step, steps) / steps))
     return min(1.0, (step + 1) / warmup) * (floor + (1 - floor) * cosine)
 
@@ -80,12 +82,13 @@ def learning_rate_factor(step: int, steps: int, warmup: int, floor: float) -> fl
 def train(model, data: list[tuple[list[int], Sequence[int]]], *, epochs: int, lr: float, batch_size: int, seed: int,
           pad_id: int, token_weights: TokenWeights = TokenWeights(), max_minutes: float | None = None,
           checkpoint: Path | None = None, lr_floor: float = 0.0, check: Callable[[], float] | None = None,
-          check_min: float = 0.0, extra_epochs: int = 0, log=print) -> dict[str, list[float]]:
+          check_min: float = 0.0, extra_epochs: int = 0, extra_lr: float | None = None,
+          log=print) -> dict[str, list[float]]:
     """AdamW over shuffled batches of ``data`` (token ids, 1 on the generated ones) weighted by ``token_weights``,
     linear warm-up then cosine decay to ``lr_floor`` times ``lr`` over ``epochs``; then, with ``check`` (a score of
     the model, e.g. greedy exact match on questions it does not train on), up to ``extra_epochs`` more epochs at the
-    floor while the score after the last epoch is below ``check_min``. Returns
-    ``{"loss": the mean loss of each epoch, "check": the score after each checked epoch}``.
+    learning rate ``extra_lr`` times ``lr`` (default: the floor) while the score after the last epoch is below
+    ``check_min``. Returns ``{"loss": the mean loss of each epoch, "check": the score after each checked epoch}``.
 
     With ``checkpoint``, the whole training state (weights, optimizer, schedule, random generators, loss
     curve and checks) is written there after every epoch and, when the file exists, training resumes after its last
@@ -97,7 +100,7 @@ def train(model, data: list[tuple[list[int], Sequence[int]]], *, epochs: int, lr
     steps = epochs * -(-len(data) // batch_size)
     warmup = max(1, steps // 20)
     schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, functools.partial(learning_rate_factor, steps=steps, warmup=warmup, floor=lr_floor))
+        optimizer, functools.partial(learning_rate_factor, steps=steps, warmup=warmup, floor=lr_floor, extra=extra_lr))
     curve: dict[str, list[float]] = {"loss": [], "check": []}
     if checkpoint is not None and checkpoint.exists():
         state = torch.load(checkpoint, weights_only=False)

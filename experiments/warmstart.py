@@ -19,9 +19,9 @@ copies names well and routes wrong that often). Writes OUTPUT/model (a directory
 OUTPUT/warmstart.json (settings, loss curve, greedy dev EM before and after).
 The schedule is a warm-up, then a cosine from ``--lr`` down to ``--lr-floor`` (a fraction of it) over ``--epochs``;
 with ``--check-questions N`` the start then answers N held-out one-search questions of the first extra world (unseen
-questions about trained entities) greedily, and trains on at the floor, at most ``--extra-epochs`` more epochs, while
-fewer than ``--check-em`` of them come out right: when a start has learnt its names by a fixed epoch depends on the
-seed and the last bits of the sums. The checks are in OUTPUT/warmstart.json beside the loss per epoch.
+questions about trained entities) greedily, and trains on at ``--extra-lr``, at most ``--extra-epochs`` more epochs,
+while fewer than ``--check-em`` of them come out right: when a start has learnt its names by a fixed epoch depends on
+the seed and the last bits of the sums. The checks are in OUTPUT/warmstart.json beside the loss per epoch.
 The training state is saved to OUTPUT/checkpoint.pt after every epoch: the same command after a kill resumes
 there and ends as an uninterrupted run would (the file is removed once the model is saved).
 ``cached_warm_start`` trains a recipe once per generated world and caches it: the CPU demo's start policy and the
@@ -190,6 +190,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "teaches), and up to --extra-epochs more epochs while it is below --check-em (0: no check)")
     p.add_argument("--check-em", type=float, default=0.0, help="the check's minimum exact match")
     p.add_argument("--extra-epochs", type=int, default=0, help="at most this many epochs after --epochs")
+    p.add_argument("--extra-lr", type=float, default=None,
+                   help="the learning rate of the extra epochs, a fraction of --lr (default: --lr-floor); above the "
+                        "floor, they go on learning what the schedule had not taught by its end")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--max-minutes", type=float, default=None, help="stop after the epoch that passes this")
     p.add_argument("--max-turns", type=int, default=3)
@@ -210,6 +213,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--{name} must be a share in [0, 1], got {getattr(args, name)}")
     if not 0.0 <= args.lr_floor <= 1.0:
         p.error(f"--lr-floor must be a fraction of --lr in [0, 1], got {args.lr_floor}")
+    if args.extra_lr is not None and not 0.0 < args.extra_lr <= 1.0:
+        p.error(f"--extra-lr must be a fraction of --lr in (0, 1], got {args.extra_lr}")
     if not 0.0 <= args.check_em <= 1.0:
         p.error(f"--check-em must be an exact match in [0, 1], got {args.check_em}")
     for name in ("check_questions", "extra_epochs"):
@@ -228,6 +233,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--check-questions needs --extra-worlds >= 1 (it asks the first extra world's held-out questions)")
     if args.extra_epochs and not args.check_questions:
         p.error("--extra-epochs needs --check-questions (the extra epochs run while the check fails)")
+    if args.extra_lr is not None and not args.extra_epochs:
+        p.error("--extra-lr needs --extra-epochs (it is their learning rate)")
     if args.misroute_role and not args.misroute:
         p.error("--misroute-role needs --misroute (the share of those questions to misroute)")
     if args.misroute and args.env != "SynthBranch-v0":
@@ -285,7 +292,7 @@ def main(argv: list[str] | None = None) -> Path:
     curve = train(model, data, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, seed=args.seed,
                   pad_id=tokenizer.pad_token_id, token_weights=token_weights, max_minutes=args.max_minutes,
                   checkpoint=checkpoint, lr_floor=args.lr_floor, check=check, check_min=args.check_em,
-                  extra_epochs=args.extra_epochs)
+                  extra_epochs=args.extra_epochs, extra_lr=args.extra_lr)
     if args.check_questions:
         check_env.close()
     after = dev_em(model, tokenizer, args, env_kwargs, args.dev_questions) if args.dev_questions else None

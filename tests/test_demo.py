@@ -10,7 +10,16 @@ import pytest
 from algos.evaluation import FAILURES, failure_kind, failure_mix
 from benchmarks.bench_update import report as update_report
 from experiments.confidence import Interval
-from experiments.demo import START_BAND, band_text, compare, curve_iterations, parse_args, summary_text
+from experiments.demo import (
+    SHORT_BAND,
+    START_BAND,
+    band_text,
+    compare,
+    curve_iterations,
+    parse_args,
+    short_share,
+    summary_text,
+)
 
 
 def row(em=0.0, answered=0.0, tool_calls=1.0, hops=1.0, reward=0.0) -> dict[str, float]:
@@ -71,11 +80,35 @@ def test_options_are_checked_and_the_rest_go_to_run_py():
 
 @pytest.mark.parametrize(("em", "where"), [(START_BAND[0], "inside"), (START_BAND[1], "inside"),
                                            (START_BAND[0] - 0.01, "OUTSIDE"), (START_BAND[1] + 0.01, "OUTSIDE")])
-def test_the_demo_says_whether_its_start_landed_in_the_band(em, where):
-    text = band_text(Interval(em, em - 0.07, em + 0.07))
+def test_the_demo_says_whether_its_start_exact_match_landed_in_the_band(em, where):
+    text = band_text(Interval(em, em - 0.07, em + 0.07), short=sum(SHORT_BAND) / 2)
     assert f"is {where} the band [{START_BAND[0]:.2f}, {START_BAND[1]:.2f}]" in text
+    assert text.endswith(".") and ("docs/benchmarks.md" in text) == (where == "OUTSIDE")
     if em < START_BAND[0]:
         assert "copies fewer names" in text
+    if em > START_BAND[1]:
+        assert "fewer questions one hop short" in text
+
+
+@pytest.mark.parametrize(("short", "where", "reason"), [
+    (SHORT_BAND[0], "inside", None), (SHORT_BAND[1], "inside", None),
+    (SHORT_BAND[0] - 0.01, "OUTSIDE", "fewer questions one hop short"),
+    (SHORT_BAND[1] + 0.01, "OUTSIDE", "more questions one hop short"),
+])
+def test_the_demo_says_whether_its_start_answers_the_intended_share_one_hop_short(short, where, reason):
+    em = sum(START_BAND) / 2
+    text = band_text(Interval(em, em - 0.07, em + 0.07), short=short)
+    assert f"before their last hop, {where} the band [{SHORT_BAND[0]:.0%}, {SHORT_BAND[1]:.0%}]" in text
+    assert f"answers {short:.0%} of the questions" in text
+    if reason:
+        assert reason in text and "is inside the band" in text  # the exact match is in its band
+
+
+def test_the_short_share_counts_answers_before_the_last_hop():
+    rows = [row(em=1.0, answered=1.0, tool_calls=2, hops=2), row(answered=1.0, tool_calls=1, hops=2),
+            row(answered=1.0, tool_calls=1, hops=2), row(answered=0.0, tool_calls=3, hops=2)]
+    assert short_share(rows) == 0.5
+    assert short_share(rows[:1]) == 0.0
 
 
 @pytest.mark.parametrize(("iterations", "every", "points"), [(8, 4, [4, 8]), (8, 3, [3, 6, 8]), (8, 8, [8]),

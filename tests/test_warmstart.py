@@ -285,6 +285,27 @@ def test_the_schedule_warms_up_then_decays_to_its_floor_and_stays_there():
     factor = [learning_rate_factor(s, steps=10, warmup=2, floor=0.1) for s in (0, 1, 5, 10, 15)]
     np.testing.assert_allclose(factor, [0.5, 0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi / 10)), 0.55, 0.1, 0.1])
     assert learning_rate_factor(10, steps=10, warmup=2, floor=0.0) == pytest.approx(0.0)
+    # the extra epochs' own rate after the schedule; the schedule itself unchanged
+    extra = [learning_rate_factor(s, steps=10, warmup=2, floor=0.1, extra=0.3) for s in (5, 10, 15)]
+    assert extra == [pytest.approx(0.55), 0.3, 0.3]
+
+
+def test_extra_epochs_train_at_the_extra_learning_rate(setup, monkeypatch):
+    env, tokenizer, _ = setup
+    data = [oracle_trajectory(env, tokenizer, i, 3, tokenizer.eos_token_id) for i in range(2)]
+    model = build_tiny_random(tokenizer, hidden_size=32, layers=1, heads=2)
+    rates = []
+    step = torch.optim.AdamW.step
+
+    def recording_step(optimizer, *args, **kwargs):
+        rates.append(optimizer.param_groups[0]["lr"])
+        return step(optimizer, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", recording_step)
+    train(model, data, epochs=1, lr=1e-3, batch_size=2, seed=0, pad_id=tokenizer.pad_token_id, lr_floor=0.1,
+          check=lambda: 0.0, check_min=0.5, extra_epochs=2, extra_lr=0.4, log=lambda _: None)
+    # one step in the schedule (warm-up of one step: the peak), then one in each extra epoch at 0.4 x the peak
+    assert rates == [pytest.approx(1e-3), pytest.approx(4e-4), pytest.approx(4e-4)]
 
 
 @pytest.mark.parametrize(("scores", "extra_epochs", "epochs_run"), [
@@ -373,6 +394,9 @@ def test_warmstart_checks_an_extra_worlds_held_out_one_search_questions(setup, t
     (["--check-questions", "5"], "--check-questions needs --extra-worlds"),
     (["--lr-floor", "1.5"], "--lr-floor must be a fraction"),
     (["--check-em", "-0.1"], "--check-em must be an exact match"),
+    (["--extra-lr", "0.3"], "--extra-lr needs --extra-epochs"),
+    (["--check-questions", "5", "--extra-worlds", "1", "--extra-epochs", "1", "--extra-lr", "0"],
+     "--extra-lr must be a fraction of --lr in (0, 1], got 0.0"),
     (["--observation-share", "0"], "--observation-share must be a share in (0, 1], got 0.0"),
     (["--observation-share", "1.5"], "--observation-share must be a share in (0, 1], got 1.5"),
 ])
