@@ -10,6 +10,7 @@ state each rank holds. FSDP at world 1 (one process) and the other cases of the 
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -221,6 +222,34 @@ def test_a_sharded_run_resumes_exactly_and_only_at_its_world_size(ray_session, d
     with pytest.raises(ValueError, match=r"cannot be resumed with --learner-sharding ddp"):
         main(["--resume", str(tmp_path / "resumed"), "--iterations", "1", "--allow-changes",
               "--learner-sharding", "ddp"])
+
+
+@pytest.mark.slow
+def test_a_signal_to_a_sharded_run_saves_every_rank_once_and_the_run_resumes(data_dir, tmp_path):
+    """Ctrl-C during a 2-learner FSDP run: the run writes one checkpoint holding every rank's shards, exits 130, and
+    resumes from it (a shard missing would fail the resume)."""
+    from experiments.checkpoints import verify_checkpoint
+    from experiments.tracking import read_rows
+    from tests.test_resume import wait_for_rows
+
+    command = [sys.executable, "experiments/run.py", *CONTRACT, *FSDP, "--iterations", "50", "--output", str(tmp_path)]
+    log = tmp_path / "run.log"  # a file, not a pipe: the learners' logs would fill a pipe nobody reads
+    with open(log, "wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
+                                   cwd=Path(__file__).resolve().parent.parent)
+        try:
+            wait_for_rows(tmp_path / "metrics.jsonl", 1, process, timeout=600)
+            process.send_signal(signal.SIGINT)
+            status = process.wait(timeout=300)
+        finally:
+            process.kill()
+    assert status == 130, log.read_text()[-3000:]
+    latest = (tmp_path / "checkpoints" / "latest").resolve()
+    verify_checkpoint(latest)
+    done = len(read_rows(tmp_path / "metrics.jsonl"))
+    assert latest.name == f"iter_{done:06d}" and len(list((tmp_path / "checkpoints").glob("iter_*"))) == 1
+    resumed = run(tmp_path, "--resume", str(tmp_path), "--iterations", "1", contract=False)
+    assert [row["iteration"] for row in resumed] == list(range(1, done + 2))
 
 
 def test_a_checkpoint_is_resumed_only_by_the_sharding_and_world_size_that_wrote_it(tmp_path):

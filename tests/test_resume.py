@@ -74,7 +74,8 @@ def test_three_iterations_equal_one_plus_resume_two(ray_session, data_dir, tmp_p
 def wait_for_rows(path: Path, count: int, process: subprocess.Popen, timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while len(read_rows(path)) < count:
-        assert process.poll() is None, process.stderr.read().decode()[-3000:]
+        assert process.poll() is None, (process.stderr.read().decode()[-3000:] if process.stderr else
+                                        f"the run exited with {process.returncode}")
         assert time.monotonic() < deadline, "no progress"
         time.sleep(0.5)
 
