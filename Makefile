@@ -51,7 +51,7 @@ check-data:
 	@echo "data: $(TREEGRPO_DATA_DIR)"
 
 # `make run`: with a GPU visible, Tree-GRPO on HotpotQA-v0 with the GPU defaults (`make run-hotpotqa`); without
-# one, the CPU learning demo (`make run-demo`: ~16 minutes on 2 cores, a held-out exact-match gain with 95%
+# one, the CPU learning demo (`make run-demo`: ~15 minutes on 2 cores, a held-out exact-match gain with 95%
 # intervals).
 HAS_GPU = $(PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"
 

@@ -6,7 +6,7 @@ search, with the entity it found, so the greedy start policy knows its world's n
 searching again) earn different rewards, and after 10 Tree-GRPO iterations with the paper's update the greedy
 policy searches again and answers correctly more often. The change in exact match is measured per question on the
 same held-out questions and must clear its 95% interval: if advantages, the loss, the update or the weight
-sync were broken, exact match would not move. Slow (about 16 minutes on 2 cores): ``make test-slow``.
+sync were broken, exact match would not move. Slow (about 13 minutes on 2 cores): ``make test-slow``.
 """
 
 from __future__ import annotations
