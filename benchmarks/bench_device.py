@@ -123,6 +123,27 @@ def busy_share_of_rollout(rollout: TreeRollout, prompts: list[int], shape: TreeS
     return f"{covered_seconds(kernels) / 1e6 / wall_s:.2f}"
 
 
+def host_profile_of_rollout(rollout: TreeRollout, prompts: list[int], shape: TreeShape, device: str,
+                            path: str, lines: int = 45) -> None:
+    """cProfile of one more rollout, its functions by own time and by cumulative time, written to ``path``: where
+    the host spends a rollout whose GPU waits on it (the profiler's own cost inflates small Python calls)."""
+    import cProfile
+    import io
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    rollout.grow(prompts, shape)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    profiler.disable()
+    text = io.StringIO()
+    for key in ("tottime", "cumulative"):
+        pstats.Stats(profiler, stream=text).sort_stats(key).print_stats(lines)
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(text.getvalue())
+
+
 @dataclass(frozen=True)
 class LearnerRun:
     """The learner's passes over one batch: per row, or with shared prefixes under an attention kernel."""
@@ -218,6 +239,8 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, str]:
                                 generator.static_decode.captures - passes_before[1])
                                if generator.static_decode is not None else (0, 0))
     busy = busy_share_of_rollout(rollout, prompts, shape, args.device) if args.busy_share else "not measured"
+    if args.host_profile:
+        host_profile_of_rollout(rollout, prompts, shape, args.device, args.host_profile)
     arrays = pad_batch(records, prompt_advantages(records), tokenizer.pad_token_id)
     batch = {k: torch.as_tensor(v, device=args.device) for k, v in arrays.items()}
     with torch.no_grad():
@@ -306,6 +329,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rollout-only", action="store_true", help="skip the learner's passes")
     p.add_argument("--busy-share", action=argparse.BooleanOptionalAction, default=True,
                    help="profile one more rollout for the GPU's busy share")
+    p.add_argument("--host-profile", default=None, metavar="PATH",
+                   help="cProfile one more rollout (after the timed one) and write its top functions here")
     p.add_argument("--warmup-rollouts", type=int, default=1,
                    help="untimed rollouts first (CUDA graphs captured, the KV pool grown, kernels chosen)")
     p.add_argument("--seed", type=int, default=0)

@@ -11,6 +11,12 @@
 #       gpu_check.py's fixed-batch learning check (Qwen2.5-1.5B's shape, bf16 over float32 masters), then the
 #       rollout engine on SmolLM2-135M's shape at temperature 1 (flat: the sampler's worst case) and 0.05 (about
 #       1.4 nats, a trained model's); logs only (8 files come back)
+#   bash benchmarks/device_check.sh sharding    carry .device/call1/wheels and .device/call1/models (no Ray): one call,
+#       bench_learner_sharding.py --gpu (Qwen2.5-1.5B's shape, DDP and FSDP at world 1; SHARDING_ARGS add options),
+#       then the rollout engine at temperature 0.05 with a host cProfile of one more rollout
+#   bash benchmarks/device_check.sh engine-ab   carry .device/call1/wheels, .device/call1/models and .device/old (a
+#       baseline's tree: git archive REV | tar -x -C .device/old): the engine's CUDA tests, then the rollout engine
+#       of the baseline and of this tree on the same machine, per temperature (this tree's with a host profile)
 # Arguments after the call's number go to bench_device.py / run.py, after the defaults (so they override them).
 # What comes back lies in $OUT (the device tool's folder): bench_device_MODEL.md / .log, run_metrics.jsonl, run.log,
 # gpu_check.md / .log.
@@ -83,7 +89,31 @@ engine)
       --no-busy-share --temperature "$temperature" "$@" 2>&1 | tee "$OUT/engine_T$temperature.log"
   done
   ;;
+sharding)
+  install .device/call1/wheels/*.whl || exit 1
+  mkdir -p "$KIT/cache/models" && cp -r .device/call1/models/. "$KIT/cache/models/" || exit 1
+  timeout "$CHECK_TIMEOUT" python3 -m benchmarks.bench_learner_sharding --gpu --json "$OUT/sharding_gpu.json" \
+    --report "$OUT/sharding_gpu.md" ${SHARDING_ARGS:-} 2>&1 | tee "$OUT/sharding_gpu.log"
+  timeout "$BENCH_TIMEOUT" python3 benchmarks/bench_device.py --model smollm2-135m-random --rollout-only \
+    --no-busy-share --temperature 0.05 --host-profile "$OUT/engine_host_profile.txt" "$@" 2>&1 \
+    | tee "$OUT/engine_profiled.log"
+  ;;
+engine-ab)
+  install .device/call1/wheels/*.whl || exit 1
+  mkdir -p "$KIT/cache/models" && cp -r .device/call1/models/. "$KIT/cache/models/" || exit 1
+  [ -d .device/old/policies ] || { echo "no .device/old: the baseline's tree (git archive REV | tar -x -C .device/old)"; exit 1; }
+  timeout "$CHECK_TIMEOUT" python3 -m pytest --noconftest -q -p no:cacheprovider -rs tests/test_ragged_attention.py \
+    tests/test_static_decode.py tests/test_kv_cache.py 2>&1 | tee "$OUT/engine_tests.log"
+  for temperature in ${ENGINE_TEMPERATURES:-0.05 1.0}; do  # the baseline, then this tree, per temperature
+    (cd .device/old && PYTHONPATH=$KIT/site:$PWD timeout "$BENCH_TIMEOUT" python3 benchmarks/bench_device.py \
+      --model smollm2-135m-random --rollout-only --no-busy-share --temperature "$temperature" "$@") 2>&1 \
+      | tee "$OUT/engine_old_T$temperature.log"
+    timeout "$BENCH_TIMEOUT" python3 benchmarks/bench_device.py --model smollm2-135m-random --rollout-only \
+      --no-busy-share --temperature "$temperature" --host-profile "$OUT/engine_new_profile_T$temperature.txt" "$@" \
+      2>&1 | tee "$OUT/engine_new_T$temperature.log"
+  done
+  ;;
 *)
-  echo "usage: bash benchmarks/device_check.sh 1|2|precision|engine (see benchmarks/device_kit.py)"; exit 2
+  echo "usage: bash benchmarks/device_check.sh 1|2|precision|engine|sharding|engine-ab (see benchmarks/device_kit.py)"; exit 2
   ;;
 esac

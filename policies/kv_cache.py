@@ -1,7 +1,8 @@
 """Keys and values of the HF engine: rows written in place in buffers allocated once, and node caches that hold
 only their own step.
 
-:class:`KVPool` keeps, per layer, a key and a value buffer ``[rows, kv_heads, capacity, head_dim]``. A branch
+:class:`KVPool` keeps, per layer, a key and a value buffer ``[rows, kv_heads, capacity, head_dim]``, all views of
+one tensor, so that a copy into or out of a row is one operation for every layer. A branch
 being decoded owns one row and a length (its tokens so far); each forward pass writes the new tokens' keys and
 values at their positions in place, and attention reads each row up to its own length, so no branch is padded to
 another's length and nothing is concatenated per step. Buffers grow (by half again, at least) only when a
@@ -27,12 +28,18 @@ ALIGN = 64  # capacities are rounded up to this many positions
 @dataclass(frozen=True, eq=False)
 class KVSegment:
     """Cache handle of a context's first ``length`` tokens: this segment holds positions ``start`` to
-    ``start + n`` per layer (K and V, each [kv_heads, n, head_dim]); ``parent`` holds those before ``start``."""
+    ``start + n`` (``kv`` [2 (keys, values), layers, kv_heads, n, head_dim]); ``parent`` holds those before
+    ``start``."""
 
-    layers: tuple[tuple[torch.Tensor, torch.Tensor], ...]
+    kv: torch.Tensor
     start: int
     parent: KVSegment | None
     length: int
+
+    @property
+    def layers(self) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
+        """Per layer, its keys and values [kv_heads, n, head_dim] (views)."""
+        return tuple((self.kv[0, layer], self.kv[1, layer]) for layer in range(self.kv.shape[1]))
 
     def crop(self, length: int) -> KVSegment | None:
         """The handle of the first ``length`` tokens (shares the tensors; None for no tokens)."""
@@ -40,7 +47,7 @@ class KVSegment:
             return None
         if length <= self.start:
             return self.parent.crop(length) if self.parent is not None else None
-        return KVSegment(self.layers, self.start, self.parent, min(length, self.length))
+        return KVSegment(self.kv, self.start, self.parent, min(length, self.length))
 
     def pieces(self) -> Iterator[tuple[KVSegment, int]]:
         """(segment, tokens of it to use) from the root's segment to this one."""
@@ -53,7 +60,7 @@ class KVSegment:
     @property
     def own_bytes(self) -> int:
         """Bytes of this segment's own tensors (its ancestors not counted)."""
-        return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in self.layers)
+        return self.kv.numel() * self.kv.element_size()
 
 
 class KVPool:
@@ -62,7 +69,8 @@ class KVPool:
     def __init__(self, num_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device):
         self.num_layers, self.kv_heads, self.head_dim = num_layers, kv_heads, head_dim
         self.dtype, self.device = dtype, device
-        self.keys: list[torch.Tensor] = []
+        self.buffer = torch.zeros(2, num_layers, 0, kv_heads, 0, head_dim, dtype=dtype, device=device)
+        self.keys: list[torch.Tensor] = []  # per layer, a view of the buffer
         self.values: list[torch.Tensor] = []
         self.rows = self.capacity = 0
         self.allocations = 0  # how many times the buffers were (re)allocated
@@ -80,13 +88,14 @@ class KVPool:
         new_rows = max(rows, self.rows if rows <= self.rows else int(self.rows * GROWTH) + 1)
         new_capacity = max(capacity, self.capacity if capacity <= self.capacity else int(self.capacity * GROWTH))
         new_capacity = -(-new_capacity // ALIGN) * ALIGN
-        shape = (new_rows, self.kv_heads, new_capacity, self.head_dim)
+        shape = (2, self.num_layers, new_rows, self.kv_heads, new_capacity, self.head_dim)
         # zeros, not empty: attention weighs masked positions by 0, and 0 * NaN garbage would still be NaN
-        keys = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
-        values = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
-        for old, new in zip(self.keys + self.values, keys + values, strict=False):  # none before the first
-            new[:used_rows, :, : self.capacity] = old[:used_rows]
-        self.keys, self.values = keys, values
+        buffer = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        buffer[:, :, :used_rows, :, : self.capacity] = self.buffer[:, :, :used_rows]
+        self.buffer = buffer
+        # one select per layer (not unbind: autograd forbids writing in place into unbind's views)
+        self.keys = [buffer[0, layer] for layer in range(self.num_layers)]
+        self.values = [buffer[1, layer] for layer in range(self.num_layers)]
         self.rows, self.capacity = new_rows, new_capacity
         self.allocations += 1
         self._note_peak()
@@ -96,24 +105,19 @@ class KVPool:
         if handle is None:
             return 0
         for segment, count in handle.pieces():
-            for layer, (k, v) in enumerate(segment.layers):
-                self.keys[layer][row, :, segment.start : segment.start + count] = k[:, :count]
-                self.values[layer][row, :, segment.start : segment.start + count] = v[:, :count]
+            self.buffer[:, :, row, :, segment.start : segment.start + count] = segment.kv[:, :, :, :count]
         return handle.length
 
     def segment(self, row: int, start: int, end: int, parent: KVSegment | None) -> KVSegment:
         """A handle of ``row``'s first ``end`` tokens owning a copy of positions ``start`` to ``end``."""
-        layers = tuple((self.keys[layer][row, :, start:end].clone(), self.values[layer][row, :, start:end].clone())
-                       for layer in range(self.num_layers))
-        segment = KVSegment(layers, start, parent, end)
+        segment = KVSegment(self.buffer[:, :, row, :, start:end].clone(), start, parent, end)
         self.segment_bytes += segment.own_bytes
         self._note_peak()
         return segment
 
     def move(self, source: int, target: int, length: int) -> None:
         """Copy ``source``'s first ``length`` positions into row ``target`` (compaction after a row finishes)."""
-        for buffer in self.keys + self.values:
-            buffer[target, :, :length] = buffer[source, :, :length]
+        self.buffer[:, :, target, :, :length] = self.buffer[:, :, source, :, :length]
 
     def _note_peak(self) -> None:
         self.peak_bytes = max(self.peak_bytes, self.buffer_bytes + self.segment_bytes)

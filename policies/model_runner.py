@@ -3,7 +3,8 @@
 The scheduler (:class:`~policies.hf_generation.HFStepGenerator`) decides which rows a pass carries; the runner
 runs it. A pass feeds every decoding row's one pending token (pool rows ``0 .. D-1``) and every prefilling row's
 uncached tokens (the rows after them), laid out without padding (:mod:`policies.ragged_attention`), with the
-linears on packed weights on the CPU (:mod:`policies.packed_linear`); a pass that only decodes runs in static
+linears on packed weights on the CPU (:mod:`policies.packed_linear`) and the prefilling rows' attention in one
+variable-length flash call on a GPU; a pass that only decodes runs in static
 shapes when :class:`~policies.static_decode.StaticDecode` is on (CUDA graphs on a GPU). Everything the pass needs
 from the host goes to the device in one transfer.
 
@@ -26,7 +27,15 @@ from transformers import PreTrainedModel
 from policies.generation import SamplingSettings
 from policies.kv_cache import KVPool
 from policies.packed_linear import packed_linears_for, packing_applies
-from policies.ragged_attention import PrefillRow, RaggedPlan, prefill_mask, ragged_attention_for
+from policies.ragged_attention import (
+    PrefillRow,
+    RaggedPlan,
+    flash_varlen,
+    flash_varlen_applies,
+    packed_prefill,
+    prefill_cumulative,
+    ragged_attention_for,
+)
 from policies.sampling import CANDIDATES, sample_tokens, sample_tokens_exact
 from policies.static_decode import StaticDecode
 
@@ -74,7 +83,10 @@ class ModelRunner:
         self.packed_linears = packing_applies(model) if packed_linears is None else packed_linears
         if self.packed_linears and not packing_applies(model):
             raise ValueError("packed_linears needs float32 weights on the CPU with oneDNN available")
+        # the prefilling rows' attention as one variable-length call (None: one masked call per row)
+        self.prefill_kernel = flash_varlen if flash_varlen_applies(model) else None
 
+    @torch.inference_mode()  # the pool's buffers are written in place: no pass may record them for autograd
     def run(self, decoding: Sequence[DecodeInput], prefilling: Sequence[PrefillInput], *,
             first_slot: int | None = None, sample: bool = True) -> Sampled | None:
         """One pass: ``decoding`` on pool rows ``0 .. D-1``, ``prefilling`` on the rows from ``first_slot``
@@ -104,19 +116,23 @@ class ModelRunner:
         ends = lengths + [p.position + len(p.tokens) for p in prefilling]
         keep = list(range(len(decoding))) + [p.offset + p.count - 1 for p in prefill]
         view = -(-max(lengths, default=0) // 16) * 16
+        prefill = tuple(prefill)
+        packed = self.prefill_kernel is not None and bool(prefill)
+        cumulative = prefill_cumulative(prefill) if packed else []
         # everything the pass needs from the host, in one transfer
         host = torch.tensor([*tokens, *positions, *write_rows, *keep, *lengths,
-                             *(d.stream for d in decoding), *(p.stream for p in prefilling), *ends], dtype=torch.long)
+                             *(d.stream for d in decoding), *(p.stream for p in prefilling), *ends, *cumulative],
+                            dtype=torch.long)
         device = self.model.device
         rows = len(decoding) + len(prefilling)
-        ids, pos, write, kept, decode_lengths, streams, at = host.to(device).split(
-            [len(tokens)] * 3 + [len(keep), len(decoding), rows, rows])
+        ids, pos, write, kept, decode_lengths, streams, at, cumulative_on_device = host.to(device).split(
+            [len(tokens)] * 3 + [len(keep), len(decoding), rows, rows, len(cumulative)])
         decode_mask = None
         if decoding:
             view = min(view, self.pool.capacity)
             decode_mask = (torch.arange(view, device=device)[None] < decode_lengths[:, None])[:, None, None, :]
-        plan = RaggedPlan(self.pool, len(decoding), write, pos, decode_mask, tuple(prefill),
-                          tuple(prefill_mask(p.start, p.count, device) for p in prefill))
+        plan = RaggedPlan(self.pool, len(decoding), write, pos, decode_mask, prefill,
+                          packed_prefill(prefill, cumulative_on_device, self.prefill_kernel) if packed else None)
         with ragged_attention_for(self.model), (packed_linears_for(self.model) if self.packed_linears
                                                  else contextlib.nullcontext()):
             logits = self.model(input_ids=ids[None], position_ids=pos[None], logits_to_keep=kept, use_cache=False,

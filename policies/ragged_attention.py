@@ -9,13 +9,19 @@ place into the pool, then attends: all decoding rows in one masked call (each ro
 prefilling row causally over its cached prefix and its new tokens. Nothing is padded to another row's length,
 and the pool is never copied.
 
+On a GPU the prefilling rows attend in one variable-length flash-attention call (:class:`PackedPrefill`, the
+kernel :func:`flash_varlen`): their keys and values are gathered from the pool into one packed run per layer,
+and flash's causal mask, aligned to each row's last key, lets a row's new tokens see its cached prefix. One
+kernel per layer replaces a masked attention per row: a tree's prefill passes carry a dozen rows or more, and
+masked attention with grouped key heads runs as several unfused kernels each.
+
 A model runs this attention only inside :func:`ragged_attention_for` (its attention implementation is switched
 for the forward pass and restored after), so the same model object keeps serving the learner with its own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -41,10 +47,23 @@ class PrefillRow:
 
 
 @dataclass(frozen=True)
+class PackedPrefill:
+    """The prefilling rows as one variable-length attention call: per row, its new tokens (``query_counts``) and
+    the keys it sees, cached prefix and new tokens (``key_counts``); ``cu_queries`` / ``cu_keys`` [rows + 1], their
+    running sums as int32 on the device, where the flash kernel reads them; ``kernel``, the call."""
+
+    query_counts: tuple[int, ...]
+    key_counts: tuple[int, ...]
+    cu_queries: torch.Tensor
+    cu_keys: torch.Tensor
+    kernel: VarlenKernel
+
+
+@dataclass(frozen=True)
 class RaggedPlan:
     """The layout of one forward pass (see the module docstring). ``write_rows`` / ``write_positions`` [T]: where
     each flat token's keys and values go; ``decode_mask`` [D, 1, 1, view]: which positions each decoding row sees;
-    ``prefill_masks``: per prefilling row, [count, start + count] (None when causal from position 0)."""
+    ``packed_prefill``: the prefilling rows' attention as one call (None: one masked call per row)."""
 
     pool: KVPool
     decode_rows: int
@@ -52,7 +71,7 @@ class RaggedPlan:
     write_positions: torch.Tensor
     decode_mask: torch.Tensor | None
     prefill: tuple[PrefillRow, ...]
-    prefill_masks: tuple[torch.Tensor | None, ...]
+    packed_prefill: PackedPrefill | None = None
 
 
 def ragged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -73,13 +92,75 @@ def ragged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
         o = F.scaled_dot_product_attention(q, keys[:rows, :, :view], values[:rows, :, :view],
                                            attn_mask=plan.decode_mask, scale=scaling, enable_gqa=True)
         out[:rows] = o[:, :, 0]
-    for p, mask in zip(plan.prefill, plan.prefill_masks, strict=True):
+    if plan.packed_prefill is not None and plan.prefill:
+        first = plan.prefill[0].offset  # the prefilling rows' tokens follow the decoding rows', in row order
+        q = query[0, :, first:].transpose(0, 1)  # [prefill tokens, heads, dim]
+        k = torch.cat([keys[p.row, :, : p.start + p.count].transpose(0, 1) for p in plan.prefill])
+        v = torch.cat([values[p.row, :, : p.start + p.count].transpose(0, 1) for p in plan.prefill])
+        out[first:] = plan.packed_prefill.kernel(q, k, v, plan.packed_prefill, scaling)
+        return out[None], None
+    for p in plan.prefill:
         end = p.start + p.count
-        o = F.scaled_dot_product_attention(query[:, :, p.offset : p.offset + p.count], keys[p.row : p.row + 1, :, :end],
-                                           values[p.row : p.row + 1, :, :end], attn_mask=mask, is_causal=mask is None,
-                                           scale=scaling, enable_gqa=True)
+        o = causal_attention(query[:, :, p.offset : p.offset + p.count], keys[p.row : p.row + 1, :, :end],
+                             values[p.row : p.row + 1, :, :end], scaling)
         out[p.offset : p.offset + p.count] = o[0].transpose(0, 1)
     return out[None], None
+
+
+VarlenKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, PackedPrefill, "float | None"], torch.Tensor]
+"""``(q [queries, heads, dim], k / v [keys, kv_heads, dim], packed, scale) -> [queries, heads, dim]``: each row's
+queries attend causally to its keys, the mask aligned to the row's last key (query i of a row of n queries and m
+keys sees keys 0 .. m - n + i)."""
+
+
+def flash_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: PackedPrefill,
+                 scale: float | None) -> torch.Tensor:
+    """:data:`VarlenKernel` as flash-attention's variable-length forward (CUDA, fp16/bf16; grouped key heads and
+    the last-key-aligned causal mask are flash's own)."""
+    return torch.ops.aten._flash_attention_forward(
+        q.contiguous(), k, v, packed.cu_queries, packed.cu_keys, max(packed.query_counts), max(packed.key_counts),
+        0.0, True, False, scale=scale)[0]
+
+
+def varlen_by_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: PackedPrefill,
+                   scale: float | None) -> torch.Tensor:
+    """:data:`VarlenKernel` as one masked attention per row (any device: what :func:`flash_varlen` computes)."""
+    out, query_at, key_at = q.new_empty(q.shape), 0, 0
+    for queries, keys in zip(packed.query_counts, packed.key_counts, strict=True):
+        rows, seen = slice(query_at, query_at + queries), slice(key_at, key_at + keys)
+        o = causal_attention(q[rows].transpose(0, 1)[None], k[seen].transpose(0, 1)[None],
+                             v[seen].transpose(0, 1)[None], scale)
+        out[rows] = o[0].transpose(0, 1)
+        query_at, key_at = query_at + queries, key_at + keys
+    return out
+
+
+def flash_varlen_applies(model: PreTrainedModel) -> bool:
+    """Whether :func:`flash_varlen` runs ``model``'s attention: CUDA on sm80 or later, half precision, a head
+    dimension flash supports."""
+    if model.device.type != "cuda" or model.dtype not in (torch.float16, torch.bfloat16):
+        return False
+    config = model.config.get_text_config()
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return (torch.backends.cuda.flash_sdp_enabled() and torch.cuda.get_device_capability(model.device)[0] >= 8
+            and head_dim % 8 == 0 and head_dim <= 256)
+
+
+def packed_prefill(prefill: tuple[PrefillRow, ...], cumulative: torch.Tensor, kernel: VarlenKernel) -> PackedPrefill:
+    """The :class:`PackedPrefill` of ``prefill``; ``cumulative`` [2 * (rows + 1)] holds :func:`prefill_cumulative`
+    on the device."""
+    cu = cumulative.to(torch.int32)
+    return PackedPrefill(tuple(p.count for p in prefill), tuple(p.start + p.count for p in prefill),
+                         cu[: len(prefill) + 1], cu[len(prefill) + 1 :], kernel)
+
+
+def prefill_cumulative(prefill: tuple[PrefillRow, ...]) -> list[int]:
+    """The running sums of the rows' query counts, then of their key counts, each from 0 (for the device)."""
+    queries, keys = [0], [0]
+    for p in prefill:
+        queries.append(queries[-1] + p.count)
+        keys.append(keys[-1] + p.start + p.count)
+    return queries + keys
 
 
 def _no_mask(*args, **kwargs) -> None:
@@ -90,12 +171,17 @@ AttentionInterface.register(ATTENTION, ragged_attention)
 ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION, _no_mask)
 
 
-def prefill_mask(start: int, count: int, device: torch.device) -> torch.Tensor | None:
-    """[count, start + count]: query i (at position start + i) sees keys up to its own position; None when
-    ``start`` is 0 (plain causal attention)."""
-    if start == 0:
-        return None
-    return torch.arange(start + count, device=device)[None] <= torch.arange(count, device=device)[:, None] + start
+def causal_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     scale: float | None) -> torch.Tensor:
+    """One row's new tokens over its keys: ``query`` [1, heads, n, dim], ``key`` / ``value`` [1, kv_heads, m, dim]
+    (its cached prefix of m - n positions, then the n new ones); query i sees keys 0 .. m - n + i."""
+    count, start = query.shape[2], key.shape[2] - query.shape[2]
+    mask = None
+    if start:
+        positions = torch.arange(start + count, device=query.device)
+        mask = positions[None] <= torch.arange(count, device=query.device)[:, None] + start
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, is_causal=mask is None, scale=scale,
+                                          enable_gqa=True)
 
 
 @contextmanager

@@ -58,6 +58,7 @@ class StaticDecode:
         """The static batch size a pass of ``rows`` decoding rows is padded to."""
         return next(b for b in self.buckets if b >= rows)
 
+    @torch.inference_mode()
     def logits(self, inputs: torch.Tensor) -> torch.Tensor:
         """[D, vocab] next-token logits of the D decoding rows (pool rows ``0 .. D-1``); ``inputs`` [3, D] on the
         model's device holds each row's pending token, its position, and the row's length once it is fed. Their
@@ -100,7 +101,7 @@ class StaticDecode:
         ids, positions, lengths = shape.inputs
         keys = torch.arange(self.pool.capacity, device=ids.device)
         mask = (keys[None] < lengths[:, None])[:, None, None, :]
-        plan = RaggedPlan(self.pool, len(ids), shape.rows, positions, mask, (), ())
+        plan = RaggedPlan(self.pool, len(ids), shape.rows, positions, mask, ())
         with ragged_attention_for(self.model):
             return self.model(input_ids=ids[None], position_ids=positions[None], use_cache=False,
                               ragged_plan=plan).logits[0]

@@ -260,7 +260,8 @@ def test_the_device_check_runs_on_the_cpu_and_finds_no_fp32_gap(tmp_path, monkey
     from benchmarks.bench_device import main as device_check
 
     monkeypatch.setenv("TREEGRPO_CACHE_DIR", str(tmp_path / "cache"))
-    text = device_check(["--quick", "--static-decode", "on", "--output", str(tmp_path / "device.md")])
+    text = device_check(["--quick", "--static-decode", "on", "--output", str(tmp_path / "device.md"),
+                         "--host-profile", str(tmp_path / "profile.txt")])
     rows = dict((cell.strip() for cell in line.strip("|").split("|", 1)) for line in text.splitlines()
                 if line.startswith("| "))
     assert rows["leaves / prompts"] == "6 / 1"
@@ -274,6 +275,9 @@ def test_the_device_check_runs_on_the_cpu_and_finds_no_fp32_gap(tmp_path, monkey
         per_row, shared = map(float, rows[f"learner {measure} (per row / shared sdpa)"].split(" / "))
         assert per_row > 0 and shared > 0
     assert (tmp_path / "device.md").read_text() == text
+    profile = (tmp_path / "profile.txt").read_text()  # one more rollout's host functions, by own and total time
+    assert "Ordered by: internal time" in profile and "Ordered by: cumulative time" in profile
+    assert "model_runner.py" in profile
 
 
 def test_kernel_busy_time_is_the_union_of_kernel_intervals():

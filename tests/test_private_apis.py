@@ -223,6 +223,17 @@ def graph_pool_handle() -> None:
     expect("pool" in parameters(torch.cuda.graph), "torch.cuda.graph no longer takes pool=")
 
 
+def flash_attention_forward() -> None:
+    op = getattr(torch.ops.aten, "_flash_attention_forward", None)
+    expect(op is not None, "torch.ops.aten._flash_attention_forward is gone")
+    schema = op.default._schema
+    names = [a.name for a in schema.arguments]
+    expect(names[:10] == ["query", "key", "value", "cum_seq_q", "cum_seq_k", "max_q", "max_k", "dropout_p",
+                          "is_causal", "return_debug_mask"] and "scale" in names,
+           f"aten::_flash_attention_forward takes {names}; flash_varlen passes the first ten and scale=")
+    expect(schema.returns[0].name == "output", "its first result is no longer the attention output")
+
+
 # --- transformers -----------------------------------------------------------------------------------------------
 
 def attn_implementation() -> None:
@@ -358,6 +369,9 @@ APIS = [
                "the version counter autograd keeps: the packed-weight cache is invalidated by it", tensor_version),
     PrivateAPI("torch", "torch.cuda.graph_pool_handle", "policies/static_decode.py",
                "torch.cuda.graphs: a fresh graph memory pool after the KV pool grows", graph_pool_handle),
+    PrivateAPI("torch", "torch.ops.aten._flash_attention_forward", "policies/ragged_attention.py",
+               "aten's flash-attention forward in its variable-length form (cum_seq_q / cum_seq_k): the GPU engine's "
+               "prefill attention", flash_attention_forward),
     PrivateAPI("transformers", "PreTrainedConfig._attn_implementation",
                "policies/logprobs.py, policies/ragged_attention.py, tests/test_learner.py",
                "transformers' configuration_utils: the attention implementation a model runs (and its setter, "
