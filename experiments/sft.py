@@ -1,7 +1,7 @@
 """Supervised fine-tuning on weighted tokens, the warm start's training (``experiments/warmstart.py``): the
-per-token loss weights of a trajectory, the weighted cross-entropy, right-padding, and the training loop (AdamW,
-warm-up then cosine decay, then more epochs while a check of the model fails) whose state is checkpointed after
-every epoch and resumed exactly."""
+per-token loss weights of a trajectory, the weighted cross-entropy (its softmax over the whole vocabulary or over
+the tokens the data holds), right-padding, and the training loop (AdamW, warm-up then cosine decay, then more
+epochs while a check of the model fails) whose state is checkpointed after every epoch and resumed exactly."""
 
 from __future__ import annotations
 
@@ -44,15 +44,57 @@ class TokenWeights:
                 for w, g, keep in zip(weights, generated, kept, strict=True)]
 
 
-def sft_loss(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+@dataclass(frozen=True)
+class SoftmaxVocabulary:
+    """The tokens the loss's softmax runs over: the data's tokens ``ids`` (sorted; ``index`` gives each token of
+    the model's vocabulary its place among them, -1 for a token outside) and, per step, ``negatives`` tokens drawn
+    from the others (``outside``), each standing for ``len(outside) / negatives`` of them in the normaliser: a
+    sampled softmax, whose draws keep pushing down the logits of tokens the data never asks for (without them a
+    model samples such tokens, whose logits nothing trains)."""
+
+    ids: torch.Tensor
+    index: torch.Tensor
+    outside: torch.Tensor
+    negatives: int = 0
+
+    @classmethod
+    def of(cls, data: Sequence[tuple[Sequence[int], Sequence[int]]], vocab_size: int,
+           negatives: int = 0) -> SoftmaxVocabulary:
+        """Every token that ``data`` (trajectories of token ids) holds: any token a trajectory predicts is in it."""
+        ids = torch.tensor(sorted({token for row, _ in data for token in row}), dtype=torch.long)
+        index = torch.full((vocab_size,), -1, dtype=torch.long)
+        index[ids] = torch.arange(len(ids))
+        return cls(ids, index, (index < 0).nonzero().squeeze(-1), negatives)
+
+    def columns(self, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The head's rows of one step's softmax (the data's tokens, then the drawn negatives) and the log-count
+        each column stands for (0 for the data's tokens)."""
+        if not self.negatives or not len(self.outside):
+            return self.ids, torch.zeros(len(self.ids))
+        drawn = self.outside[torch.randint(len(self.outside), (self.negatives,), generator=generator)]
+        log_counts = torch.zeros(len(self.ids) + self.negatives)
+        log_counts[len(self.ids):] = float(np.log(len(self.outside) / self.negatives))
+        return torch.cat([self.ids, drawn]), log_counts
+
+
+def sft_loss(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, weights: torch.Tensor,
+             vocabulary: SoftmaxVocabulary | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
     """Cross-entropy of the tokens with a positive weight, their weighted mean; the LM head runs on their
     positions only (the head of a small model with a 49k vocabulary costs more than the rest of it). With 0/1
-    weights (the generated-token mask), the mean cross-entropy of the generated tokens."""
+    weights (the generated-token mask), the mean cross-entropy of the generated tokens. With ``vocabulary``, the
+    softmax runs over its columns (its negatives drawn from ``generator``)."""
     hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
     target_weights = weights[:, 1:].float()  # position t predicts token t + 1
     select = target_weights > 0
-    logits = model.get_output_embeddings()(hidden[:, :-1][select]).float()
-    losses = torch.nn.functional.cross_entropy(logits, input_ids[:, 1:][select], reduction="none")
+    head, targets = model.get_output_embeddings(), input_ids[:, 1:][select]
+    if vocabulary is None:
+        logits = head(hidden[:, :-1][select]).float()
+    else:
+        columns, log_counts = vocabulary.columns(generator)
+        bias = None if head.bias is None else head.bias[columns]
+        logits = torch.nn.functional.linear(hidden[:, :-1][select], head.weight[columns], bias).float() + log_counts
+        targets = vocabulary.index[targets]
+    losses = torch.nn.functional.cross_entropy(logits, targets, reduction="none")
     return (losses * target_weights[select]).sum() / target_weights[select].sum()
 
 
@@ -83,12 +125,13 @@ def train(model, data: list[tuple[list[int], Sequence[int]]], *, epochs: int, lr
           pad_id: int, token_weights: TokenWeights = TokenWeights(), max_minutes: float | None = None,
           checkpoint: Path | None = None, lr_floor: float = 0.0, check: Callable[[], float] | None = None,
           check_min: float = 0.0, extra_epochs: int = 0, extra_lr: float | None = None,
-          log=print) -> dict[str, list[float]]:
+          vocabulary: SoftmaxVocabulary | None = None, log=print) -> dict[str, list[float]]:
     """AdamW over shuffled batches of ``data`` (token ids, 1 on the generated ones) weighted by ``token_weights``,
     linear warm-up then cosine decay to ``lr_floor`` times ``lr`` over ``epochs``; then, with ``check`` (a score of
     the model, e.g. greedy exact match on questions it does not train on), up to ``extra_epochs`` more epochs at the
     learning rate ``extra_lr`` times ``lr`` (default: the floor) while the score after the last epoch is below
-    ``check_min``. Returns ``{"loss": the mean loss of each epoch, "check": the score after each checked epoch}``.
+    ``check_min``. ``vocabulary``: the tokens the loss's softmax runs over (default: all). Returns ``{"loss": the
+    mean loss of each epoch, "check": the score after each checked epoch}``.
 
     With ``checkpoint``, the whole training state (weights, optimizer, schedule, random generators, loss
     curve and checks) is written there after every epoch and, when the file exists, training resumes after its last
@@ -96,6 +139,7 @@ def train(model, data: list[tuple[list[int], Sequence[int]]], *, epochs: int, lr
     this process's time only."""
     rng = np.random.default_rng(seed)
     draws = np.random.default_rng([seed, 1])  # the observations each epoch trains, apart from the shuffling
+    negatives = torch.Generator().manual_seed(seed)  # the softmax's sampled negatives
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     steps = epochs * -(-len(data) // batch_size)
     warmup = max(1, steps // 20)
@@ -109,6 +153,7 @@ def train(model, data: list[tuple[list[int], Sequence[int]]], *, epochs: int, lr
         schedule.load_state_dict(state["schedule"])
         rng.bit_generator.state = state["shuffle_rng"]
         draws.bit_generator.state = state["draw_rng"]
+        negatives.set_state(state["negatives_rng"])
         torch.set_rng_state(state["torch_rng"])
         curve = state["curve"]
         log(f"resuming after epoch {len(curve['loss'])}/{epochs} from {checkpoint}")
@@ -122,7 +167,7 @@ def train(model, data: list[tuple[list[int], Sequence[int]]], *, epochs: int, lr
         losses = []
         for batch in batches:
             ids, attention, weights = pad([(data[i][0], token_weights.draw(data[i][1], draws)) for i in batch], pad_id)
-            loss = sft_loss(model, ids, attention, weights)
+            loss = sft_loss(model, ids, attention, weights, vocabulary, negatives)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -139,7 +184,7 @@ def train(model, data: list[tuple[list[int], Sequence[int]]], *, epochs: int, lr
         if checkpoint is not None:
             state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                      "schedule": schedule.state_dict(), "shuffle_rng": rng.bit_generator.state,
-                     "draw_rng": draws.bit_generator.state,
+                     "draw_rng": draws.bit_generator.state, "negatives_rng": negatives.get_state(),
                      "torch_rng": torch.get_rng_state(), "curve": curve}
             replace_atomically(checkpoint, functools.partial(torch.save, state))  # a kill mid-write keeps the last
         if max_minutes is not None and time.perf_counter() - start > 60 * max_minutes:

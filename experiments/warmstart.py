@@ -52,7 +52,7 @@ from experiments.oracle_trajectories import (
     oracle_trajectory,
     train_branch_questions,
 )
-from experiments.sft import TokenWeights, train
+from experiments.sft import SoftmaxVocabulary, TokenWeights, train
 from policies.generation import SamplingSettings, end_of_turn_ids
 from policies.generators import step_generator
 
@@ -174,6 +174,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="with --observation-weight: train a fresh random draw of this share of the observations' "
                         "tokens each epoch, at the weight divided by the share (the same expected loss; the LM "
                         "head's cost over the passages falls with the share)")
+    p.add_argument("--softmax-vocabulary", choices=("full", "data"), default="full",
+                   help="the tokens the loss's softmax runs over: the model's whole vocabulary, or the tokens the "
+                        "training data holds (a few thousand of SmolLM2's 49k: the LM head's cost, most of a small "
+                        "model's step, falls with it), with --softmax-negatives of the others")
+    p.add_argument("--softmax-negatives", type=int, default=0,
+                   help="with --softmax-vocabulary data: tokens drawn from the others each step into the softmax, each "
+                        "standing for its share of them (a sampled softmax: it keeps their logits down, so that the "
+                        "model does not sample them; 0: they get no gradient)")
     p.add_argument("--restate", action="store_true",
                    help="the oracle's thought before a search restates the passage's sentence that ends with the query "
                         "(\"The chair of X is Y\" before searching Y; SynthBranch's role passages), so the name "
@@ -217,7 +225,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--extra-lr must be a fraction of --lr in (0, 1], got {args.extra_lr}")
     if not 0.0 <= args.check_em <= 1.0:
         p.error(f"--check-em must be an exact match in [0, 1], got {args.check_em}")
-    for name in ("check_questions", "extra_epochs"):
+    for name in ("check_questions", "extra_epochs", "softmax_negatives"):
         if getattr(args, name) < 0:
             p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     if not 0.0 < args.observation_share <= 1.0:
@@ -226,6 +234,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--observation-weight must be >= 0, got {args.observation_weight}")
     if args.questions is not None and args.questions < 1:
         p.error(f"--questions must be >= 1, got {args.questions}")
+    if args.softmax_negatives and args.softmax_vocabulary != "data":
+        p.error("--softmax-negatives needs --softmax-vocabulary data (the full softmax has no tokens left to draw)")
     synthetic = [env_id for env_id, (dataset, *_) in envs.ENV_IDS.items() if dataset in SPECS]
     if args.extra_worlds and args.env not in synthetic:
         p.error(f"--extra-worlds needs a generated world (--env {' or '.join(synthetic)}), got --env {args.env}")
@@ -289,10 +299,16 @@ def main(argv: list[str] | None = None) -> Path:
             return float(np.mean([row["em"] for row in rows]))
 
     token_weights = TokenWeights(args.observation_weight, args.observation_share)
+    vocabulary = None
+    if args.softmax_vocabulary == "data":
+        vocabulary = SoftmaxVocabulary.of(data, model.get_output_embeddings().weight.shape[0],
+                                          args.softmax_negatives)
+        print(f"the loss's softmax over the {len(vocabulary.ids)} tokens the data holds (of {len(vocabulary.index)})"
+              f" and {args.softmax_negatives} drawn from the others per step")
     curve = train(model, data, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, seed=args.seed,
                   pad_id=tokenizer.pad_token_id, token_weights=token_weights, max_minutes=args.max_minutes,
                   checkpoint=checkpoint, lr_floor=args.lr_floor, check=check, check_min=args.check_em,
-                  extra_epochs=args.extra_epochs, extra_lr=args.extra_lr)
+                  extra_epochs=args.extra_epochs, extra_lr=args.extra_lr, vocabulary=vocabulary)
     if args.check_questions:
         check_env.close()
     after = dev_em(model, tokenizer, args, env_kwargs, args.dev_questions) if args.dev_questions else None

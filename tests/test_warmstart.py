@@ -24,7 +24,15 @@ from experiments.oracle_trajectories import (
     oracle_trajectory,
     train_branch_questions,
 )
-from experiments.sft import TokenWeights, learning_rate_factor, loss_weights, pad, sft_loss, train
+from experiments.sft import (
+    SoftmaxVocabulary,
+    TokenWeights,
+    learning_rate_factor,
+    loss_weights,
+    pad,
+    sft_loss,
+    train,
+)
 from experiments.warmstart import cached_warm_start, parse_args
 from experiments.warmstart import main as warmstart_main
 from policies.generation import observation_ids, prompt_ids
@@ -241,6 +249,66 @@ def test_sft_loss_weighs_observation_tokens(setup):
     torch.testing.assert_close(loss, expected, atol=1e-5, rtol=0)
 
 
+def test_the_data_vocabulary_holds_every_token_of_the_data_and_indexes_it():
+    vocabulary = SoftmaxVocabulary.of([([7, 3, 7, 9], [0, 1, 1, 1]), ([3, 12], [0, 1])], vocab_size=16)
+    assert vocabulary.ids.tolist() == [3, 7, 9, 12]
+    assert vocabulary.index[[3, 7, 9, 12]].tolist() == [0, 1, 2, 3]
+    assert (vocabulary.index >= 0).sum() == 4 and vocabulary.index[0] == -1
+
+
+def test_sft_loss_over_the_data_vocabulary_normalises_over_its_tokens_only(setup):
+    _, tokenizer, _ = setup
+    model = build_tiny_random(tokenizer, hidden_size=32, layers=1, heads=2)
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    weights = torch.tensor([[0, 0, 0, 1, 0.5, 0]])
+    vocabulary = SoftmaxVocabulary.of([([5, 6, 7, 8, 9, 10, 40], [])], model.config.vocab_size)
+    loss = sft_loss(model, ids, torch.ones_like(ids), weights, vocabulary)
+    with torch.no_grad():
+        logits = model(ids).logits[0].float()[:, [5, 6, 7, 8, 9, 10, 40]]  # the softmax over these 7 tokens
+        logp = torch.log_softmax(logits, -1)
+    expected = -(logp[2, 3] + 0.5 * logp[3, 4]) / 1.5  # tokens 8 and 9: indexes 3 and 4 among the 7
+    torch.testing.assert_close(loss, expected, atol=1e-5, rtol=0)
+    loss.backward()  # the head's rows of tokens outside get no gradient (tied: nor do their embeddings)
+    rows = model.get_output_embeddings().weight.grad.abs().sum(dim=1)
+    assert rows[[5, 6, 7, 8, 9, 10, 40]].sum() > 0 and rows[11:40].sum() == 0 and rows[41:].sum() == 0
+    everything = SoftmaxVocabulary.of([(list(range(model.config.vocab_size)), [])], model.config.vocab_size)
+    with torch.no_grad():  # over every token: the full softmax's loss
+        torch.testing.assert_close(sft_loss(model, ids, torch.ones_like(ids), weights, everything),
+                                   sft_loss(model, ids, torch.ones_like(ids), weights), atol=1e-5, rtol=0)
+
+
+def test_sampled_negatives_join_the_softmax_each_standing_for_its_share_of_the_others(setup, monkeypatch):
+    _, tokenizer, _ = setup
+    model = build_tiny_random(tokenizer, hidden_size=32, layers=1, heads=2)
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    weights = torch.tensor([[0, 0, 0, 1, 0.5, 0]])
+    vocabulary = SoftmaxVocabulary.of([([5, 6, 7, 8, 9, 10], [])], model.config.vocab_size, negatives=2)
+    assert len(vocabulary.outside) == model.config.vocab_size - 6 and 5 not in vocabulary.outside.tolist()
+    positions = torch.tensor([0, 100])  # the outside tokens 0 and 106 (5-10 are not outside)
+    monkeypatch.setattr(torch, "randint", lambda high, size, generator=None: positions)
+    columns, log_counts = vocabulary.columns(None)
+    assert columns.tolist() == [5, 6, 7, 8, 9, 10, 0, 106]
+    share = np.log((model.config.vocab_size - 6) / 2)  # each drawn token stands for half of the others
+    torch.testing.assert_close(log_counts, torch.tensor([0.0] * 6 + [share] * 2, dtype=torch.float32))
+    with torch.no_grad():
+        loss = sft_loss(model, ids, torch.ones_like(ids), weights, vocabulary)
+        logits = model(ids).logits[0].float()[:, [5, 6, 7, 8, 9, 10, 0, 106]] + log_counts
+        logp = torch.log_softmax(logits, -1)
+    expected = -(logp[2, 3] + 0.5 * logp[3, 4]) / 1.5
+    torch.testing.assert_close(loss, expected, atol=1e-5, rtol=0)
+
+
+def test_the_negatives_are_drawn_from_the_generator_and_a_resume_continues_its_draws(setup):
+    vocabulary = SoftmaxVocabulary.of([([1, 2, 3], [])], 1000, negatives=16)
+    generator = torch.Generator().manual_seed(0)
+    first = vocabulary.columns(generator)[0]
+    state = generator.get_state()
+    second = vocabulary.columns(generator)[0]
+    assert not torch.equal(first, second) and set(second[3:].tolist()).isdisjoint({1, 2, 3})
+    generator.set_state(state)
+    assert torch.equal(vocabulary.columns(generator)[0], second)
+
+
 def test_sft_fits_a_few_oracle_trajectories(setup):
     env, tokenizer, _ = setup
     model = build_tiny_random(tokenizer, hidden_size=64, layers=2, heads=4)
@@ -365,6 +433,21 @@ def test_warmstart_main_trains_on_extra_worlds_and_saves_a_loadable_model(setup,
     assert not list((tmp_path / "warm").glob("checkpoint*"))  # the model is saved: the training state is dropped
 
 
+def test_warmstart_over_the_data_vocabulary_trains_its_tokens_only(setup, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TREEGRPO_CACHE_DIR", str(tmp_path / "cache"))
+    untrained = build_tiny_random(load_model("tiny-random")[1], seed=0, hidden_size=32, layers=1, heads=2)
+    model_dir = warmstart_main(["--data-dir", str(setup[2]), "--hidden-size", "32", "--layers", "1", "--heads", "2",
+                                "--epochs", "1", "--dev-questions", "0", "--softmax-vocabulary", "data",
+                                "--softmax-negatives", "0", "--output", str(tmp_path / "warm")])
+    assert "the loss's softmax over the" in capsys.readouterr().out
+    trained, _ = load_model(str(model_dir))
+    before, after = untrained.get_output_embeddings().weight, trained.get_output_embeddings().weight
+    moved = ((after - before).abs().sum(dim=1) / before.abs().sum(dim=1)).detach()
+    # the data's tokens (a few hundred of 49k) move; AdamW's weight decay alone shrinks the rest, by lr x 0.01 a step
+    assert 100 < int((moved > 1e-3).sum()) < 2000
+    assert torch.quantile(moved, 0.5) < 1e-3
+
+
 def test_warmstart_checks_an_extra_worlds_held_out_one_search_questions(setup, tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     checked = []
@@ -399,6 +482,8 @@ def test_warmstart_checks_an_extra_worlds_held_out_one_search_questions(setup, t
      "--extra-lr must be a fraction of --lr in (0, 1], got 0.0"),
     (["--observation-share", "0"], "--observation-share must be a share in (0, 1], got 0.0"),
     (["--observation-share", "1.5"], "--observation-share must be a share in (0, 1], got 1.5"),
+    (["--softmax-negatives", "64"], "--softmax-negatives needs --softmax-vocabulary data"),
+    (["--softmax-vocabulary", "data", "--softmax-negatives", "-1"], "--softmax-negatives must be >= 0, got -1"),
 ])
 def test_warmstart_check_options_at_their_edges_are_refused_naming_them(argv, message, capsys):
     with pytest.raises(SystemExit):
