@@ -55,18 +55,14 @@ WORLD = WorldSpec(seed=0, people=70, companies=35, cities=12, countries=5, train
 TOPK = 1  # one passage per search: a short context, in which a model trained for minutes learns to copy names
 MAX_STEP_TOKENS = 48
 # the warm start: oracle trajectories of 5 worlds, half the 2-hop ones answering one hop short, the passages trained
-# too; sixteen epochs of a cosine to a tenth of the peak, then up to two more at 0.3 of it while greedy exact match on
+# too; eight epochs of a cosine to a tenth of the peak, then up to two more at 0.3 of it while greedy exact match on
 # 100 held-out one-search questions of the first extra world is below CHECK_EM (when a start learns to copy names
-# depends on the seed: the check trains on while it has not). The loss's softmax runs over the 474 tokens the worlds
-# hold and 2,048 drawn from the rest per step: an epoch costs a third of the full 49k softmax's, which buys the
-# epochs that teach copying on every seed (docs/protocol_demo.md, protocol 4). A 70% mix made the share answered one
-# hop short the same on every seed but taught copying more slowly: docs/benchmarks.md, "The demo across seeds,
-# protocol 2"
+# depends on the seed: the check trains on while it has not). A 70% mix made the share answered one hop short the
+# same on every seed but taught copying more slowly: docs/benchmarks.md, "The demo across seeds, protocol 2"
 CHECK_EM = 0.8
-WARM_START = ("--extra-worlds", "4", "--epochs", "16", "--premature", "0.5", "--observation-weight", "0.5",
-              "--softmax-vocabulary", "data", "--softmax-negatives", "2048", "--batch-size", "8", "--lr", "3e-3",
-              "--lr-floor", "0.1", "--check-questions", "100", "--check-em", str(CHECK_EM), "--extra-epochs", "2",
-              "--extra-lr", "0.3", "--seed", "0")
+WARM_START = ("--extra-worlds", "4", "--epochs", "8", "--premature", "0.5", "--observation-weight", "0.5",
+              "--batch-size", "8", "--lr", "3e-3", "--lr-floor", "0.1", "--check-questions", "100", "--check-em",
+              str(CHECK_EM), "--extra-epochs", "2", "--extra-lr", "0.3", "--seed", "0")
 # where the start's held-out exact match should land: it copies names (the 1-hop questions right) and answers some of
 # the 2-hop ones a hop short (docs/protocol_demo.md)
 START_BAND = (0.45, 0.80)
