@@ -31,6 +31,7 @@ import contextlib
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from datetime import timedelta
@@ -196,6 +197,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def measured_options(argv: list[str] | None) -> list[str]:
+    """The command line's options without where the results go (``--json``, ``--report`` and their values)."""
+    options, skip = [], False
+    for arg in sys.argv[1:] if argv is None else argv:
+        if skip:
+            skip = False
+        elif arg in ("--json", "--report"):
+            skip = True
+        elif not arg.startswith(("--json=", "--report=")):
+            options.append(arg)
+    return options
+
+
 def main(argv: list[str] | None = None) -> list[list[dict]]:
     args = parse_args(argv)
     os.environ[MMAP_THRESHOLD] = str(2**20)  # inherited by the spawned ranks (see the module docstring)
@@ -209,7 +223,7 @@ def main(argv: list[str] | None = None) -> list[list[dict]]:
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     if args.report:
-        command = "python -m benchmarks.bench_learner_sharding" + (" --gpu" if args.gpu else "")
+        command = " ".join(["python -m benchmarks.bench_learner_sharding", *measured_options(argv)])
         title = SECTION_TITLE if not args.gpu else SECTION_TITLE.replace("(CPU)", "(one GPU)")
         replace_section(args.report, SECTION_KEY + ("-gpu" if args.gpu else ""), title, report(results, args, command))
     return results

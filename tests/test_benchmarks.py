@@ -539,3 +539,12 @@ def test_a_run_leaves_the_plateau_at_the_first_point_it_never_falls_back_below(t
     out = capsys.readouterr().out
     assert "left at 500 tokens (curve to 600 tokens)" in out and "stayed (curve to 200 tokens)" in out
     assert "by 400 tokens: 0 of 2 runs had left" in out and "by 500 tokens: 1 of 2 runs had left" in out
+
+
+def test_the_sharding_reports_command_keeps_the_measured_options_and_drops_where_results_go():
+    from benchmarks.bench_learner_sharding import measured_options
+
+    argv = ["--gpu", "--tokens", "2048", "--report", "docs/benchmarks.md", "--json=out.json", "--steps", "3",
+            "--json", "x.json"]
+    assert measured_options(argv) == ["--gpu", "--tokens", "2048", "--steps", "3"]
+    assert measured_options([]) == []
