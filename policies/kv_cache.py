@@ -36,11 +36,6 @@ class KVSegment:
     parent: KVSegment | None
     length: int
 
-    @property
-    def layers(self) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
-        """Per layer, its keys and values [kv_heads, n, head_dim] (views)."""
-        return tuple((self.kv[0, layer], self.kv[1, layer]) for layer in range(self.kv.shape[1]))
-
     def crop(self, length: int) -> KVSegment | None:
         """The handle of the first ``length`` tokens (shares the tensors; None for no tokens)."""
         if length <= 0:

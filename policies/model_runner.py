@@ -84,7 +84,7 @@ class ModelRunner:
         if self.packed_linears and not packing_applies(model):
             raise ValueError("packed_linears needs float32 weights on the CPU with oneDNN available")
         # the prefilling rows' attention as one variable-length call (None: one masked call per row)
-        self.prefill_kernel = flash_varlen if flash_varlen_applies(model) else None
+        self.prefill_kernel = flash_varlen if flash_varlen_applies(model, pool.head_dim) else None
 
     @torch.inference_mode()  # the pool's buffers are written in place: no pass may record them for autograd
     def run(self, decoding: Sequence[DecodeInput], prefilling: Sequence[PrefillInput], *,

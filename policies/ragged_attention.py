@@ -48,15 +48,22 @@ class PrefillRow:
 
 @dataclass(frozen=True)
 class PackedPrefill:
-    """The prefilling rows as one variable-length attention call: per row, its new tokens (``query_counts``) and
-    the keys it sees, cached prefix and new tokens (``key_counts``); ``cu_queries`` / ``cu_keys`` [rows + 1], their
-    running sums as int32 on the device, where the flash kernel reads them; ``kernel``, the call."""
+    """The prefilling ``rows`` as one variable-length attention call: ``cu_queries`` / ``cu_keys`` [rows + 1], the
+    running sums of their new tokens and of the keys each sees (cached prefix and new tokens), as int32 on the
+    device, where the flash kernel reads them; ``kernel``, the call."""
 
-    query_counts: tuple[int, ...]
-    key_counts: tuple[int, ...]
+    rows: tuple[PrefillRow, ...]
     cu_queries: torch.Tensor
     cu_keys: torch.Tensor
     kernel: VarlenKernel
+
+    @property
+    def query_counts(self) -> tuple[int, ...]:
+        return tuple(p.count for p in self.rows)
+
+    @property
+    def key_counts(self) -> tuple[int, ...]:
+        return tuple(p.start + p.count for p in self.rows)
 
 
 @dataclass(frozen=True)
@@ -135,13 +142,11 @@ def varlen_by_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: Pa
     return out
 
 
-def flash_varlen_applies(model: PreTrainedModel) -> bool:
-    """Whether :func:`flash_varlen` runs ``model``'s attention: CUDA on sm80 or later, half precision, a head
-    dimension flash supports."""
+def flash_varlen_applies(model: PreTrainedModel, head_dim: int) -> bool:
+    """Whether :func:`flash_varlen` runs ``model``'s attention (heads of ``head_dim``): CUDA on sm80 or later, half
+    precision, a head dimension flash supports."""
     if model.device.type != "cuda" or model.dtype not in (torch.float16, torch.bfloat16):
         return False
-    config = model.config.get_text_config()
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     return (torch.backends.cuda.flash_sdp_enabled() and torch.cuda.get_device_capability(model.device)[0] >= 8
             and head_dim % 8 == 0 and head_dim <= 256)
 
@@ -150,8 +155,7 @@ def packed_prefill(prefill: tuple[PrefillRow, ...], cumulative: torch.Tensor, ke
     """The :class:`PackedPrefill` of ``prefill``; ``cumulative`` [2 * (rows + 1)] holds :func:`prefill_cumulative`
     on the device."""
     cu = cumulative.to(torch.int32)
-    return PackedPrefill(tuple(p.count for p in prefill), tuple(p.start + p.count for p in prefill),
-                         cu[: len(prefill) + 1], cu[len(prefill) + 1 :], kernel)
+    return PackedPrefill(prefill, cu[: len(prefill) + 1], cu[len(prefill) + 1 :], kernel)
 
 
 def prefill_cumulative(prefill: tuple[PrefillRow, ...]) -> list[int]:

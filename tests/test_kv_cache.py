@@ -57,8 +57,8 @@ def test_segments_hold_their_own_step_and_load_the_whole_context():
     root = p.segment(0, 0, 5, None)
     fill(p, 0, 5, 9, 50.0)  # a step: positions 5-8
     child = p.segment(0, 5, 9, root)
-    assert child.layers[0][0].shape == (2, 4, 2) and child.length == 9  # only its own 4 tokens
-    for layer, (k, v) in enumerate(child.layers):
+    assert child.kv[KEYS, 0].shape == (2, 4, 2) and child.length == 9  # only its own 4 tokens
+    for layer, (k, v) in enumerate(zip(child.kv[KEYS], child.kv[VALUES], strict=True)):
         assert torch.equal(k, content(KEYS, layer, 5, 9, 50.0)) and torch.equal(v, content(VALUES, layer, 5, 9, 50.0))
     assert [(s.start, n) for s, n in child.pieces()] == [(0, 5), (5, 4)]
     assert p.load(1, child) == 9

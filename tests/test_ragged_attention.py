@@ -90,8 +90,8 @@ def test_the_engine_samples_the_same_with_packed_prefill():
 
 def test_flash_applies_only_to_half_precision_on_a_gpu():
     model, _ = load_model("tiny-random", seed=0)
-    assert not flash_varlen_applies(model)
-    assert not flash_varlen_applies(model.to(torch.bfloat16))  # the CPU
+    assert not flash_varlen_applies(model, 32)
+    assert not flash_varlen_applies(model.to(torch.bfloat16), 32)  # the CPU
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="flash-attention needs a GPU")
