@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import gymnasium as gym
@@ -77,6 +77,18 @@ def train_branch_questions(env: gym.Env, data_dir: Path) -> list[SynthQuestion]:
     """The train questions of a SynthBranch env serving ``data_dir``, in its order, each with its wrong route
     (``decoy``: the other person's) and the role it asks about."""
     return branch_questions(data_dir, "train", [r.question for r in env.unwrapped.records])
+
+
+def premature_questions(order: Sequence[int], share: float, paths: Sequence[tuple[str, ...] | None],
+                        template_shares: Mapping[tuple[str, ...], float]) -> set[int]:
+    """The questions whose oracle answers one hop short, drawn from the end of ``order`` (a seeded permutation of
+    the question indices, whose start draws the unanswered ones): those of each template in ``template_shares``
+    (``paths[i]``, question i's relation path) that template's share of them, the others ``share`` of the others."""
+    groups: dict[tuple[str, ...] | None, list[int]] = {}
+    for i in reversed(order):
+        groups.setdefault(paths[i] if paths[i] in template_shares else None, []).append(i)
+    return {i for path, members in groups.items()
+            for i in members[: round((share if path is None else template_shares[path]) * len(members))]}
 
 
 def misrouted_questions(questions: Sequence[SynthQuestion], share: float, role: str | None,

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import hashlib
 import json
 import os
 from collections.abc import Sequence
@@ -44,17 +45,20 @@ import torch
 import envs
 from envs.cache import WARM_START_LOCK, WARM_START_STAGING, WARM_STARTS_DIR, default_cache_dir
 from envs.datasets import resolve_data_dir
-from envs.synthetic import BRANCH_ROLES, SPECS, BranchSpec, WorldSpec, world_data_dir
+from envs.synthetic import BRANCH_ROLES, SPECS, TEMPLATES, BranchSpec, WorldSpec, question_path, world_data_dir
 from experiments.evaluate import chains_in_batches, evaluate_env
 from experiments.oracle_trajectories import (
     misrouted_questions,
     oracle_data_dirs,
     oracle_trajectory,
+    premature_questions,
     train_branch_questions,
 )
 from experiments.sft import SoftmaxVocabulary, TokenWeights, train
 from policies.generation import SamplingSettings, end_of_turn_ids
 from policies.generators import step_generator
+
+MAX_KEY_LENGTH = 200  # a warm start's cache key, in characters (``warm_start_key``)
 
 
 def build_model(args: argparse.Namespace):
@@ -87,6 +91,15 @@ def greedy_results(model, tokenizer, args: argparse.Namespace, env: gym.Env, que
     return chains_in_batches(env, generator, tokenizer, questions, batch_size=32)
 
 
+def warm_start_key(readable: str, limit: int = MAX_KEY_LENGTH) -> str:
+    """A warm start's cache key: ``readable`` (the world, top-k and recipe), or where that is longer than ``limit``
+    (file names end at 255 bytes, with the lock's and staging's suffixes), its start and a hash of the whole."""
+    if len(readable) <= limit:
+        return readable
+    digest = hashlib.sha256(readable.encode()).hexdigest()[:16]
+    return f"{readable[:limit - len(digest) - 1]}-{digest}"
+
+
 def cached_warm_start(world: WorldSpec | BranchSpec, recipe: Sequence[str], *, topk: int,
                       cache_dir: str | os.PathLike | None = None, continues: Sequence[str] | None = None) -> Path:
     """The model directory of the warm start of ``recipe`` (this script's options: model, extra worlds, epochs,
@@ -106,7 +119,8 @@ def cached_warm_start(world: WorldSpec | BranchSpec, recipe: Sequence[str], *, t
             raise ValueError(f"a recipe that continues another takes that one's model, not its own --model: {recipe}")
         start = ["--model", str(cached_warm_start(world, continues, topk=topk, cache_dir=cache_dir))]
         stages = [continues, recipe]
-    key = f"{world.key}-topk{topk}-" + "-then-".join("-".join(stage).replace("--", "") for stage in stages)
+    key = warm_start_key(f"{world.key}-topk{topk}-" + "-then-".join("-".join(stage).replace("--", "")
+                                                                    for stage in stages))
     model = cache_dir / WARM_STARTS_DIR / key / "model"
     model.parent.parent.mkdir(parents=True, exist_ok=True)
     with open(model.parent.parent / f"{key}{WARM_START_LOCK}", "w") as lock:
@@ -158,6 +172,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--premature", type=float, default=0.0,
                    help="share of multi-hop oracle trajectories that answer after the first search with the entity "
                         "it found (a start policy that sometimes stops one hop short)")
+    p.add_argument("--premature-template", action="append", default=[], metavar="PATH=SHARE",
+                   help="SynthHop-v0: the --premature share of one multi-hop question template's trajectories, the "
+                        "template named by its relation path, e.g. born_in.country=0.8 (repeatable; the other "
+                        "templates keep --premature): a start whose choice after the first search follows the "
+                        "template, so that greedy decoding answers one hop short on some templates and searches again "
+                        "on the others, whatever the seed, while sampling does both")
     p.add_argument("--misroute", type=float, default=0.0,
                    help="SynthBranch-v0: share of oracle trajectories that follow the wrong person after the first "
                         "search (the chair for a founder question, and the other way round) to a wrong answer in "
@@ -245,11 +265,42 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--extra-epochs needs --check-questions (the extra epochs run while the check fails)")
     if args.extra_lr is not None and not args.extra_epochs:
         p.error("--extra-lr needs --extra-epochs (it is their learning rate)")
+    try:
+        template_shares(args.premature_template)
+    except ValueError as error:
+        p.error(f"--premature-template: {error}")
+    if args.premature_template and args.env != "SynthHop-v0":
+        p.error(f"--premature-template needs --env SynthHop-v0 (the env whose questions TEMPLATES asks), got --env "
+                f"{args.env}")
     if args.misroute_role and not args.misroute:
         p.error("--misroute-role needs --misroute (the share of those questions to misroute)")
     if args.misroute and args.env != "SynthBranch-v0":
         p.error(f"--misroute needs --env SynthBranch-v0 (the env with a wrong route to follow), got --env {args.env}")
     return args
+
+
+def template_shares(options: Sequence[str]) -> dict[tuple[str, ...], float]:
+    """``--premature-template`` values (``PATH=SHARE``, PATH a multi-hop template's relations joined by dots) as
+    relation path -> share; a malformed value, an unknown path, a share outside [0, 1] or a path given twice is a
+    ValueError naming it."""
+    known = {path for _, path, _ in TEMPLATES if len(path) > 1}
+    shares: dict[tuple[str, ...], float] = {}
+    for option in options:
+        name, equals, value = option.partition("=")
+        path = tuple(name.split("."))
+        if not equals or path not in known:
+            raise ValueError(f"{option!r} is not PATH=SHARE with PATH one of the multi-hop templates' relation paths "
+                             f"{sorted('.'.join(known_path) for known_path in known)}")
+        try:
+            share = float(value)
+        except ValueError:
+            raise ValueError(f"{option!r}: the share {value!r} is not a number") from None
+        if not 0.0 <= share <= 1.0:
+            raise ValueError(f"{option!r}: the share must be in [0, 1]")
+        if path in shares:
+            raise ValueError(f"{option!r}: the template {name} is given twice")
+        shares[path] = share
+    return shares
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -268,7 +319,8 @@ def main(argv: list[str] | None = None) -> Path:
         order = np.random.default_rng(args.seed).permutation(count).tolist()
         unanswered = set(order[: round(args.unanswered * count)])
         # drawn from the other end of the permutation, so the two kinds overlap only when their shares sum past 1
-        premature = set(order[::-1][: round(args.premature * count)])
+        paths = [question_path(record.question) for record in env.unwrapped.records[:count]]
+        premature = premature_questions(order, args.premature, paths, template_shares(args.premature_template))
         # a draw of its own: a misrouted trajectory may also be unanswered or premature, as the shares say
         questions = train_branch_questions(env, data_dir)[:count] if args.misroute else []
         misrouted = misrouted_questions(questions, args.misroute, args.misroute_role, args.seed)

@@ -19,6 +19,7 @@ from envs.synthetic import (
     BranchSpec,
     World,
     WorldSpec,
+    question_path,
     read_spec,
     write_world,
 )
@@ -83,6 +84,18 @@ def test_every_template_asks_about_every_entity_of_its_kind():
                  and world.entities.get(q[len(head):len(q) - len(tail)], None) is not None]
         assert len(asked) >= kinds[kind], template
     assert len(questions) == sum(kinds[kind] for kind, _, _ in TEMPLATES)
+
+
+def test_question_path_names_the_relations_each_question_asks_along():
+    world = World(WorldSpec(**SMALL))
+    questions = [q for qs in world.all_questions().values() for q in qs]
+    # following the path found from the question's first entity gives the question's answer and chain: the longest
+    # template wins ("In which country was the founder of X born?" is not "In which country was {} born?")
+    for q in questions:
+        assert world.answer(q.chain[0], question_path(q.question)) == (q.answer, q.chain), q.question
+    assert {question_path(q.question) for q in questions} == {path for _, path, _ in TEMPLATES}
+    assert question_path("What is the capital of Veldra?") is None
+    assert question_path("Who founded ?") is None  # a template's words around no name
 
 
 @pytest.mark.parametrize("split", ["train", "dev"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import threading
 import time
 from dataclasses import replace
@@ -22,6 +23,7 @@ from experiments.oracle_trajectories import (
     misrouted_questions,
     oracle_data_dirs,
     oracle_trajectory,
+    premature_questions,
     train_branch_questions,
 )
 from experiments.sft import (
@@ -33,7 +35,7 @@ from experiments.sft import (
     sft_loss,
     train,
 )
-from experiments.warmstart import cached_warm_start, parse_args
+from experiments.warmstart import cached_warm_start, parse_args, template_shares, warm_start_key
 from experiments.warmstart import main as warmstart_main
 from policies.generation import observation_ids, prompt_ids
 from policies.models import build_tiny_random, load_model
@@ -86,6 +88,54 @@ def test_a_premature_oracle_answers_a_multi_hop_question_with_its_first_bridge(s
     # a one-hop question has no hop to skip: the same trajectory as the full oracle's
     assert oracle_trajectory(env, tokenizer, one_hop, 3, tokenizer.eos_token_id, premature=True) == \
         oracle_trajectory(env, tokenizer, one_hop, 3, tokenizer.eos_token_id)
+
+
+def test_premature_questions_are_drawn_from_the_permutations_end_by_template():
+    order = [3, 0, 5, 1, 4, 2, 6, 7]
+    a, b = ("founder", "born_in"), ("spouse", "born_in")
+    paths = [a, b, a, b, ("spouse",), a, None, b]
+    # no template share: the last round(0.5 * 8) = 4 of the permutation, reversed: 7, 6, 2, 4
+    assert premature_questions(order, 0.5, paths, {}) == {7, 6, 2, 4}
+    # template a (questions 0, 2, 5; reversed order 2, 5, 0) at 2/3 -> 2, 5; the other five (reversed 7, 6, 4, 1, 3)
+    # at 0.4 -> 7, 6
+    assert premature_questions(order, 0.4, paths, {a: 2 / 3}) == {2, 5, 7, 6}
+    # template b at 1 and a at 0: all of b (1, 3, 7), none of a, the rest (reversed 6, 4) at 0.5 -> 6
+    assert premature_questions(order, 0.5, paths, {a: 0.0, b: 1.0}) == {1, 3, 7, 6}
+
+
+def test_template_shares_parse_the_option_and_name_what_is_wrong(capsys):
+    assert template_shares(["founder.born_in=0.8", "spouse.born_in=0"]) == {("founder", "born_in"): 0.8,
+                                                                           ("spouse", "born_in"): 0.0}
+    for bad, message in ((["born_in=0.5"], "multi-hop templates' relation paths"),
+                         (["founder.born_in"], "is not PATH=SHARE"), (["founder.born_in=x"], "is not a number"),
+                         (["founder.born_in=1.5"], "must be in [0, 1]"),
+                         (["founder.born_in=0.2", "founder.born_in=0.3"], "given twice")):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            template_shares(bad)
+    with pytest.raises(SystemExit):
+        parse_args(["--premature-template", "founder.born_in=2"])
+    with pytest.raises(SystemExit):
+        parse_args(["--env", "SynthBranch-v0", "--premature-template", "founder.born_in=0.5"])
+    err = capsys.readouterr().err
+    assert "--premature-template: 'founder.born_in=2': the share must be in [0, 1]" in err
+    assert "--premature-template needs --env SynthHop-v0" in err
+
+
+def test_a_template_share_makes_the_oracle_answer_one_hop_short_on_that_template_only(setup, tmp_path, monkeypatch):
+    trained = []
+    monkeypatch.setattr(warmstart_module, "train", lambda model, data, **_: trained.extend(data) or
+                        {"loss": [], "check": []})
+    env, tokenizer, root = setup
+    warmstart_main(["--data-dir", str(root), "--hidden-size", "32", "--layers", "1", "--heads", "2", "--epochs", "1",
+                    "--dev-questions", "0", "--premature", "0", "--premature-template", "founder.born_in=1",
+                    "--output", str(tmp_path / "warm")])
+    records = env.unwrapped.records
+    assert len(trained) == len(records)
+    for record, (ids, generated) in zip(records, trained, strict=True):
+        text = tokenizer.decode([i for i, g in zip(ids, generated, strict=True) if g])
+        short = text.count("<search>") < len(record.supporting_titles)
+        assert short == record.question.startswith("In which city was the founder of"), record.question
+    assert any(r.question.startswith("In which city was the founder of") for r in records)
 
 
 @pytest.fixture(scope="module")
@@ -500,13 +550,18 @@ def test_warmstart_without_dev_questions_prints_no_dev_line(setup, tmp_path, cap
     assert summary["dev_before"] is None and summary["dev_after"] is None
 
 
+def write_empty_model(argv: list[str]) -> None:
+    """A stand-in for the warm start's training: an empty model directory under its ``--output``."""
+    model = Path(argv[argv.index("--output") + 1]) / "model"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+
+
 def test_a_cached_warm_start_trains_once_per_world_topk_and_recipe(tmp_path, monkeypatch, capsys):
     trained = []
 
     def fake_warmstart(argv: list[str]) -> None:
-        output = argv[argv.index("--output") + 1]
-        (Path(output) / "model").mkdir(parents=True)
-        (Path(output) / "model" / "config.json").write_text("{}")
+        write_empty_model(argv)
         trained.append(" ".join(argv))
 
     monkeypatch.setattr(warmstart_module, "main", fake_warmstart)
@@ -524,13 +579,24 @@ def test_a_cached_warm_start_trains_once_per_world_topk_and_recipe(tmp_path, mon
     assert not list((tmp_path / "warm_starts").glob("*.partial"))  # staging directories are published
 
 
+def test_a_long_recipe_gets_a_key_that_fits_a_file_name_and_still_names_it_alone(tmp_path, monkeypatch):
+    assert warm_start_key("abc-topk1-epochs-8", limit=20) == "abc-topk1-epochs-8"  # short keys as they were
+    long_a, long_b = "w-topk1-" + "x" * 40 + "-seed-0", "w-topk1-" + "x" * 40 + "-seed-1"
+    key_a, key_b = warm_start_key(long_a, limit=30), warm_start_key(long_b, limit=30)
+    assert len(key_a) == len(key_b) == 30 and key_a.startswith("w-topk1-xxx") and key_a != key_b
+    monkeypatch.setattr(warmstart_module, "main", write_empty_model)
+    paths = ("founder.born_in", "spouse.born_in", "based_in.country", "born_in.country")
+    recipe = (*(option for path in paths for option in ("--premature-template", f"{path}=0.8")), "--seed", "0")
+    model = cached_warm_start(WORLD, recipe, topk=1, cache_dir=tmp_path)  # 300 characters of recipe
+    assert (model / "config.json").is_file() and len(model.parent.name) <= 200
+    assert cached_warm_start(WORLD, (*recipe[:-1], "1"), topk=1, cache_dir=tmp_path) != model
+
+
 def test_a_warm_start_in_stages_trains_on_from_the_cached_start_it_continues(tmp_path, monkeypatch):
     trained = []
 
     def fake_warmstart(argv: list[str]) -> None:
-        output = argv[argv.index("--output") + 1]
-        (Path(output) / "model").mkdir(parents=True)
-        (Path(output) / "model" / "config.json").write_text("{}")
+        write_empty_model(argv)
         trained.append(argv)
 
     monkeypatch.setattr(warmstart_module, "main", fake_warmstart)

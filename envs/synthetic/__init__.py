@@ -41,12 +41,13 @@ from envs.synthetic.world import (
     SynthQuestion,
     World,
     WorldSpec,
+    question_path,
     spec_from_fields,
 )
 
 __all__ = [
     "BRANCH_ROLES", "BRANCH_TAILS", "COMPANY_KINDS", "COMPANY_PASSAGES", "COMPANY_WORDS", "GIVEN_NAMES", "OCCUPATIONS",
     "PERSON_NAMES", "SPECS", "SYLLABLES", "TEMPLATES", "BranchSpec", "BranchWorld", "Entity", "SynthQuestion", "World",
-    "WorldSpec", "branch_questions", "main", "make_synthbranch_env", "make_synthhop_env", "read_spec",
-    "spec_from_fields", "world_data_dir", "world_dir", "write_world",
+    "WorldSpec", "branch_questions", "main", "make_synthbranch_env", "make_synthhop_env", "question_path",
+    "read_spec", "spec_from_fields", "world_data_dir", "world_dir", "write_world",
 ]

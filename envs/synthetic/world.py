@@ -39,6 +39,16 @@ TEMPLATES: tuple[tuple[str, tuple[str, ...], str], ...] = (
 )
 
 
+def question_path(question: str) -> tuple[str, ...] | None:
+    """The relation path of the ``TEMPLATES`` entry that asks ``question`` (the longest template that matches, so
+    "the founder of X" is not read as the name of a person), None when no template asks it."""
+    for _, path, template in sorted(TEMPLATES, key=lambda entry: -len(entry[2])):
+        prefix, suffix = template.split("{}")
+        if question.startswith(prefix) and question.endswith(suffix) and len(question) > len(prefix) + len(suffix):
+            return path
+    return None
+
+
 PERSON_NAMES = ("syllables", "given")  # the ways a world names its people (``_WorldSizes.names``)
 COMPANY_PASSAGES = ("prose", "roles")  # how a SynthBranch company's passage states its people (``BranchSpec``)
 # Fields left out of a world's cache key at these values, so worlds cached before the field existed keep their key
