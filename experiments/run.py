@@ -227,6 +227,12 @@ def budget_spent(algo, token_budget: int | None) -> bool:
     return token_budget is not None and algo.tokens_generated_total >= token_budget
 
 
+def saturated(algo, stop_after_uniform: int | None) -> bool:
+    """Whether the last ``stop_after_uniform`` iterations each rewarded every prompt's leaves alike (never, without
+    the option). Checked between iterations, as the token budget is."""
+    return stop_after_uniform is not None and algo.uniform_streak >= stop_after_uniform
+
+
 def train(run: RunPlan) -> tuple[Path | None, int]:
     """Run the plan; (the newest checkpoint, the exit status: 0, or 130 / 143 after SIGINT / SIGTERM)."""
     import ray
@@ -251,7 +257,8 @@ def train(run: RunPlan) -> tuple[Path | None, int]:
     end = algo.iteration + settings.iterations
     with GracefulStop(can_interrupt=lambda: not algo.mid_update) as stop:
         try:
-            while algo.iteration < end and not budget_spent(algo, settings.token_budget):
+            while (algo.iteration < end and not budget_spent(algo, settings.token_budget)
+                   and not saturated(algo, settings.stop_after_uniform)):
                 algo.train()
                 print(progress_line(tracker.last_row, end), flush=True)
                 if settings.checkpoint_every and algo.iteration % settings.checkpoint_every == 0:
@@ -260,6 +267,10 @@ def train(run: RunPlan) -> tuple[Path | None, int]:
             if budget_spent(algo, settings.token_budget):
                 print(f"token budget reached: {algo.tokens_generated_total:,} tokens generated (--token-budget "
                       f"{settings.token_budget:,})", file=sys.stderr)
+            if saturated(algo, settings.stop_after_uniform):
+                print(f"stopping: every prompt's leaves were rewarded alike in the last {algo.uniform_streak} "
+                      f"iterations (--stop-after-uniform {settings.stop_after_uniform}): nothing left to learn from "
+                      f"the prompts drawn", file=sys.stderr)
             if settings.final_eval:
                 for path in final_evaluation(algo, settings, output):
                     tracker.mlflow.log_artifact(path, "eval")

@@ -143,6 +143,12 @@ class RunSettings(TreeGRPOSettings):
                                 "run ends as after its last iteration (checkpoint, final evaluation); --iterations "
                                 "still caps the invocation, and the lr warm-up's default share counts its steps: "
                                 "with a budget, give --warmup-steps (default: no budget)")
+    stop_after_uniform: int | None = Field(
+        None, ge=1, description="end the run after this many iterations in a row in which every prompt's leaves were "
+                                "rewarded alike (uniform_streak; its earlier invocations count): every advantage is "
+                                "then 0, the KL and entropy terms alone move the weights, and a run that has solved "
+                                "its prompts drifts (docs/training.md, \"A run that has solved its prompts\"); ends "
+                                "as after its last iteration (checkpoint, final evaluation; default: never)")
     output: str = Field("outputs/run", description="the run's directory (must not hold another run)")
     checkpoint_every: int = Field(10, ge=0, description="checkpoint every k iterations (0: only at the end); "
                                                         "always at the end and on SIGINT / SIGTERM")
@@ -248,7 +254,7 @@ def help_sections() -> dict[str, str]:
 # evaluates and where it is placed (a run resumed on another machine), never what it learns. Every other option
 # is part of the experiment (see ``resume_conflicts``).
 MAY_CHANGE_ON_RESUME = frozenset({
-    "iterations", "token_budget", "checkpoint_every", "keep_checkpoints", "eval_every", "eval_questions", "final_eval",
+    "iterations", "token_budget", "stop_after_uniform", "checkpoint_every", "keep_checkpoints", "eval_every", "eval_questions", "final_eval",
     "eval_envs", "mlflow", "mlflow_uri", "experiment", "run_name", "log_rollout_steps", "trees_every", "trees_count",
     "data_dir", "ray_dashboard", "ray_address", "memory_check", "env_runner_resources", "num_cpus_per_env_runner",
     "num_gpus_per_env_runner", "num_cpus_per_learner", "num_gpus_per_learner",

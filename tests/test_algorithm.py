@@ -195,6 +195,20 @@ def test_resume_in_a_new_process(ray_session, data_dir, tmp_path):
     assert [r["iteration"] for r in rows] == [1, 2]
 
 
+def test_a_run_stops_after_uniform_iterations_in_a_row_and_a_resume_counts_on(ray_session, data_dir, tmp_path,
+                                                                             monkeypatch, capsys):
+    alike = iter([True, False, True, True, True])
+    monkeypatch.setattr(algorithm_module, "rewarded_alike", lambda records: next(alike))
+    main([*FAST, "--iterations", "6", "--stop-after-uniform", "2", "--no-mlflow", "--output", str(tmp_path)])
+    # an iteration with a signal resets the streak; the second uniform iteration in a row ends the run
+    assert [row["uniform_streak"] for row in read_rows(tmp_path / "metrics.jsonl")] == [1, 0, 1, 2]
+    assert "rewarded alike in the last 2 iterations (--stop-after-uniform 2)" in capsys.readouterr().err
+    main([*FAST, "--iterations", "6", "--stop-after-uniform", "3", "--no-mlflow", "--output", str(tmp_path),
+          "--resume", str(tmp_path / "checkpoints" / "latest")])
+    # the streak came back with the checkpoint: one more uniform iteration makes 3
+    assert [row["uniform_streak"] for row in read_rows(tmp_path / "metrics.jsonl")] == [1, 0, 1, 2, 3]
+
+
 def test_an_iteration_whose_leaves_are_rewarded_alike_skips_the_update(ray_session, data_dir, tmp_path):
     """tiny-random earns nothing: every advantage is 0, so the update is skipped, counted, and the weights stay."""
     main([*FAST, "--iterations", "2", "--skip-uniform-rewards", "--no-mlflow", "--output", str(tmp_path)])

@@ -122,7 +122,12 @@ class TreeGRPO(Algorithm):
 
         advantages = prompt_advantages(records, mode=self.config.advantage_mode)
         self.exported_trees = annotated_trees(results, advantages, trees_count) if export else []
-        skip = self.config.skip_uniform_rewards and rewarded_alike(records)
+        alike = rewarded_alike(records)
+        # kept as a lifetime sum of steps (+1, or back to 0), checkpointed with the algorithm's metrics, so that a
+        # resumed run counts on (a window-1 value is cleared between iterations)
+        self.metrics.log_value(metric_keys.UNIFORM_STREAK, 1 if alike else -self.uniform_streak,
+                               reduce="lifetime_sum")
+        skip = self.config.skip_uniform_rewards and alike
         self.metrics.log_value(metric_keys.UPDATE_SKIPPED, int(skip), window=1)
         self.metrics.log_value(metric_keys.UPDATES_SKIPPED_TOTAL, int(skip), reduce="lifetime_sum")
         self.metrics.log_value(metric_keys.PROMPTS, len(prompts), reduce="sum")
@@ -232,6 +237,12 @@ class TreeGRPO(Algorithm):
     def tokens_generated_total(self) -> int:
         """Tokens the run has generated so far (its iterations before a resume included)."""
         return round(self.metrics.peek(metric_keys.TOKENS_GENERATED_TOTAL, default=0))
+
+    @property
+    def uniform_streak(self) -> int:
+        """Iterations in a row, the last one last, in which every prompt's leaves were rewarded alike (every
+        advantage 0): how long the run has had nothing to learn from the prompts it drew."""
+        return round(self.metrics.peek(metric_keys.UNIFORM_STREAK, default=0))
 
     def greedy_eval(self, split: str, num_questions: int, env_id: str | None = None) -> dict[str, float]:
         """Greedy single-chain evaluation on the first ``num_questions`` of ``split`` of ``env_id`` (default: the
