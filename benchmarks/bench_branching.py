@@ -12,6 +12,7 @@ the protocol (comparisons, metric, sizes, decision rule) is docs/protocol_branch
     # other designs (docs/protocol_branching.md), each into its own output and docs section:
     python benchmarks/bench_branching.py --pilot --resume --top-p 1.0               # rollouts without the nucleus cut
     python benchmarks/bench_branching.py --pilot --resume --entropy-coef 0.01       # a larger entropy bonus
+    python benchmarks/bench_branching.py --pilot --resume --stop-after-uniform 3    # runs end once saturated
     python benchmarks/bench_branching.py --pilot --resume --start-misroute 0.85 --start-misroute-role chair
                                                                     # a start misrouting only the chair questions
     # the benchmark as docs/protocol_branching.md declares it, with a constant lr (--lr and --warmup-steps away

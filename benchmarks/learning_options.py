@@ -13,7 +13,8 @@ from benchmarks.learning_testbed import Testbed
 from policies.generation import SamplingSettings
 
 # benchmark option -> (run.py's option, what it is): design choices a benchmark can set for every setting
-DESIGN_OPTIONS = {"top_p": ("--top-p", "rollouts' top-p"), "entropy_coef": ("--entropy-coef", "entropy bonus")}
+DESIGN_OPTIONS = {"top_p": ("--top-p", "rollouts' top-p"), "entropy_coef": ("--entropy-coef", "entropy bonus"),
+                  "stop_after_uniform": ("--stop-after-uniform", "stop after uniform iterations")}
 # the same for the options every run is given (run_options): a design choice where set away from the benchmark's
 # default, which the parser records in ``schedule_defaults``
 SCHEDULE_OPTIONS = {"lr": ("--lr", "lr"), "warmup_steps": ("--warmup-steps", "warm-up steps")}
@@ -47,6 +48,9 @@ def add_run_options(p: argparse.ArgumentParser, settings: list[str], *, seeds: l
     p.add_argument("--entropy-coef", type=non_negative_float, default=None,
                    help=f"entropy bonus of the update, the same for every setting (default: run.py's, "
                         f"{TreeGRPOSettings.model_fields['entropy_coef'].default})")
+    p.add_argument("--stop-after-uniform", type=positive_int, default=None,
+                   help="end each run after this many iterations in a row whose prompts' leaves were each rewarded "
+                        "alike (run.py's guard against the drift of a run that has solved its prompts; default: off)")
     p.add_argument("--delta", type=float, default=DELTA,
                    help="the EM difference the power analysis sizes the benchmark for (seeds needed at 80%% power)")
     p.add_argument("--output", default=None,
@@ -63,6 +67,14 @@ def non_negative_int(text: str) -> int:
     value = int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
 
 

@@ -391,7 +391,7 @@ def test_branching_settings_share_one_token_budget_and_the_pilot_its_own_sizes(c
     assert bench_branching.parse_args(["--warmup-steps", "0"]).warmup_steps == 0
     for bad in (["--token-budget", "0"], ["--chain-group-size", "0"], ["--eval-questions", "301"],
                 ["--warmup-steps", "-1"], ["--top-p", "0"], ["--top-p", "1.5"], ["--entropy-coef", "-0.1"],
-                ["--start-misroute", "1.2"], ["--start-misroute-role", "ceo"]):
+                ["--start-misroute", "1.2"], ["--start-misroute-role", "ceo"], ["--stop-after-uniform", "0"]):
         with pytest.raises(SystemExit):
             bench_branching.parse_args(bad)
     assert "--top-p: must be in (0, 1], got 1.5" in capsys.readouterr().err
@@ -416,6 +416,13 @@ def test_a_branching_design_trains_every_setting_with_its_choices_into_its_own_o
         options = learning_runs.run_options(bench_branching.testbed(both), setting, 0, "warm", both, tmp_path)
         planned = experiments.run.plan([*options[:options.index("--output")], "--output", str(tmp_path / "run")])
         assert (planned.settings.top_p, planned.settings.entropy_coef) == (1.0, 0.01)  # run.py reads them
+    guarded = bench_branching.parse_args(["--pilot", "--stop-after-uniform", "3"])
+    assert (bench_branching.testbed(guarded).name, guarded.output) == (
+        "branching-pilot-stop-after-uniform-3", "outputs/bench_branching_pilot_stop_after_uniform_3")
+    options = learning_runs.run_options(bench_branching.testbed(guarded), bench_branching.UNIFORM, 0, "warm", guarded,
+                                        tmp_path)
+    planned = experiments.run.plan([*options[:options.index("--output")], "--output", str(tmp_path / "run")])
+    assert planned.settings.stop_after_uniform == 3
     # a start of its own: the second warm-start stage's misrouting, named in the outputs; the first design's start
     # and names without the options
     assert bench_branching.warm_start_recipe(default) == bench_branching.WARM_START
