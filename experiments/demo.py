@@ -16,14 +16,12 @@ often answers one hop short. When a start has learnt to copy names depends on th
 seed, the CPU, the thread count): so after its schedule the warm start answers 100 held-out one-search questions of
 another world it trained on, and trains on (at most two more epochs, at 0.3 of the peak rate) while fewer than
 ``CHECK_EM`` of them come out right. The demo says whether the start landed in its bands: held-out exact match in
-``START_BAND``, the share answered one hop short in ``SHORT_BAND``. Before using a start, the demo checks it on the
-held-out questions of another world it trained on (``CHECK_WORLD``), and sets aside a start that answers too few
-of them or too many one hop short for the warm start of the next candidate seed (at most ``MAX_STARTS``). The
-world and the warm starts are built on the first run and cached (``$TREEGRPO_CACHE_DIR``, default
-``~/.cache/tree-grpo``), so a second run starts training at once. Then Tree-GRPO, (M, N, L) = (2, 2, 1), 8 prompts
-per iteration, the paper's update (PPO mini-batches, warm-up). Sibling leaves that branch after the same first
-search, one answering and one searching again, earn different rewards: the step-level signal the trees give. (Chain
-GRPO learns the second search as well on this task: docs/benchmarks.md, "Learning: tree vs chain".)
+``START_BAND``, the share answered one hop short in ``SHORT_BAND``. The world and the warm start are built on the
+first run and cached (``$TREEGRPO_CACHE_DIR``, default ``~/.cache/tree-grpo``), so a second run starts training at
+once. Then Tree-GRPO, (M, N, L) = (2, 2, 1), 8 prompts per iteration, the paper's update (PPO mini-batches,
+warm-up). Sibling leaves that branch after the same first search, one answering and one searching again, earn
+different rewards: the step-level signal the trees give. (Chain GRPO learns the second search as well on this task:
+docs/benchmarks.md, "Learning: tree vs chain".)
 
 Before, halfway and after, the same held-out questions are answered greedily; the summary gives each metric's mean
 with its 95% interval and the paired change (per question) with its interval, the failure mix, the tokens
@@ -40,11 +38,9 @@ import json
 import os
 import shutil
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from algos.evaluation import ANSWERED_EARLY, failure_mix, mean_results, occurring_failures
 from algos.tree_grpo import metrics as metric_keys
@@ -74,17 +70,6 @@ START_BAND = (0.45, 0.80)
 # quarter by design (half the 2-hop questions, which are half of them); stated after the first protocol's runs, which
 # ranged from 10% to 47% (docs/benchmarks.md)
 SHORT_BAND = (0.15, 0.40)
-# Where a start lands is set by its seed (docs/benchmarks.md, "The demo across seeds"), so the demo checks it before
-# using it, on the held-out questions of CHECK_WORLD, the warm start's first extra world (trained as the demo world
-# is, held out as the demo's questions are; not the demo's own held-out questions): a start whose exact match there
-# is below START_CHECK_EM, or whose share answered one hop short is outside START_CHECK_SHORT_BAND, is set aside and
-# the warm start of the next candidate seed (+ CANDIDATE_SEED_STRIDE) trained, up to MAX_STARTS. The bounds separate
-# the 9 starts of this recipe measured before (docs/benchmarks.md, "The demo across seeds, protocol 5").
-CHECK_WORLD = replace(WORLD, seed=WORLD.seed + 1)
-START_CHECK_EM = 0.40
-START_CHECK_SHORT_BAND = (0.10, 0.35)
-MAX_STARTS = 3
-CANDIDATE_SEED_STRIDE = 1000
 HELD_OUT_CURVE = "held_out_curve.png"
 SUMMARY_METRICS = {"em": "exact match", "answered": "answer rate", "reward": "reward", "tool_calls": "tool calls"}
 
@@ -94,41 +79,6 @@ def recipe_with_seed(recipe: Sequence[str], seed: int) -> tuple[str, ...]:
     options = list(recipe)
     options[options.index("--seed") + 1] = str(seed)
     return tuple(options)
-
-
-@dataclass(frozen=True)
-class StartCheck:
-    """One candidate start's check on ``CHECK_WORLD``'s held-out questions."""
-
-    seed: int
-    em: float
-    short: float
-
-    @property
-    def passed(self) -> bool:
-        return self.em >= START_CHECK_EM and START_CHECK_SHORT_BAND[0] <= self.short <= START_CHECK_SHORT_BAND[1]
-
-    def __str__(self) -> str:
-        return (f"warm start seed {self.seed}: check {'passed' if self.passed else 'FAILED'} (held-out exact match "
-                f"{self.em:.3f} on another world, >= {START_CHECK_EM:.2f} asked; {self.short:.0%} answered one hop "
-                f"short, [{START_CHECK_SHORT_BAND[0]:.0%}, {START_CHECK_SHORT_BAND[1]:.0%}] asked)")
-
-
-def select_start(start_seed: int, cache_dir: Path) -> tuple[Path, list[StartCheck]]:
-    """The first candidate warm start (seeds ``start_seed``, then on by ``CANDIDATE_SEED_STRIDE``) whose check on
-    ``CHECK_WORLD`` passes, trained and cached as needed, and every check made; the last candidate when none of
-    ``MAX_STARTS`` passes."""
-    checks: list[StartCheck] = []
-    for candidate in range(MAX_STARTS):
-        seed = start_seed + candidate * CANDIDATE_SEED_STRIDE
-        model = cached_warm_start(WORLD, recipe_with_seed(WARM_START, seed), topk=TOPK, cache_dir=cache_dir)
-        rows = world_held_out(model, world_data_dir(CHECK_WORLD, cache_dir), CHECK_WORLD.dev_questions,
-                              MAX_STEP_TOKENS, TOPK)
-        checks.append(StartCheck(seed, float(np.mean([row["em"] for row in rows])), short_share(rows)))
-        print(checks[-1], flush=True)
-        if checks[-1].passed:
-            break
-    return model, checks
 
 
 def compare(before: Sequence[Mapping[str, float]], after: Sequence[Mapping[str, float]]) -> dict[str, Any]:
@@ -179,8 +129,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=2e-4)
     p.add_argument("--seed", type=int, default=0, help="the training run's seed")
     p.add_argument("--start-seed", type=int, default=0,
-                   help="the warm start's seed (each seed's start is trained once and cached; a start that fails its "
-                        "check is followed by the next candidate's, seed + CANDIDATE_SEED_STRIDE)")
+                   help="the warm start's seed (each seed's start is trained once and cached)")
     p.add_argument("--curve-every", type=int, default=None,
                    help="held-out exact match every this many iterations for the learning curve (default: half the "
                         "iterations; before and after always)")
@@ -246,13 +195,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     cache_dir = default_cache_dir()
     data_dir = world_data_dir(WORLD, cache_dir)
-    model, checks = select_start(args.start_seed, cache_dir)
+    model = cached_warm_start(WORLD, recipe_with_seed(WARM_START, args.start_seed), topk=TOPK, cache_dir=cache_dir)
     print(f"held-out questions: evaluating the start policy on {args.questions} ...", flush=True)
     before = world_held_out(model, data_dir, args.questions, MAX_STEP_TOKENS, TOPK)
     start_text = band_text(mean_interval([row["em"] for row in before]), short_share(before))
-    if not checks[-1].passed:
-        start_text += (f" None of the {MAX_STARTS} candidate warm starts passed its check; the demo goes on from the "
-                       f"last (seed {checks[-1].seed}).")
     print(start_text, flush=True)
     output = Path(args.output).resolve()
     if (output / "demo.json").exists() or (output / METRICS_FILE).exists():
@@ -279,7 +225,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     text = summary_text(comparison, output, rows, (time.perf_counter() - start) / 60)
     text = start_text + "\n\n" + text
     payload = {"settings": vars(args), "world": asdict(WORLD), "warm_start": str(model),
-               "start_checks": [{**asdict(check), "passed": check.passed} for check in checks],
                "start_band": list(START_BAND), "start_short_band": list(SHORT_BAND),
                "before": mean_results(before), "after": mean_results(after),
                "held_out_em": {str(i): asdict(em) for i, em in held_out.items()},

@@ -7,22 +7,16 @@ import argparse
 
 import pytest
 
-import experiments.demo as demo_module
 from algos.evaluation import FAILURES, failure_kind, failure_mix
 from benchmarks.bench_update import report as update_report
 from experiments.confidence import Interval
 from experiments.demo import (
-    CANDIDATE_SEED_STRIDE,
-    CHECK_WORLD,
-    MAX_STARTS,
     SHORT_BAND,
     START_BAND,
-    StartCheck,
     band_text,
     compare,
     curve_iterations,
     parse_args,
-    select_start,
     short_share,
     summary_text,
 )
@@ -163,46 +157,3 @@ def test_the_start_spread_retrains_the_demo_recipe_with_only_its_seed_changed():
     changed = recipe_with_seed(WARM_START, 3)
     differ = [i for i, (a, b) in enumerate(zip(WARM_START, changed, strict=True)) if a != b]
     assert differ == [WARM_START.index("--seed") + 1] and changed[differ[0]] == "3"
-
-
-def check_rows(correct: int, short: int, total: int = 20) -> list[dict[str, float]]:
-    """A check's results: ``correct`` right, ``short`` answered one hop short, the rest wrong after two searches."""
-    return ([row(em=1.0, answered=1.0, tool_calls=2, hops=2)] * correct
-            + [row(answered=1.0, tool_calls=1, hops=2)] * short
-            + [row(answered=1.0, tool_calls=2, hops=2)] * (total - correct - short))
-
-
-@pytest.mark.parametrize(("results", "seeds", "passed"), [
-    # the first candidate passes: no other trained
-    ([(12, 4)], [7], [True]),
-    # too few right (0.35 < 0.40), then too many one hop short (0.40 > 0.35), then a pass
-    ([(7, 4), (9, 8), (10, 3)], [7, 7 + CANDIDATE_SEED_STRIDE, 7 + 2 * CANDIDATE_SEED_STRIDE], [False, False, True]),
-    # too few one hop short (0.05 < 0.10) every time: MAX_STARTS candidates, the last one used
-    ([(12, 1)] * MAX_STARTS, [7 + k * CANDIDATE_SEED_STRIDE for k in range(MAX_STARTS)], [False] * MAX_STARTS),
-])
-def test_a_start_that_fails_its_check_on_another_world_gives_way_to_the_next_seeds(results, seeds, passed,
-                                                                                    monkeypatch, tmp_path):
-    trained, checked = [], []
-
-    def warm_start(world, recipe, *, topk, cache_dir):
-        assert world == demo_module.WORLD and cache_dir == tmp_path
-        trained.append(int(recipe[recipe.index("--seed") + 1]))
-        return tmp_path / f"start-{trained[-1]}"
-
-    def held_out(model, data_dir, questions, max_step_tokens, topk):
-        checked.append((model, data_dir, questions))
-        return check_rows(*results[len(checked) - 1])
-
-    monkeypatch.setattr(demo_module, "cached_warm_start", warm_start)
-    monkeypatch.setattr(demo_module, "world_held_out", held_out)
-    monkeypatch.setattr(demo_module, "world_data_dir", lambda spec, cache: cache / spec.key)
-    model, checks = select_start(7, tmp_path)
-    assert trained == seeds and model == tmp_path / f"start-{seeds[-1]}"
-    # each start is checked on the other world's held-out questions, never on the demo world's
-    assert checked == [(tmp_path / f"start-{seed}", tmp_path / CHECK_WORLD.key, CHECK_WORLD.dev_questions)
-                       for seed in seeds]
-    assert CHECK_WORLD.key != demo_module.WORLD.key
-    assert [(c.seed, round(c.em, 2), round(c.short, 2)) for c in checks] == [
-        (seed, correct / 20, short / 20) for seed, (correct, short) in zip(seeds, results, strict=True)]
-    assert [c.passed for c in checks] == passed
-    assert "check FAILED" in str(StartCheck(1, 0.3, 0.2)) and "check passed" in str(StartCheck(1, 0.5, 0.2))
