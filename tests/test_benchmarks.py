@@ -70,7 +70,8 @@ def test_a_rerun_of_a_setting_starts_a_fresh_run(tmp_path, monkeypatch):
 
     monkeypatch.setattr(experiments.run, "main", planned_run)
     args = argparse.Namespace(iterations=1, prompts_per_iter=2, lr=1e-4, warmup_steps=None, top_p=None,
-                              entropy_coef=None, max_step_tokens=8, eval_every=1, curve_questions=2)
+                              entropy_coef=None, stop_after_uniform=None, max_step_tokens=8, eval_every=1,
+                              curve_questions=2)
     first = train_run(TESTBED, "chain G=4", 0, "tiny-random", args, tmp_path)
     (first.parent / "checkpoints").mkdir()
     (first.parent / "checkpoints" / "stale").write_text("from the first run")
