@@ -157,3 +157,19 @@ def test_the_start_spread_retrains_the_demo_recipe_with_only_its_seed_changed():
     changed = recipe_with_seed(WARM_START, 3)
     differ = [i for i, (a, b) in enumerate(zip(WARM_START, changed, strict=True)) if a != b]
     assert differ == [WARM_START.index("--seed") + 1] and changed[differ[0]] == "3"
+
+
+def test_the_start_policy_tips_the_seeds_first_stage_with_a_second_of_the_same_seed(tmp_path, monkeypatch):
+    import experiments.demo as demo
+
+    calls = []
+    monkeypatch.setattr(demo, "cached_warm_start", lambda world, recipe, **kwargs: calls.append((recipe, kwargs)))
+    demo.start_policy(7, tmp_path)
+    [(recipe, kwargs)] = calls
+    assert recipe == demo.recipe_with_seed(demo.ONE_HOP_SHORT, 7)
+    assert kwargs == {"topk": demo.TOPK, "cache_dir": tmp_path, "continues": demo.recipe_with_seed(demo.WARM_START, 7)}
+    # the second stage trains at the first one's extra-epoch rate, constant, on more answers one hop short than it
+    first, second = (dict(zip(r[::2], r[1::2], strict=True)) for r in (demo.WARM_START, demo.ONE_HOP_SHORT))
+    assert float(second["--lr"]) == pytest.approx(float(first["--lr"]) * float(first["--extra-lr"]))
+    assert second["--lr-floor"] == "1.0" and float(second["--premature"]) > float(first["--premature"])
+    assert second["--extra-worlds"] == first["--extra-worlds"] and "--model" not in second

@@ -15,6 +15,7 @@ import pytest
 import ray
 
 from experiments.confidence import Interval
+from experiments.demo import SHORT_BAND, START_BAND
 from experiments.demo import main as demo
 
 
@@ -30,7 +31,8 @@ def test_the_demo_raises_held_out_exact_match_beyond_its_interval(tmp_path, monk
         assert change.low > 0.0, (metric, change, result["before"], result["after"])
     assert (tmp_path / "demo" / "summary.md").read_text().count("| yes |") >= 2
     before, after = result["failures"]["before"], result["failures"]["after"]
-    # the start policy the demo promises: it copies names, and often answers one hop short
-    assert before.get("correct", 0.0) > 0.3 and before.get("answered before its last hop", 0.0) > 0.15
+    # the start policy the demo promises: it copies names, and answers the 2-hop questions one hop short
+    assert before.get("correct", 0.0) >= START_BAND[0]
+    assert before.get("answered before its last hop", 0.0) >= SHORT_BAND[0]
     # and what training changed: fewer answers one hop short
     assert after.get("answered before its last hop", 0.0) < before["answered before its last hop"]
