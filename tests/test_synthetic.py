@@ -145,6 +145,28 @@ def test_every_branch_question_turns_on_which_person_the_first_passage_names(hop
             assert q.answer != q.decoy.answer  # the wrong route ends elsewhere
 
 
+@pytest.mark.parametrize("hops", [3, 4, 5])
+def test_a_lead_hop_puts_the_decision_after_the_second_search(hops):
+    spec = BranchSpec(**BRANCH, hops=hops, lead=True)
+    world, plain = spec.world(), BranchSpec(**BRANCH, hops=hops - 1).world()
+    employees = set()
+    for q in world.role_questions()["founder"] + world.role_questions()["chair"]:
+        employee, company = world.entities[q.chain[0]], world.entities[q.chain[1]]
+        assert q.hops == q.decoy.hops == hops and q.decoy.chain[:2] == q.chain[:2]  # the routes part at the third
+        assert q.chain[2] != q.decoy.chain[2] and q.answer != q.decoy.answer
+        assert q.question.replace(f"the company {employee.name} works for", company.name) in {
+            other.question for other in plain.role_questions()[q.role]}  # the same question, one hop further out
+        assert f"{employee.name} works for {company.name}." in world.passage(employee.name)
+        assert employee.name not in (company.facts["founder"], company.facts["chair"])
+        employees.add(employee.name)
+    assert len(employees) == spec.companies  # one lead per company, none shared
+    # the people, companies and routes are those of the world without a lead hop; only the employees' passages grow
+    assert {name: e.facts.get("chair") for name, e in plain.entities.items()} == {
+        name: e.facts.get("chair") for name, e in world.entities.items()}
+    assert all(world.passage(name) == plain.passage(name) for name in plain.entities if name not in employees)
+    assert BranchSpec(**BRANCH, hops=hops - 1, lead=False).key == plain.spec.key != spec.key
+
+
 def test_every_given_name_is_one_token_after_a_space_and_no_other_entitys_word():
     _, tokenizer = load_model("tiny-random")  # SmolLM2's tokenizer
     longer = [name for name in GIVEN_NAMES if len(tokenizer(f" {name}", add_special_tokens=False)["input_ids"]) != 1]
@@ -187,33 +209,37 @@ def test_role_passages_name_each_person_in_the_questions_words_and_leave_the_def
     assert BranchSpec().key == "d59ce33bb2aa"  # the key the default world was cached under before passages existed
 
 
-@pytest.mark.parametrize(("names", "passages"), [("syllables", "prose"), ("given", "prose"), ("given", "roles")])
+@pytest.mark.parametrize(("names", "passages", "lead"), [("syllables", "prose", False), ("given", "prose", False),
+                                                      ("given", "roles", False), ("given", "prose", True)])
 def test_the_oracle_answers_every_branch_question_and_the_wrong_route_answers_wrongly_in_format(tmp_path, names,
-                                                                                               passages):
-    spec = BranchSpec(**BRANCH, names=names, passages=passages)
+                                                                                               passages, lead):
+    spec = BranchSpec(**BRANCH, names=names, passages=passages, lead=lead, hops=3 + lead)
+    searches = spec.hops
     root = write_world(spec, tmp_path / "world")
-    env = gym.make("SynthBranch-v0", split="train", data_dir=root, max_turns=3)
+    env = gym.make("SynthBranch-v0", split="train", data_dir=root, max_turns=searches)
     questions = spec.world().split_questions()["train"]
     assert [r.question for r in env.unwrapped.records] == [q.question for q in questions]
     for index, q in enumerate(questions):
-        info, reward = run_episode(env, OracleAgent(max_searches=3), index)
-        assert info["em"] == 1.0 and reward == 1.0 and info["tool_calls"] == 3
+        info, reward = run_episode(env, OracleAgent(max_searches=searches), index)
+        assert info["em"] == 1.0 and reward == 1.0 and info["tool_calls"] == searches
         record = env.unwrapped.records[index]
         wrong = replace(record, supporting_titles=q.decoy.chain, answers=(q.decoy.answer,))
-        agent = OracleAgent(max_searches=3)
+        agent = OracleAgent(max_searches=searches)
         observation, _ = env.reset(options={"index": index})
         agent.start(observation, wrong)
         done = False
         while not done:
             observation, reward, terminated, truncated, info = env.step(agent.act(observation))
             done = terminated or truncated
-        assert agent.found == 3 and info["em"] == 0.0 and reward == 0.2  # right format, wrong answer
+        assert agent.found == searches and info["em"] == 0.0 and reward == 0.2  # right format, wrong answer
 
 
 @pytest.mark.parametrize(("fields", "message"), [
     ({"countries": 1}, "countries must be >= 2 with hops 3"),
     ({"cities": 1, "hops": 2}, "cities must be >= 2 with hops 2"),
     ({"hops": 5}, "hops must be one of [2, 3, 4]"),
+    ({"hops": 2, "lead": True}, "hops must be one of [3, 4, 5] (searches per question, the lead hop included)"),
+    ({"lead": True, "people": 12}, "people must be >= companies + 2 with lead"),
     ({"train_questions": 20}, "train_questions + dev_questions (28) exceed the 24 questions of 12 companies"),
     ({"people": 3}, "people must be an even number"),
     ({"names": "nicknames"}, "names must be one of syllables, given, got 'nicknames'"),
@@ -229,8 +255,8 @@ def test_a_branch_world_too_small_names_the_field(fields, message):
 def test_the_world_cli_writes_either_world_and_names_what_is_wrong(tmp_path, capsys):
     root = synthetic_main([str(tmp_path / "b"), "--dataset", "synthbranch", *itertools.chain.from_iterable(
         (f"--{k.replace('_', '-')}", str(v)) for k, v in BRANCH.items()), "--hops", "4", "--names", "given",
-        "--passages", "roles"])
-    assert read_spec("synthbranch", root) == BranchSpec(**BRANCH, hops=4, names="given", passages="roles")
+        "--passages", "roles", "--lead"])
+    assert read_spec("synthbranch", root) == BranchSpec(**BRANCH, hops=4, names="given", passages="roles", lead=True)
     for argv, message in ((["--dataset", "synthbranch", "--companies", "2"], "exceed the 4 questions of 2 companies"),
                           (["--dataset", "synthbranch", "--hop-mix", "1", "0", "0"], "have no field hop_mix"),
                           (["--hops", "3"], "synthhop worlds have no field hops")):

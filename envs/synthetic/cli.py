@@ -19,12 +19,14 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("output")
     parser.add_argument("--dataset", choices=list(SPECS), default="synthhop")
     for name in dict.fromkeys(f.name for spec in SPECS.values() for f in fields(spec)):
-        if name not in ("hop_mix", "names", "passages"):
+        if name not in ("hop_mix", "names", "passages", "lead"):
             parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=None)
     parser.add_argument("--hop-mix", type=float, nargs=3, default=None)
     parser.add_argument("--names", choices=PERSON_NAMES, default=None, help="how people are named")
     parser.add_argument("--passages", choices=COMPANY_PASSAGES, default=None,
                         help="how a SynthBranch company's passage names its people")
+    parser.add_argument("--lead", action="store_true", default=None,
+                        help="SynthBranch: questions name a person who works for the company, searched first")
     args = vars(parser.parse_args(argv))
     output, dataset = args.pop("output"), args.pop("dataset")
     try:

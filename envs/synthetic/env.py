@@ -53,12 +53,15 @@ def make_synthbranch_env(split: str = "train", *, world: Mapping[str, Any] | Non
     how often that node is expanded.
 
     ## Arguments
-    ``world``: ``BranchSpec`` fields (``hops``, sizes, seed, ``names``, ``passages``), generated into the cache; with
-    ``names="given"`` every person is one common given name ("founded in 1874 by Mary and is chaired by John"), one
-    token for SmolLM2's tokenizer, so the decision is a single token and no blend of the two names can be written
-    (the branching benchmark's world); with ``passages="roles"`` a company's passage names them in the questions'
-    words ("The founder of Brightwater Guild is Mary. The chair of Brightwater Guild is John."). A ``data_dir`` holding
-    ``synthbranch/`` files (``python -m envs.synthetic DIR --dataset synthbranch``) is served as it is. Every
+    ``world``: ``BranchSpec`` fields (``hops``, sizes, seed, ``names``, ``passages``, ``lead``), generated into the
+    cache; with ``names="given"`` every person is one common given name ("founded in 1874 by Mary and is chaired by
+    John"), one token for SmolLM2's tokenizer, so the decision is a single token and no blend of the two names can be
+    written (the branching benchmark's world); with ``passages="roles"`` a company's passage names them in the
+    questions' words ("The founder of Brightwater Guild is Mary. The chair of Brightwater Guild is John."); with
+    ``lead=True`` a question names a person who works for the company instead ("In which country was the chair of
+    the company Anna works for born?"), whose passage is searched first, so the decision is the middle step of
+    ``hops`` (3-5) searches and an answer. A ``data_dir`` holding ``synthbranch/`` files (``python -m envs.synthetic
+    DIR --dataset synthbranch``) is served as it is. Every
     other keyword goes to ``SearchQAEnv``.
 
     ## Version History

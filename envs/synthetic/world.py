@@ -52,9 +52,10 @@ def question_path(question: str) -> tuple[str, ...] | None:
 PERSON_NAMES = ("syllables", "given")  # the ways a world names its people (``_WorldSizes.names``)
 COMPANY_PASSAGES = ("prose", "roles")  # how a SynthBranch company's passage states its people (``BranchSpec``)
 # Fields left out of a world's cache key at these values, so worlds cached before the field existed keep their key
-_KEY_DEFAULTS = {"names": "syllables", "passages": "prose"}
+_KEY_DEFAULTS = {"names": "syllables", "passages": "prose", "lead": False}
 
-# SynthBranch: the relations after the routing decision (founder or chair) by hop count, and the question
+# SynthBranch: the relations after the routing decision (founder or chair) by the hops from the company, and the
+# question (its company's place: the company's name, or with a lead hop "the company X works for")
 BRANCH_ROLES = ("founder", "chair")
 BRANCH_TAILS: dict[int, tuple[tuple[str, ...], str]] = {
     2: (("born_in",), "In which city was the {} of {} born?"),
@@ -119,6 +120,9 @@ class WorldSpec(_WorldSizes):
 class BranchSpec(_WorldSizes):
     """Sizes and seed of a SynthBranch world; ``hops``: the searches every question needs (2, 3 or 4), the first
     of them followed by the routing decision. Each company asks two questions (its founder's, its chair's).
+    ``lead``: the question names a person who works for the company instead of the company ("the chair of the
+    company Mary works for"), whose passage is searched first, so the decision follows the second search (``hops``
+    3, 4 or 5, the lead's search included).
     ``passages``: how a company's passage names its two people, ``prose`` ("It was founded in 1874 by Mary and is
     chaired by John.") or ``roles``, in the questions' words ("The founder of Brightwater Guild is Mary. The chair
     of Brightwater Guild is John."), so that a policy restating the role it follows ("The chair of Brightwater
@@ -131,14 +135,17 @@ class BranchSpec(_WorldSizes):
     dev_questions: int = 60
     hops: int = 3
     passages: str = "prose"
+    lead: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.passages not in COMPANY_PASSAGES:
             raise ValueError(f"passages must be one of {', '.join(COMPANY_PASSAGES)}, got {self.passages!r}")
-        if self.hops not in BRANCH_TAILS:
-            raise ValueError(f"hops must be one of {sorted(BRANCH_TAILS)} (searches per question), got {self.hops}")
-        ends = "cities" if self.hops == 2 else "countries"
+        if self.tail_hops not in BRANCH_TAILS:
+            allowed = sorted(hops + self.lead for hops in BRANCH_TAILS)
+            raise ValueError(f"hops must be one of {allowed} (searches per question"
+                             f"{', the lead hop included' if self.lead else ''}), got {self.hops}")
+        ends = "cities" if self.tail_hops == 2 else "countries"
         if getattr(self, ends) < 2:
             raise ValueError(f"{ends} must be >= 2 with hops {self.hops}: the wrong route must end elsewhere than "
                              f"the right one, got {getattr(self, ends)}")
@@ -147,6 +154,15 @@ class BranchSpec(_WorldSizes):
             raise ValueError(f"train_questions + dev_questions ({asked}) exceed the {available} questions of "
                              f"{self.companies} companies (a founder's and a chair's each): raise companies or ask "
                              f"fewer questions")
+        if self.lead and self.people < self.companies + 2:
+            raise ValueError(f"people must be >= companies + 2 with lead (each company's lead works for it alone and "
+                             f"is neither its founder nor its chair), got {self.people} people, {self.companies} "
+                             f"companies")
+
+    @property
+    def tail_hops(self) -> int:
+        """The searches from the company on: ``hops`` without the lead's."""
+        return self.hops - self.lead
 
     def world(self) -> BranchWorld:
         return BranchWorld(self)
@@ -258,13 +274,15 @@ class World:
 class BranchWorld(World):
     """A SynthBranch world: the entities of the SynthHop world of the same sizes and seed, and a chair per company
     (drawn with a generator of its own, so the shared entities are the same), whose route ends elsewhere than the
-    founder's. Every question asks about the founder or the chair; its decoy is the other one's route."""
+    founder's. Every question asks about the founder or the chair; its decoy is the other one's route. With
+    ``spec.lead`` each company has one employee (neither its founder nor its chair; a generator of its own), whose
+    passage says where they work, and whom its questions name."""
 
     def __init__(self, spec: BranchSpec):
         super().__init__(WorldSpec(spec.seed, spec.people, spec.companies, spec.cities, spec.countries,
                                    names=spec.names))
         self.spec = spec
-        tail = BRANCH_TAILS[spec.hops][0]
+        tail = BRANCH_TAILS[spec.tail_hops][0]
         rng = np.random.default_rng([spec.seed, 2])
         people = [name for name, e in self.entities.items() if e.kind == "person"]
         ends = {name: self.answer(name, tail)[0] for name in people}
@@ -278,9 +296,24 @@ class BranchWorld(World):
                                  f"{spec.countries} countries is too small for hops {spec.hops} (the wrong route must "
                                  f"end elsewhere): raise cities or countries")
             self.entities[name] = Entity(name, "company", {**e.facts, "chair": str(rng.choice(elsewhere))}, e.detail)
+        self.employee: dict[str, str] = {}  # company -> the person its questions name (``spec.lead``)
+        if spec.lead:
+            rng = np.random.default_rng([spec.seed, 3])
+            employed: set[str] = set()
+            for name, e in list(self.entities.items()):
+                if e.kind != "company":
+                    continue
+                free = [p for p in people if p not in employed and p not in (e.facts["founder"], e.facts["chair"])]
+                employee = str(rng.choice(free))
+                employed.add(employee)
+                person = self.entities[employee]
+                self.entities[employee] = Entity(employee, "person", {**person.facts, "employer": name}, person.detail)
+                self.employee[name] = employee
 
     def passage(self, name: str) -> str:
         e = self.entities[name]
+        if e.kind == "person" and "employer" in e.facts:
+            return f"{super().passage(name)} {name} works for {e.facts['employer']}."
         if e.kind != "company":
             return super().passage(name)
         kind, year = e.detail.split(", ")
@@ -292,15 +325,19 @@ class BranchWorld(World):
 
     def role_questions(self) -> dict[str, list[SynthQuestion]]:
         """Every company's founder and chair question, by role, each with its decoy, in a fixed order."""
-        tail, template = BRANCH_TAILS[self.spec.hops]
+        tail, template = BRANCH_TAILS[self.spec.tail_hops]
         by_role: dict[str, list[SynthQuestion]] = {role: [] for role in BRANCH_ROLES}
         for name, entity in self.entities.items():
             if entity.kind != "company":
                 continue
+            subject, lead, named = name, (), name
+            if self.spec.lead:
+                subject, lead = self.employee[name], ("employer",)
+                named = f"the company {subject} works for"
             for role, other in zip(BRANCH_ROLES, BRANCH_ROLES[::-1], strict=True):
-                question = template.format(role, name)
-                wrong = SynthQuestion(question, *self.answer(name, (other, *tail)))
-                by_role[role].append(SynthQuestion(question, *self.answer(name, (role, *tail)), decoy=wrong,
+                question = template.format(role, named)
+                wrong = SynthQuestion(question, *self.answer(subject, (*lead, other, *tail)))
+                by_role[role].append(SynthQuestion(question, *self.answer(subject, (*lead, role, *tail)), decoy=wrong,
                                                    role=role))
         return by_role
 
