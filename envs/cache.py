@@ -25,6 +25,7 @@ CACHE_DIR_ENV = "TREEGRPO_CACHE_DIR"
 MODELS_DIR = "models"
 WARM_STARTS_DIR = "warm_starts"
 WARM_START_LOCK, WARM_START_STAGING = ".lock", ".partial"  # the suffixes of a warm start's lock and staging
+WARM_START_RECIPE = "recipe.txt"  # beside a warm start's model: its whole key, which a long one's name cuts short
 DEVICE_WHEELS_DIR = "device-wheels"
 
 

@@ -38,6 +38,7 @@ from envs.cache import (
     DEVICE_WHEELS_DIR,
     MODELS_DIR,
     WARM_START_LOCK,
+    WARM_START_RECIPE,
     WARM_START_STAGING,
     WARM_STARTS_DIR,
     default_cache_dir,
@@ -148,7 +149,9 @@ def warm_start_entries(folder: Path) -> list[Entry]:
         staged = child.name.endswith(WARM_START_STAGING)
         key = child.name.removesuffix(WARM_START_STAGING)
         lock = folder / f"{key}{WARM_START_LOCK}"
-        about = describe_warm_start(key, folder.parent)
+        recorded = folder / key / WARM_START_RECIPE  # the whole key, where a long recipe's name ends in a hash
+        about = describe_warm_start(recorded.read_text(encoding="utf-8").strip() if recorded.is_file() else key,
+                                    folder.parent)
         if (child / "model" / "config.json").is_file() and not staged:
             entries.append(Entry("warm starts", child, tree_size(child), "ok", about, prunable=False))
         elif lock_held(lock):

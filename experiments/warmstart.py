@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 import envs
-from envs.cache import WARM_START_LOCK, WARM_START_STAGING, WARM_STARTS_DIR, default_cache_dir
+from envs.cache import WARM_START_LOCK, WARM_START_RECIPE, WARM_START_STAGING, WARM_STARTS_DIR, default_cache_dir
 from envs.datasets import resolve_data_dir
 from envs.synthetic import BRANCH_ROLES, SPECS, TEMPLATES, BranchSpec, WorldSpec, question_path, world_data_dir
 from experiments.evaluate import chains_in_batches, evaluate_env
@@ -119,8 +119,8 @@ def cached_warm_start(world: WorldSpec | BranchSpec, recipe: Sequence[str], *, t
             raise ValueError(f"a recipe that continues another takes that one's model, not its own --model: {recipe}")
         start = ["--model", str(cached_warm_start(world, continues, topk=topk, cache_dir=cache_dir))]
         stages = [continues, recipe]
-    key = warm_start_key(f"{world.key}-topk{topk}-" + "-then-".join("-".join(stage).replace("--", "")
-                                                                    for stage in stages))
+    readable = f"{world.key}-topk{topk}-" + "-then-".join("-".join(stage).replace("--", "") for stage in stages)
+    key = warm_start_key(readable)
     model = cache_dir / WARM_STARTS_DIR / key / "model"
     model.parent.parent.mkdir(parents=True, exist_ok=True)
     with open(model.parent.parent / f"{key}{WARM_START_LOCK}", "w") as lock:
@@ -134,6 +134,7 @@ def cached_warm_start(world: WorldSpec | BranchSpec, recipe: Sequence[str], *, t
         env_id = next(env_id for env_id, (dataset, *_) in envs.ENV_IDS.items() if dataset == world.DATASET)
         main(["--env", env_id, "--data-dir", str(world_data_dir(world, cache_dir)), "--topk", str(topk),
               "--dev-questions", "0", *recipe, *start, "--cache-dir", str(cache_dir), "--output", str(staging)])
+        (staging / WARM_START_RECIPE).write_text(readable + "\n", encoding="utf-8")
         os.replace(staging, model.parent)
     print(f"warm start: moved into the cache: {model} (use --model {model})")
     return model

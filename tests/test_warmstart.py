@@ -19,6 +19,7 @@ import torch
 import envs  # noqa: F401  (registers the env ids)
 import experiments.warmstart as warmstart_module
 from envs.synthetic import BranchSpec, WorldSpec, write_world
+from experiments.cache import scan
 from experiments.oracle_trajectories import (
     misrouted_questions,
     oracle_data_dirs,
@@ -590,6 +591,11 @@ def test_a_long_recipe_gets_a_key_that_fits_a_file_name_and_still_names_it_alone
     model = cached_warm_start(WORLD, recipe, topk=1, cache_dir=tmp_path)  # 300 characters of recipe
     assert (model / "config.json").is_file() and len(model.parent.name) <= 200
     assert cached_warm_start(WORLD, (*recipe[:-1], "1"), topk=1, cache_dir=tmp_path) != model
+    # the whole recipe is kept beside the model, and the cache's listing names it, not the name's hash
+    whole = (model.parent / "recipe.txt").read_text().strip()
+    assert whole.startswith(f"{WORLD.key}-topk1-premature-template-founder.born_in=0.8-") and whole.endswith("-seed-0")
+    [entry] = [e for e in scan(tmp_path) if e.path == model.parent]
+    assert entry.state == "ok" and whole.split("-", 2)[2] in entry.about
 
 
 def test_a_warm_start_in_stages_trains_on_from_the_cached_start_it_continues(tmp_path, monkeypatch):
