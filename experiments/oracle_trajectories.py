@@ -80,12 +80,17 @@ def train_branch_questions(env: gym.Env, data_dir: Path) -> list[SynthQuestion]:
 
 
 def premature_questions(order: Sequence[int], share: float, paths: Sequence[tuple[str, ...] | None],
-                        template_shares: Mapping[tuple[str, ...], float]) -> set[int]:
+                        template_shares: Mapping[tuple[str, ...], float],
+                        multi_hop: Sequence[bool] | None = None) -> set[int]:
     """The questions whose oracle answers one hop short, drawn from the end of ``order`` (a seeded permutation of
     the question indices, whose start draws the unanswered ones): those of each template in ``template_shares``
-    (``paths[i]``, question i's relation path) that template's share of them, the others ``share`` of the others."""
+    (``paths[i]``, question i's relation path) that template's share of them, the others ``share`` of the others;
+    with ``multi_hop`` (whether question i needs more than one search), of the other multi-hop questions only, so
+    that exactly that share of them is answered short (1-hop questions have no hop to skip)."""
     groups: dict[tuple[str, ...] | None, list[int]] = {}
     for i in reversed(order):
+        if paths[i] not in template_shares and multi_hop is not None and not multi_hop[i]:
+            continue
         groups.setdefault(paths[i] if paths[i] in template_shares else None, []).append(i)
     return {i for path, members in groups.items()
             for i in members[: round((share if path is None else template_shares[path]) * len(members))]}

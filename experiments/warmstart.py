@@ -21,7 +21,10 @@ The schedule is a warm-up, then a cosine from ``--lr`` down to ``--lr-floor`` (a
 with ``--check-questions N`` the start then answers N held-out one-search questions of the first extra world (unseen
 questions about trained entities) greedily, and trains on at ``--extra-lr``, at most ``--extra-epochs`` more epochs,
 while fewer than ``--check-em`` of them come out right: when a start has learnt its names by a fixed epoch depends on
-the seed and the last bits of the sums. The checks are in OUTPUT/warmstart.json beside the loss per epoch.
+the seed and the last bits of the sums. With ``--check-one-hop-short S`` the check asks the held-out multi-hop
+questions instead, and training goes on while fewer than S of them are answered one hop short (a stage that is to
+tip the start to answering after the first search, which some seeds resist). The checks are in
+OUTPUT/warmstart.json beside the loss per epoch.
 The training state is saved to OUTPUT/checkpoint.pt after every epoch: the same command after a kill resumes
 there and ends as an uninterrupted run would (the file is removed once the model is saved).
 ``cached_warm_start`` trains a recipe once per generated world and caches it: the CPU demo's start policy and the
@@ -43,6 +46,7 @@ import numpy as np
 import torch
 
 import envs
+from algos.evaluation import ANSWERED_EARLY, failure_kind
 from envs.cache import WARM_START_LOCK, WARM_START_RECIPE, WARM_START_STAGING, WARM_STARTS_DIR, default_cache_dir
 from envs.datasets import resolve_data_dir
 from envs.synthetic import BRANCH_ROLES, SPECS, TEMPLATES, BranchSpec, WorldSpec, question_path, world_data_dir
@@ -173,6 +177,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--premature", type=float, default=0.0,
                    help="share of multi-hop oracle trajectories that answer after the first search with the entity "
                         "it found (a start policy that sometimes stops one hop short)")
+    p.add_argument("--premature-among", choices=("all", "multi-hop"), default="all",
+                   help="the questions --premature is drawn among: all (1-hop ones have no hop to skip, so the share "
+                        "of multi-hop trajectories answered short is --premature only in expectation, drawn by the "
+                        "seed) or multi-hop (exactly that share of them)")
     p.add_argument("--premature-template", action="append", default=[], metavar="PATH=SHARE",
                    help="SynthHop-v0: the --premature share of one multi-hop question template's trajectories, the "
                         "template named by its relation path, e.g. born_in.country=0.8 (repeatable; the other "
@@ -218,6 +226,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "questions ask, without reading them; the world's names, apart from the strategy the data "
                         "teaches), and up to --extra-epochs more epochs while it is below --check-em (0: no check)")
     p.add_argument("--check-em", type=float, default=0.0, help="the check's minimum exact match")
+    p.add_argument("--check-one-hop-short", type=float, default=None, metavar="SHARE",
+                   help="with --check-questions: the check asks that many held-out multi-hop questions instead, and "
+                        "the extra epochs run while the share answered before their last hop is below SHARE (in "
+                        "place of --check-em)")
     p.add_argument("--extra-epochs", type=int, default=0, help="at most this many epochs after --epochs")
     p.add_argument("--extra-lr", type=float, default=None,
                    help="the learning rate of the extra epochs, a fraction of --lr (default: --lr-floor); above the "
@@ -246,6 +258,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--extra-lr must be a fraction of --lr in (0, 1], got {args.extra_lr}")
     if not 0.0 <= args.check_em <= 1.0:
         p.error(f"--check-em must be an exact match in [0, 1], got {args.check_em}")
+    if args.check_one_hop_short is not None:
+        if not 0.0 <= args.check_one_hop_short <= 1.0:
+            p.error(f"--check-one-hop-short must be a share in [0, 1], got {args.check_one_hop_short}")
+        if args.check_em:
+            p.error("--check-one-hop-short replaces --check-em (the check scores one of them): give one")
+        if not args.check_questions:
+            p.error("--check-one-hop-short needs --check-questions (how many multi-hop questions it asks)")
     for name in ("check_questions", "extra_epochs", "softmax_negatives"):
         if getattr(args, name) < 0:
             p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
@@ -321,7 +340,10 @@ def main(argv: list[str] | None = None) -> Path:
         unanswered = set(order[: round(args.unanswered * count)])
         # drawn from the other end of the permutation, so the two kinds overlap only when their shares sum past 1
         paths = [question_path(record.question) for record in env.unwrapped.records[:count]]
-        premature = premature_questions(order, args.premature, paths, template_shares(args.premature_template))
+        multi_hop = ([len(record.supporting_titles) > 1 for record in env.unwrapped.records[:count]]
+                     if args.premature_among == "multi-hop" else None)
+        premature = premature_questions(order, args.premature, paths, template_shares(args.premature_template),
+                                        multi_hop)
         # a draw of its own: a misrouted trajectory may also be unanswered or premature, as the shares say
         questions = train_branch_questions(env, data_dir)[:count] if args.misroute else []
         misrouted = misrouted_questions(questions, args.misroute, args.misroute_role, args.seed)
@@ -341,14 +363,19 @@ def main(argv: list[str] | None = None) -> Path:
     if args.check_questions:
         check_dir = oracle_data_dirs(args, env_kwargs)[1]  # the first extra world (parse_args asks for one)
         check_env = gym.make(args.env, **{**env_kwargs, "data_dir": str(check_dir)}, split=envs.eval_split(args.env))
-        check_questions = [i for i, record in enumerate(check_env.unwrapped.records)
-                           if len(record.supporting_titles) == 1][:args.check_questions]
+        short = args.check_one_hop_short is not None
+        records = check_env.unwrapped.records
+        check_questions = [i for i, record in enumerate(records)
+                           if (len(record.supporting_titles) > 1) == short][:args.check_questions]
         if not check_questions:
-            raise SystemExit(f"--check-questions: the held-out split of {check_dir} has no question that needs one "
-                             f"search: nothing to check")
+            raise SystemExit(f"--check-questions: the held-out split of {check_dir} has no question that needs "
+                             f"{'more than one search' if short else 'one search'}: nothing to check")
 
         def check() -> float:
             rows = greedy_results(model, tokenizer, args, check_env, check_questions)
+            if short:
+                return float(np.mean([failure_kind({**row, "hops": len(records[i].supporting_titles)}) == ANSWERED_EARLY
+                                      for i, row in zip(check_questions, rows, strict=True)]))
             return float(np.mean([row["em"] for row in rows]))
 
     token_weights = TokenWeights(args.observation_weight, args.observation_share)
@@ -360,7 +387,8 @@ def main(argv: list[str] | None = None) -> Path:
               f" and {args.softmax_negatives} drawn from the others per step")
     curve = train(model, data, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, seed=args.seed,
                   pad_id=tokenizer.pad_token_id, token_weights=token_weights, max_minutes=args.max_minutes,
-                  checkpoint=checkpoint, lr_floor=args.lr_floor, check=check, check_min=args.check_em,
+                  checkpoint=checkpoint, lr_floor=args.lr_floor, check=check,
+                  check_min=args.check_em if args.check_one_hop_short is None else args.check_one_hop_short,
                   extra_epochs=args.extra_epochs, extra_lr=args.extra_lr, vocabulary=vocabulary)
     if args.check_questions:
         check_env.close()

@@ -102,6 +102,12 @@ def test_premature_questions_are_drawn_from_the_permutations_end_by_template():
     assert premature_questions(order, 0.4, paths, {a: 2 / 3}) == {2, 5, 7, 6}
     # template b at 1 and a at 0: all of b (1, 3, 7), none of a, the rest (reversed 6, 4) at 0.5 -> 6
     assert premature_questions(order, 0.5, paths, {a: 0.0, b: 1.0}) == {1, 3, 7, 6}
+    # among the multi-hop questions only (all but 4 here): reversed 7, 6, 2, 1, 5, 0, 3 at 0.5 -> round(3.5) = 4 of
+    # them, 7, 6, 2, 1; the 1-hop question 4, drawn above, is no longer one of them
+    multi_hop = [path is None or len(path) > 1 for path in paths]
+    assert premature_questions(order, 0.5, paths, {}, multi_hop) == {7, 6, 2, 1}
+    # a template's share is of its own questions either way
+    assert premature_questions(order, 0.4, paths, {a: 2 / 3}, multi_hop) == {2, 5, 7, 6}
 
 
 def test_template_shares_parse_the_option_and_name_what_is_wrong(capsys):
@@ -523,7 +529,38 @@ def test_warmstart_checks_an_extra_worlds_held_out_one_search_questions(setup, t
     assert written == {WORLD.seed + 1}  # the extra world, in --cache-dir
 
 
+def test_a_one_hop_short_check_asks_multi_hop_questions_and_trains_on_while_too_few_stop_short(setup, tmp_path,
+                                                                                               monkeypatch):
+    cache = tmp_path / "cache"
+    checked = []
+
+    def greedy_results(model, tokenizer, args, env, questions):
+        checked.append(list(questions))
+        # the first answered after one search (one hop short), the next after two, the rest never answered
+        return [{"em": 0.0, "answered": float(k < 2), "tool_calls": float(k + 1)} for k in range(len(questions))]
+
+    monkeypatch.setattr(warmstart_module, "greedy_results", greedy_results)
+    warmstart_main(["--data-dir", str(setup[2]), "--extra-worlds", "1", "--questions", "12", "--hidden-size", "32",
+                    "--layers", "1", "--heads", "2", "--epochs", "1", "--dev-questions", "0", "--premature", "1",
+                    "--check-questions", "4", "--check-one-hop-short", "0.6", "--extra-epochs", "2",
+                    "--max-step-tokens", "8", "--cache-dir", str(cache), "--output", str(tmp_path / "warm")])
+    summary = json.loads((tmp_path / "warm" / "warmstart.json").read_text())
+    extra = cache / "synthhop" / replace(WORLD, seed=WORLD.seed + 1).key
+    records = gym.make("SynthHop-v0", data_dir=extra, split="dev").unwrapped.records
+    multi_hop = [i for i, record in enumerate(records) if len(record.supporting_titles) > 1][:4]
+    assert len(multi_hop) == 4 and checked == [multi_hop] * 3  # the schedule's epoch and both extra ones checked
+    # of 4 multi-hop questions the first stopped short, the second too if it needs 3 searches (it made 2), the others
+    # never answered: 0.25 or 0.5, below 0.6 after every epoch, so both extra epochs ran
+    hops = [len(records[i].supporting_titles) for i in multi_hop]
+    assert summary["check_per_epoch"] == [(1 + (hops[1] > 2)) / 4] * 3 and len(summary["loss_per_epoch"]) == 3
+
+
 @pytest.mark.parametrize(("argv", "message"), [
+    (["--check-questions", "5", "--extra-worlds", "1", "--check-one-hop-short", "0.5", "--check-em", "0.5"],
+     "--check-one-hop-short replaces --check-em"),
+    (["--check-one-hop-short", "0.5"], "--check-one-hop-short needs --check-questions"),
+    (["--check-questions", "5", "--extra-worlds", "1", "--check-one-hop-short", "1.5"],
+     "--check-one-hop-short must be a share in [0, 1], got 1.5"),
     (["--extra-epochs", "2"], "--extra-epochs needs --check-questions"),
     (["--check-questions", "5"], "--check-questions needs --extra-worlds"),
     (["--lr-floor", "1.5"], "--lr-floor must be a fraction"),
