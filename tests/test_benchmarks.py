@@ -556,3 +556,22 @@ def test_the_sharding_reports_command_keeps_the_measured_options_and_drops_where
             "--json", "x.json"]
     assert measured_options(argv) == ["--gpu", "--tokens", "2048", "--steps", "3"]
     assert measured_options([]) == []
+
+
+def test_the_start_spread_measures_the_demos_two_stage_start_by_default(tmp_path, monkeypatch):
+    from benchmarks import demo_start_spread
+    from experiments.demo import start_policy
+
+    assert demo_start_spread.RECIPES["demo"] is start_policy
+    model = tmp_path / "stage2" / "model"
+    model.mkdir(parents=True)
+    (model.parent / "warmstart.json").write_text(json.dumps({"loss_per_epoch": [0.1], "check_per_epoch": [0.9]}))
+    asked = []
+    monkeypatch.setitem(demo_start_spread.RECIPES, "demo", lambda seed, cache_dir: asked.append(seed) or model)
+    rows = [{"em": 1.0, "hops": 1.0, "answered": 1.0, "tool_calls": 1.0},
+            {"em": 0.0, "hops": 2.0, "answered": 1.0, "tool_calls": 1.0}]
+    monkeypatch.setattr(demo_start_spread, "world_held_out", lambda *args: rows)
+    [result] = demo_start_spread.main(["--seeds", "7", "--output", str(tmp_path / "spread" / "starts.jsonl")])
+    assert asked == [7] and result["recipe"] == "demo" and result["check_per_epoch"] == [0.9]
+    assert (result["em"], result["em_1hop"], result["em_2hop"]) == (0.5, 1.0, 0.0)
+    assert result["failures"]["answered before its last hop"] == 0.5
