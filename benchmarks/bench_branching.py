@@ -73,6 +73,11 @@ COMPARISONS: tuple[tuple[str, str], ...] = (
 # the decision is one token, the role a policy restates, and the name follows by induction (docs/protocol_branching.md)
 WORLD = BranchSpec(seed=0, people=80, companies=300, cities=20, countries=8, train_questions=300, dev_questions=300,
                    hops=3, names="given", passages="roles")
+# --lead: each question names a person who works for the company ("the chair of the company Anna works for"), searched
+# first, so the decision is the middle of 4 searches and an answer; a company's lead works there alone, so the world
+# has more people than companies (the given names allow 217): 200 companies, 400 questions
+LEAD_WORLD = BranchSpec(seed=0, people=210, companies=200, cities=20, countries=8, train_questions=200,
+                        dev_questions=200, hops=4, names="given", passages="roles", lead=True)
 TOPK = 1  # one passage per search: a short context, in which a 10M-parameter model trained for minutes copies names
 # Oracle SFT of a 10M-parameter Llama from scratch on the train questions of WORLD and 19 other worlds (other names:
 # copying is learned, not memorised), the passages trained at half weight (their titles repeat the query: copying),
@@ -135,11 +140,13 @@ def testbed(args: argparse.Namespace) -> Testbed:
     name, title = "branching", "Branching: tree vs chain at equal tokens on SynthBranch-v0 (issue 27)"
     if args.pilot:
         name, title = "branching-pilot", "Branching: the pilot (issue 27; sizes the benchmark)"
+    if args.lead:
+        name, title = name + "-lead", f"{title}, a lead hop before the company (the decision mid-trajectory)"
     if (misrouting := start_misrouting(args)) is not None:
         share, role = misrouting
         asked = f"the {role} questions" if role else "every question"
         name, title = name + start_suffix(args), f"{title}, a start misrouting {share:g} of {asked}"
-    return with_design(Testbed(name, title, "SynthBranch-v0", WORLD, TOPK,
+    return with_design(Testbed(name, title, "SynthBranch-v0", LEAD_WORLD if args.lead else WORLD, TOPK,
                                settings(args.token_budget, args.chain_group_size), COMPARISONS,
                                plateau_threshold=PLATEAU_THRESHOLD), args)
 
@@ -157,6 +164,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "WARM_START's); with --start-misroute-role, of the questions about that role only")
     p.add_argument("--start-misroute-role", choices=BRANCH_ROLES, default=None,
                    help="draw --start-misroute among the questions about this role (the other role's stay right)")
+    p.add_argument("--lead", action="store_true",
+                   help="LEAD_WORLD: the questions name a person who works for the company, so the decision is the "
+                        "middle of 4 searches (its own start policy, trained on its worlds)")
     p.add_argument("--pilot", action="store_true",
                    help=f"seeds {PILOT['seeds']} (unless --seeds), {PILOT['eval_questions']} held-out questions, "
                         f"{PILOT['curve_questions']} per curve point, into outputs/bench_branching_pilot: the "
@@ -171,6 +181,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.start_misroute is not None and not 0 <= args.start_misroute <= 1:
         p.error(f"--start-misroute must be in [0, 1], got {args.start_misroute}")
     base = ("outputs/bench_branching_pilot" if args.pilot else "outputs/bench_branching") + start_suffix(args)
+    base = base.replace("bench_branching", "bench_branching_lead") if args.lead else base
     args.output = args.output or design_output(base.replace("-", "_"), args)
     check_eval_questions(p, args, testbed(args))
     return args
@@ -180,8 +191,9 @@ def main(argv: list[str] | None = None) -> Path:
     from experiments.warmstart import cached_warm_start
 
     args = parse_args(argv)
-    start = functools.partial(cached_warm_start, WORLD, warm_start_recipe(args), topk=TOPK, continues=START_STAGE_1)
-    return run_benchmark(testbed(args), args, start, argv, "benchmarks/bench_branching.py")
+    bed = testbed(args)
+    start = functools.partial(cached_warm_start, bed.world, warm_start_recipe(args), topk=TOPK, continues=START_STAGE_1)
+    return run_benchmark(bed, args, start, argv, "benchmarks/bench_branching.py")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import numpy as np
 
 from benchmarks.learning_options import design_options
 from benchmarks.learning_report import write_docs_section, write_results
-from benchmarks.learning_testbed import Testbed
+from benchmarks.learning_testbed import DEFAULT_MAX_TURNS, Testbed
 from experiments.plot import load_metrics
 
 
@@ -48,7 +48,13 @@ def held_out_scores(testbed: Testbed, policy: str, args: argparse.Namespace) -> 
     from experiments.evaluate import world_held_out
 
     return world_held_out(policy, testbed.data_dir, args.eval_questions, args.max_step_tokens, testbed.topk,
-                          env_id=testbed.env)
+                          env_id=testbed.env, max_turns=testbed.max_turns)
+
+
+def max_turns_options(testbed: Testbed) -> list[str]:
+    """run.py's ``--max-turns`` where the testbed's questions need more searches than its default (else none, so
+    the runs of other testbeds keep their command lines, and a resume its runs)."""
+    return [] if testbed.max_turns == DEFAULT_MAX_TURNS else ["--max-turns", str(testbed.max_turns)]
 
 
 def run_directory(setting: str, seed: int, output: Path) -> Path:
@@ -59,7 +65,8 @@ def run_options(testbed: Testbed, setting: str, seed: int, model_dir: str, args:
                 directory: Path) -> list[str]:
     """run.py's options for one training run of ``setting`` from ``model_dir`` into ``directory``."""
     return [*testbed.settings[setting][1], "--env", testbed.env, "--data-dir", str(testbed.data_dir),
-            "--topk", str(testbed.topk), "--model", model_dir, "--seed", str(seed), "--iterations",
+            "--topk", str(testbed.topk), *max_turns_options(testbed), "--model", model_dir, "--seed", str(seed),
+            "--iterations",
             str(args.iterations), "--prompts-per-iter", str(args.prompts_per_iter), "--lr", str(args.lr),
             *([] if args.warmup_steps is None else ["--warmup-steps", str(args.warmup_steps)]),
             *design_options(args),

@@ -7,7 +7,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import envs
 from envs.synthetic import BranchSpec, WorldSpec, world_data_dir
+from experiments.settings import RunSettings
+
+DEFAULT_MAX_TURNS = RunSettings.model_fields["max_turns"].default  # run.py's (the env's) search steps
 
 
 @dataclass(frozen=True)
@@ -28,3 +32,9 @@ class Testbed:
     @property
     def data_dir(self) -> Path:
         return world_data_dir(self.world)
+
+    @property
+    def max_turns(self) -> int:
+        """The search steps its runs and evaluations allow: run.py's default, or the searches the world's questions
+        need where they need more (a SynthBranch world with a lead hop and 4 hops)."""
+        return max(DEFAULT_MAX_TURNS, envs.world_hops(self.env, data_dir=str(self.data_dir)) or 0)

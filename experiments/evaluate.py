@@ -133,13 +133,15 @@ def chains_in_batches(env, generator, tokenizer, indices: Sequence[int], batch_s
 
 
 def world_held_out(policy: str | Path, data_dir: Path, questions: int, max_step_tokens: int, topk: int,
-                   env_id: str = "SynthHop-v0", greedy: bool = True) -> list[dict[str, Any]]:
+                   env_id: str = "SynthHop-v0", greedy: bool = True,
+                   max_turns: int | None = None) -> list[dict[str, Any]]:
     """Per-question results of ``policy``'s greedy chains (a ``--model`` name, model directory or checkpoint) on the
     first ``questions`` held-out questions of the generated world in ``data_dir`` served by ``env_id`` (SynthHop-v0 or
     SynthBranch-v0; ``topk`` passages per search), each with its hop count (``hops``) and, on SynthBranch, the
     route its chain took at the decision (``route``: ``algos.evaluation.route_taken`` of its queries against the
     question's route and its decoy's). Without ``greedy``, each chain is sampled as rollouts sample (the paper's
-    temperature and top-p; the rollout's fixed seed, so the same policy gives the same rows)."""
+    temperature and top-p; the rollout's fixed seed, so the same policy gives the same rows). ``max_turns``: the
+    search steps allowed (default: the env's)."""
     from envs.synthetic import branch_questions
     from policies.generation import SamplingSettings
     from policies.generators import step_generator
@@ -148,7 +150,8 @@ def world_held_out(policy: str | Path, data_dir: Path, questions: int, max_step_
     generator = step_generator("hf", model, tokenizer, SamplingSettings(greedy=greedy, max_step_tokens=max_step_tokens))
     split, dataset = envs.eval_split(env_id), envs.ENV_IDS[env_id][0]
     rows = evaluate_env(env_id, generator, tokenizer, split=split, limit=questions, batch_size=32,
-                        env_kwargs={"data_dir": str(data_dir), "topk": topk})
+                        env_kwargs={"data_dir": str(data_dir), "topk": topk,
+                                    **({} if max_turns is None else {"max_turns": max_turns})})
     facts = json.loads((Path(data_dir) / dataset / f"{split}.json").read_text(encoding="utf-8"))
     rows = [{**row, "hops": float(len(question["supporting_facts"]))} for row, question in zip(rows, facts,
                                                                                              strict=False)]

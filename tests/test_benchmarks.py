@@ -575,3 +575,32 @@ def test_the_start_spread_measures_the_demos_two_stage_start_by_default(tmp_path
     assert asked == [7] and result["recipe"] == "demo" and result["check_per_epoch"] == [0.9]
     assert (result["em"], result["em_1hop"], result["em_2hop"]) == (0.5, 1.0, 0.0)
     assert result["failures"]["answered before its last hop"] == 0.5
+
+
+def test_a_lead_world_lets_its_runs_and_evaluations_search_four_times(tmp_path, monkeypatch):
+    import benchmarks.bench_branching as bench_branching
+    from envs.synthetic import BranchSpec
+    from experiments import evaluate
+
+    monkeypatch.setenv("TREEGRPO_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(bench_branching, "LEAD_WORLD", BranchSpec(people=20, companies=10, cities=6, countries=3,
+                                                                  train_questions=8, dev_questions=4, hops=4,
+                                                                  lead=True, names="given", passages="roles"))
+    monkeypatch.setattr(bench_branching, "WORLD", BranchSpec(people=20, companies=10, cities=6, countries=3,
+                                                             train_questions=8, dev_questions=4))
+    lead = bench_branching.parse_args(["--lead", "--eval-questions", "4", "--output", str(tmp_path / "out")])
+    plain = bench_branching.parse_args(["--eval-questions", "4", "--output", str(tmp_path / "out")])
+    lead_bed, plain_bed = bench_branching.testbed(lead), bench_branching.testbed(plain)
+    assert (lead_bed.max_turns, plain_bed.max_turns) == (4, 3) and lead_bed.name == "branching-lead"
+    options = learning_runs.run_options(lead_bed, bench_branching.UNIFORM, 0, "m", lead, tmp_path / "run")
+    assert options[options.index("--max-turns") + 1] == "4"
+    assert "--max-turns" not in learning_runs.run_options(plain_bed, bench_branching.UNIFORM, 0, "m", plain,
+                                                          tmp_path / "run")  # other testbeds' runs as they were
+    asked = {}
+    monkeypatch.setattr(evaluate, "load_policy", lambda policy: (None, None))
+    monkeypatch.setattr("policies.generators.step_generator", lambda *args, **kwargs: None)
+    monkeypatch.setattr(evaluate, "evaluate_env", lambda env_id, *a, env_kwargs, **k: asked.update(env_kwargs) or [])
+    learning_runs.held_out_scores(lead_bed, "m", lead)
+    assert asked["max_turns"] == 4 and asked["data_dir"] == str(lead_bed.data_dir)
+    assert Path(bench_branching.parse_args(["--lead", "--eval-questions", "4"]).output).name.startswith(
+        "bench_branching_lead")
