@@ -54,7 +54,7 @@ import functools
 from pathlib import Path
 
 from benchmarks.learning_options import add_run_options, check_eval_questions, design_output, with_design
-from benchmarks.learning_runs import run_benchmark
+from benchmarks.learning_runs import max_turns_options, run_benchmark
 from benchmarks.learning_testbed import Testbed
 from benchmarks.plateau_exit import PLATEAU_THRESHOLD
 from envs.synthetic import BRANCH_ROLES, BranchSpec
@@ -187,12 +187,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def start_recipes(args: argparse.Namespace, bed: Testbed) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The start policy's two stages (``warm_start_recipe`` on from ``START_STAGE_1``), each with the testbed's
+    ``--max-turns`` where its questions need more searches than the default (the oracle searches every hop)."""
+    searches = tuple(max_turns_options(bed))
+    return (*warm_start_recipe(args), *searches), (*START_STAGE_1, *searches)
+
+
 def main(argv: list[str] | None = None) -> Path:
     from experiments.warmstart import cached_warm_start
 
     args = parse_args(argv)
     bed = testbed(args)
-    start = functools.partial(cached_warm_start, bed.world, warm_start_recipe(args), topk=TOPK, continues=START_STAGE_1)
+    recipe, first_stage = start_recipes(args, bed)
+    start = functools.partial(cached_warm_start, bed.world, recipe, topk=TOPK, continues=first_stage)
     return run_benchmark(bed, args, start, argv, "benchmarks/bench_branching.py")
 
 

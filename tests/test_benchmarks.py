@@ -604,3 +604,8 @@ def test_a_lead_world_lets_its_runs_and_evaluations_search_four_times(tmp_path, 
     assert asked["max_turns"] == 4 and asked["data_dir"] == str(lead_bed.data_dir)
     assert Path(bench_branching.parse_args(["--lead", "--eval-questions", "4"]).output).name.startswith(
         "bench_branching_lead")
+    # its start's oracle trajectories search every hop too; the default world's recipes are as they were
+    recipe, first_stage = bench_branching.start_recipes(lead, lead_bed)
+    assert recipe[-2:] == first_stage[-2:] == ("--max-turns", "4")
+    stages = (bench_branching.WARM_START, bench_branching.START_STAGE_1)
+    assert bench_branching.start_recipes(plain, plain_bed) == stages
