@@ -3,6 +3,7 @@
     python benchmarks/check_start.py MODEL                  # the branching testbed's world, 100 held-out questions
     python benchmarks/check_start.py MODEL --questions 300 --split train
     python benchmarks/check_start.py MODEL --sampled        # chains sampled as rollouts sample: routes greedy skips
+    python benchmarks/check_start.py MODEL --lead           # bench_branching.py --lead's world (4 searches)
     python benchmarks/check_start.py RUN/checkpoints/latest --no-chains --questions 300 --split train  # seconds
 
 Greedy (sampled with --sampled), on the first --questions questions: dev EM, the route each chain took at the
@@ -32,9 +33,10 @@ import numpy as np
 import torch
 
 import envs  # noqa: F401  (registers the env ids)
-from benchmarks.bench_branching import TOPK, WORLD
+from benchmarks.bench_branching import LEAD_WORLD, TOPK, WORLD
 from benchmarks.learning_options import top_p_option
-from envs.synthetic import BRANCH_ROLES, world_data_dir
+from benchmarks.learning_testbed import DEFAULT_MAX_TURNS
+from envs.synthetic import BRANCH_ROLES, BranchSpec, world_data_dir
 from experiments.checkpoints import RLLIB_MARKER, CheckpointError
 from experiments.cli import read_yaml
 from experiments.evaluate import load_policy, world_held_out
@@ -46,20 +48,22 @@ from policies.sampling import nucleus_mask
 
 
 def name_token_probabilities(model, tokenizer, env: gym.Env, indices: list[int], restate: bool = False,
-                             top_p: float = SamplingSettings().top_p) -> list[tuple[float, float, float, float]]:
+                             top_p: float = SamplingSettings().top_p,
+                             decision_hop: int = 1) -> list[tuple[float, float, float, float]]:
     """Per question (``env``'s records at ``indices``): the model's probability of the decision's person's first
     token, of its surname's first token (NaN for a one-word name) and, with ``restate`` (a start trained on
     restating thoughts, ``warmstart.py --restate``), of the asked role's word in the thought at the decision and
     whether that word lies in the ``top_p`` nucleus there (1.0 or 0.0: whether a rollout sampling at top-p can take
     the right route at all; both NaN without), teacher-forced on the right route's oracle trajectory in the start's
-    own format."""
+    own format. ``decision_hop``: the search whose entity is the decision's person (1: the one after the company's;
+    2 in a world with a lead hop, ``BranchSpec.lead``)."""
     end_of_turn = min(end_of_turn_ids(tokenizer, model))
     rows = []
     for index in indices:
         ids, generated = oracle_trajectory(env, tokenizer, index, env.unwrapped.max_turns, end_of_turn,
                                            restate=restate)
         record = env.unwrapped.record
-        person = record.supporting_titles[1]
+        person = record.supporting_titles[decision_hop]
         start = _first_generated(ids, generated, tokenizer(f" {person}", add_special_tokens=False)["input_ids"])
         surname = start + len(tokenizer(f" {person.split()[0]}", add_special_tokens=False)["input_ids"])
         with torch.no_grad():
@@ -125,9 +129,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     p.add_argument("--sampled", action="store_true",
                    help="sample the chains as rollouts do (temperature 1, top-p 0.95, seeded) instead of greedy: the "
                         "EM of a route that greedy decoding never takes")
+    p.add_argument("--lead", action="store_true", help="LEAD_WORLD (bench_branching.py --lead) instead of WORLD")
     p.add_argument("--no-chains", action="store_true",
                    help="the teacher-forced probabilities only (seconds): no chains, no EM or routes")
     args = p.parse_args(argv)
+    args.world = LEAD_WORLD if args.lead else WORLD
     summary = {} if args.no_chains else chain_routes(args)
     summary.update(decision_probabilities(args))
     for key, value in summary.items():
@@ -135,10 +141,15 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     return summary
 
 
+def searches(world: BranchSpec) -> int:
+    """The search steps the check allows on ``world``: run.py's default, or every hop its questions need."""
+    return max(DEFAULT_MAX_TURNS, world.hops)
+
+
 def chain_routes(args: argparse.Namespace) -> dict[str, float]:
     """Dev EM of the chains (greedy, or sampled), the share of each route taken at the decision and its EM."""
-    rows = world_held_out(args.model, world_data_dir(WORLD), args.questions, 64, TOPK, env_id="SynthBranch-v0",
-                          greedy=not args.sampled)
+    rows = world_held_out(args.model, world_data_dir(args.world), args.questions, 64, TOPK, env_id="SynthBranch-v0",
+                          greedy=not args.sampled, max_turns=searches(args.world))
     routes = Counter(row["route"] for row in rows)
     summary = {"em": float(np.mean([row["em"] for row in rows]))}
     for route, count in sorted(routes.items()):  # em_right is the check's "EM on routed right"
@@ -150,10 +161,12 @@ def chain_routes(args: argparse.Namespace) -> dict[str, float]:
 def decision_probabilities(args: argparse.Namespace) -> dict[str, float]:
     """The teacher-forced probabilities at the decision (``name_token_probabilities``), averaged, per asked role."""
     model, tokenizer = load_policy(args.model)
-    env = gym.make("SynthBranch-v0", data_dir=str(world_data_dir(WORLD)), split=args.split, topk=TOPK)
+    env = gym.make("SynthBranch-v0", data_dir=str(world_data_dir(args.world)), split=args.split, topk=TOPK,
+                   max_turns=searches(args.world))
     indices = list(range(min(args.questions, len(env.unwrapped.records))))
     probabilities = np.array(name_token_probabilities(model, tokenizer, env, indices,
-                                                      restate=trained_to_restate(args.model), top_p=args.top_p))
+                                                      restate=trained_to_restate(args.model), top_p=args.top_p,
+                                                      decision_hop=1 + args.world.lead))
     summary = {"first_name_p": float(probabilities[:, 0].mean())}
     roles = np.array([asked_role(env.unwrapped.records[i].question) for i in indices])
     restated = not np.isnan(probabilities[:, 2]).all()

@@ -56,6 +56,22 @@ def test_a_one_word_name_is_read_whole_and_has_no_surname(tmp_path):
     assert [p[0] for p in rows] == pytest.approx([1.0, 1.0]) and all(math.isnan(p[1]) for p in rows)
 
 
+def test_with_a_lead_hop_the_decisions_person_is_the_third_search(tmp_path):
+    lead = BranchSpec(people=20, companies=10, cities=6, countries=3, train_questions=8, dev_questions=4, hops=4,
+                      lead=True, names="given", passages="roles")
+    root = write_world(lead, tmp_path)
+    _, tokenizer = load_model("tiny-random")
+    env = gym.make("SynthBranch-v0", split="train", data_dir=root, topk=1, max_turns=4)
+    peeking = Peeking(len(tokenizer), tokenizer.eos_token_id)
+    rows = name_token_probabilities(peeking, tokenizer, env, [0, 1, 2], restate=True, decision_hop=2)
+    assert all(p[0] == pytest.approx(1.0) and p[2] == pytest.approx(1.0) and p[3] == 1.0 for p in rows)
+    # the searches before it: the employee, whose passage names the company, then the company, whose passage names
+    # the person
+    record = env.unwrapped.records[0]
+    assert record.supporting_titles[2] in (world := lead.world()).passage(record.supporting_titles[1])
+    assert world.entities[record.supporting_titles[0]].facts["employer"] == record.supporting_titles[1]
+
+
 def test_a_restating_start_is_read_in_its_format_with_the_decisions_role_word(tmp_path):
     root = write_world(replace(BRANCH, names="given", passages="roles"), tmp_path / "world")
     _, tokenizer = load_model("tiny-random")
