@@ -180,8 +180,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.seeds = args.seeds or SEEDS
     if args.start_misroute is not None and not 0 <= args.start_misroute <= 1:
         p.error(f"--start-misroute must be in [0, 1], got {args.start_misroute}")
-    base = ("outputs/bench_branching_pilot" if args.pilot else "outputs/bench_branching") + start_suffix(args)
-    base = base.replace("bench_branching", "bench_branching_lead") if args.lead else base
+    base = ("outputs/bench_branching" + ("_lead" if args.lead else "") + ("_pilot" if args.pilot else "")
+            + start_suffix(args))
     args.output = args.output or design_output(base.replace("-", "_"), args)
     check_eval_questions(p, args, testbed(args))
     return args

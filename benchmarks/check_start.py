@@ -35,8 +35,8 @@ import torch
 import envs  # noqa: F401  (registers the env ids)
 from benchmarks.bench_branching import LEAD_WORLD, TOPK, WORLD
 from benchmarks.learning_options import top_p_option
-from benchmarks.learning_testbed import DEFAULT_MAX_TURNS
-from envs.synthetic import BRANCH_ROLES, BranchSpec, world_data_dir
+from benchmarks.learning_testbed import max_turns_for
+from envs.synthetic import BRANCH_ROLES, world_data_dir
 from experiments.checkpoints import RLLIB_MARKER, CheckpointError
 from experiments.cli import read_yaml
 from experiments.evaluate import load_policy, world_held_out
@@ -134,6 +134,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                    help="the teacher-forced probabilities only (seconds): no chains, no EM or routes")
     args = p.parse_args(argv)
     args.world = LEAD_WORLD if args.lead else WORLD
+    args.data_dir = world_data_dir(args.world)
+    args.max_turns = max_turns_for("SynthBranch-v0", args.data_dir)
     summary = {} if args.no_chains else chain_routes(args)
     summary.update(decision_probabilities(args))
     for key, value in summary.items():
@@ -141,15 +143,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     return summary
 
 
-def searches(world: BranchSpec) -> int:
-    """The search steps the check allows on ``world``: run.py's default, or every hop its questions need."""
-    return max(DEFAULT_MAX_TURNS, world.hops)
-
-
 def chain_routes(args: argparse.Namespace) -> dict[str, float]:
     """Dev EM of the chains (greedy, or sampled), the share of each route taken at the decision and its EM."""
-    rows = world_held_out(args.model, world_data_dir(args.world), args.questions, 64, TOPK, env_id="SynthBranch-v0",
-                          greedy=not args.sampled, max_turns=searches(args.world))
+    rows = world_held_out(args.model, args.data_dir, args.questions, 64, TOPK, env_id="SynthBranch-v0",
+                          greedy=not args.sampled, max_turns=args.max_turns)
     routes = Counter(row["route"] for row in rows)
     summary = {"em": float(np.mean([row["em"] for row in rows]))}
     for route, count in sorted(routes.items()):  # em_right is the check's "EM on routed right"
@@ -161,8 +158,8 @@ def chain_routes(args: argparse.Namespace) -> dict[str, float]:
 def decision_probabilities(args: argparse.Namespace) -> dict[str, float]:
     """The teacher-forced probabilities at the decision (``name_token_probabilities``), averaged, per asked role."""
     model, tokenizer = load_policy(args.model)
-    env = gym.make("SynthBranch-v0", data_dir=str(world_data_dir(args.world)), split=args.split, topk=TOPK,
-                   max_turns=searches(args.world))
+    env = gym.make("SynthBranch-v0", data_dir=str(args.data_dir), split=args.split, topk=TOPK,
+                   max_turns=args.max_turns)
     indices = list(range(min(args.questions, len(env.unwrapped.records))))
     probabilities = np.array(name_token_probabilities(model, tokenizer, env, indices,
                                                       restate=trained_to_restate(args.model), top_p=args.top_p,

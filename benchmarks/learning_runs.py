@@ -66,8 +66,8 @@ def run_options(testbed: Testbed, setting: str, seed: int, model_dir: str, args:
     """run.py's options for one training run of ``setting`` from ``model_dir`` into ``directory``."""
     return [*testbed.settings[setting][1], "--env", testbed.env, "--data-dir", str(testbed.data_dir),
             "--topk", str(testbed.topk), *max_turns_options(testbed), "--model", model_dir, "--seed", str(seed),
-            "--iterations",
-            str(args.iterations), "--prompts-per-iter", str(args.prompts_per_iter), "--lr", str(args.lr),
+            "--iterations", str(args.iterations), "--prompts-per-iter", str(args.prompts_per_iter),
+            "--lr", str(args.lr),
             *([] if args.warmup_steps is None else ["--warmup-steps", str(args.warmup_steps)]),
             *design_options(args),
             "--max-step-tokens", str(args.max_step_tokens), "--eval-every", str(args.eval_every),

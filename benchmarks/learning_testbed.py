@@ -14,6 +14,12 @@ from experiments.settings import RunSettings
 DEFAULT_MAX_TURNS = RunSettings.model_fields["max_turns"].default  # run.py's (the env's) search steps
 
 
+def max_turns_for(env_id: str, data_dir: Path) -> int:
+    """The search steps to allow on the generated world in ``data_dir``: run.py's default, or the searches its
+    questions need where they need more (a SynthBranch world with a lead hop and 4 hops)."""
+    return max(DEFAULT_MAX_TURNS, envs.world_hops(env_id, data_dir=str(data_dir)) or 0)
+
+
 @dataclass(frozen=True)
 class Testbed:
     """One benchmark's task and settings. ``settings``: name -> (nominal budget in full chains, run.py options);
@@ -35,6 +41,5 @@ class Testbed:
 
     @property
     def max_turns(self) -> int:
-        """The search steps its runs and evaluations allow: run.py's default, or the searches the world's questions
-        need where they need more (a SynthBranch world with a lead hop and 4 hops)."""
-        return max(DEFAULT_MAX_TURNS, envs.world_hops(self.env, data_dir=str(self.data_dir)) or 0)
+        """The search steps its runs and evaluations allow (``max_turns_for`` its world)."""
+        return max_turns_for(self.env, self.data_dir)

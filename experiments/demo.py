@@ -17,8 +17,8 @@ more epochs, at 0.3 of the peak rate) while fewer than ``CHECK_EM`` of them come
 the second (``ONE_HOP_SHORT``, seconds) trains one short epoch with 70% of them answered one hop short (and up to
 two more while another world's held-out 2-hop questions are not yet answered so), which tips every seed's greedy
 start to answering (nearly) all 2-hop questions after the first search, while sampling still searches again on
-some. So the start policy has learnt its world's names and answers most 1-hop questions, and it
-stops one hop short on the 2-hop ones. The demo says whether the start landed in its bands: held-out exact match in
+some. So the start policy has learnt its world's names and answers most 1-hop questions, and it stops one hop short
+on the 2-hop ones. The demo says whether the start landed in its bands: held-out exact match in
 ``START_BAND``, the share answered one hop short in ``SHORT_BAND``. The world and the warm start are built on the
 first run and cached (``$TREEGRPO_CACHE_DIR``, default ``~/.cache/tree-grpo``), so a second run starts training at
 once. Then Tree-GRPO, (M, N, L) = (2, 2, 1), 8 prompts per iteration, the paper's update (PPO mini-batches,

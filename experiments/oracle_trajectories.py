@@ -89,9 +89,10 @@ def premature_questions(order: Sequence[int], share: float, paths: Sequence[tupl
     that exactly that share of them is answered short (1-hop questions have no hop to skip)."""
     groups: dict[tuple[str, ...] | None, list[int]] = {}
     for i in reversed(order):
-        if paths[i] not in template_shares and multi_hop is not None and not multi_hop[i]:
+        group = paths[i] if paths[i] in template_shares else None
+        if group is None and multi_hop is not None and not multi_hop[i]:
             continue
-        groups.setdefault(paths[i] if paths[i] in template_shares else None, []).append(i)
+        groups.setdefault(group, []).append(i)
     return {i for path, members in groups.items()
             for i in members[: round((share if path is None else template_shares[path]) * len(members))]}
 

@@ -175,8 +175,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--unanswered", type=float, default=0.0,
                    help="share of oracle trajectories that never answer (a deliberately weaker start)")
     p.add_argument("--premature", type=float, default=0.0,
-                   help="share of multi-hop oracle trajectories that answer after the first search with the entity "
-                        "it found (a start policy that sometimes stops one hop short)")
+                   help="share of oracle trajectories that answer after the first search with the entity it found, "
+                        "where a question needs more than one (a start policy that sometimes stops one hop short); "
+                        "of the multi-hop ones in expectation, or exactly with --premature-among multi-hop")
     p.add_argument("--premature-among", choices=("all", "multi-hop"), default="all",
                    help="the questions --premature is drawn among: all (1-hop ones have no hop to skip, so the share "
                         "of multi-hop trajectories answered short is --premature only in expectation, drawn by the "
