@@ -37,7 +37,9 @@ not drown the strategy signal (docs/protocol_branching.md).
 
 Settings: the tree (2,2,1) with the paper's uniform branching; a chain group at equal tokens (--chain-group-size,
 default 4; set it to the tree's measured tokens per prompt over a chain's, from the pilot's table); chain G=16 at
-4x the tokens; the tree with ``entropy`` and ``after_tool`` branching (``algos/branching.py``). Every run stops
+4x the tokens; the tree with ``entropy`` and ``after_tool`` branching (``algos/branching.py``); with --lead, the
+sixth design's arms (``LEAD_SETTINGS``: the uniform and entropy trees, the chain at equal tokens and tree (2,4,2),
+more expansions at equal tokens) and its comparisons (``LEAD_COMPARISONS``). Every run stops
 after the iteration in which it has generated --token-budget tokens (4x for G=16), so the settings are compared
 at equal measured cost; --iterations is only a cap. Final dev EM on --eval-questions held-out questions, paired
 differences with bootstrap intervals, the std of the per-question paired differences and the seeds a
@@ -62,10 +64,16 @@ from envs.synthetic import BRANCH_ROLES, BranchSpec
 TREE = ["--algo", "tree_grpo", "--M", "2", "--N", "2", "--L", "1"]
 UNIFORM, ENTROPY, AFTER_TOOL = "tree (2,2,1) uniform", "tree (2,2,1) entropy", "tree (2,2,1) after_tool"
 CHAIN_EQUAL, CHAIN_16 = "chain at equal tokens", "chain G=16 at 4x tokens"
-SETTING_NAMES = (UNIFORM, CHAIN_EQUAL, CHAIN_16, ENTROPY, AFTER_TOOL)
+WIDE_TREE = "tree (2,4,2) uniform"  # more expansions (18 leaves a prompt, 10 chains' nominal cost), at equal tokens
+SETTING_NAMES = (UNIFORM, CHAIN_EQUAL, CHAIN_16, ENTROPY, AFTER_TOOL)  # the default settings (--lead: LEAD_SETTINGS)
 # (a, b): the paired difference a - b, the first three the protocol's primary comparisons (a >= b expected)
 COMPARISONS: tuple[tuple[str, str], ...] = (
     (UNIFORM, CHAIN_EQUAL), (UNIFORM, CHAIN_16), (ENTROPY, UNIFORM), (AFTER_TOOL, UNIFORM), (ENTROPY, AFTER_TOOL),
+)
+# the sixth design's (docs/protocol_branching.md): every tree against chains at equal tokens, then the trees' own
+LEAD_SETTINGS = (UNIFORM, CHAIN_EQUAL, ENTROPY, WIDE_TREE)
+LEAD_COMPARISONS: tuple[tuple[str, str], ...] = (
+    (UNIFORM, CHAIN_EQUAL), (ENTROPY, CHAIN_EQUAL), (WIDE_TREE, CHAIN_EQUAL), (ENTROPY, UNIFORM), (WIDE_TREE, UNIFORM),
 )
 # a small world: 80 people, 300 companies (each asks its founder's and its chair's question: 600, 300 held out),
 # 3 hops (company, person, birth city; answer the country), so a branch after the first search saves half a chain;
@@ -107,6 +115,8 @@ def settings(token_budget: int, chain_group_size: int) -> dict[str, tuple[int, l
         CHAIN_16: (16, ["--algo", "grpo", "--group-size", "16", *budget(4)]),
         ENTROPY: (4, [*TREE, "--branching", "entropy", *budget(1)]),
         AFTER_TOOL: (4, [*TREE, "--branching", "after_tool", *budget(1)]),
+        WIDE_TREE: (10, ["--algo", "tree_grpo", "--M", "2", "--N", "4", "--L", "2", "--branching", "uniform",
+                         *budget(1)]),
     }
 
 
@@ -147,14 +157,16 @@ def testbed(args: argparse.Namespace) -> Testbed:
         asked = f"the {role} questions" if role else "every question"
         name, title = name + start_suffix(args), f"{title}, a start misrouting {share:g} of {asked}"
     return with_design(Testbed(name, title, "SynthBranch-v0", LEAD_WORLD if args.lead else WORLD, TOPK,
-                               settings(args.token_budget, args.chain_group_size), COMPARISONS,
+                               settings(args.token_budget, args.chain_group_size),
+                               LEAD_COMPARISONS if args.lead else COMPARISONS,
                                plateau_threshold=PLATEAU_THRESHOLD), args)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_run_options(p, list(SETTING_NAMES), seeds=None, iterations=60, eval_every=3,
+    add_run_options(p, [*SETTING_NAMES, WIDE_TREE], seeds=None, iterations=60, eval_every=3,
                     section="branching (with --pilot: branching-pilot)", warmup_steps=WARMUP_STEPS)
+    p.set_defaults(settings=None)  # SETTING_NAMES, or LEAD_SETTINGS with --lead: set after parsing
     p.add_argument("--token-budget", type=int, default=40_000,
                    help="T: each run stops after the iteration in which it has generated T tokens (4T for G=16)")
     p.add_argument("--chain-group-size", type=int, default=4,
@@ -178,6 +190,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.pilot:
         vars(args).update({**PILOT, "seeds": args.seeds or PILOT["seeds"]})  # --seeds splits a pilot over processes
     args.seeds = args.seeds or SEEDS
+    args.settings = args.settings or list(LEAD_SETTINGS if args.lead else SETTING_NAMES)
     if args.start_misroute is not None and not 0 <= args.start_misroute <= 1:
         p.error(f"--start-misroute must be in [0, 1], got {args.start_misroute}")
     base = ("outputs/bench_branching" + ("_lead" if args.lead else "") + ("_pilot" if args.pilot else "")

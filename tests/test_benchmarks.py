@@ -609,3 +609,22 @@ def test_a_lead_world_lets_its_runs_and_evaluations_search_four_times(tmp_path, 
     assert recipe[-2:] == first_stage[-2:] == ("--max-turns", "4")
     stages = (bench_branching.WARM_START, bench_branching.START_STAGE_1)
     assert bench_branching.start_recipes(plain, plain_bed) == stages
+    # the sixth design's arms and comparisons on the lead world; the other designs' as they were
+    assert lead.settings == list(bench_branching.LEAD_SETTINGS) and lead_bed.comparisons[:3] == (
+        (bench_branching.UNIFORM, bench_branching.CHAIN_EQUAL), (bench_branching.ENTROPY, bench_branching.CHAIN_EQUAL),
+        (bench_branching.WIDE_TREE, bench_branching.CHAIN_EQUAL))
+    assert plain.settings == list(bench_branching.SETTING_NAMES) and bench_branching.WIDE_TREE not in plain.settings
+    assert plain_bed.comparisons == bench_branching.COMPARISONS
+
+
+def test_the_wide_tree_expands_more_at_the_same_token_budget():
+    import benchmarks.bench_branching as bench_branching
+    from algos.rollout import TreeShape
+
+    arms = bench_branching.settings(token_budget=1000, chain_group_size=5)
+    nominal, options = arms[bench_branching.WIDE_TREE]
+    shape = TreeShape(*(int(options[options.index(f"--{name}") + 1]) for name in "MNL"))
+    assert (shape.leaves_per_prompt, shape.budget_estimate) == (18, nominal) == (18, 10)  # 2 (1 + 2x4), 2 (1 + 4)
+    assert options[options.index("--token-budget") + 1] == "1000" == arms[bench_branching.UNIFORM][1][-1]
+    wide = bench_branching.parse_args(["--settings", bench_branching.WIDE_TREE, "--seeds", "0"])
+    assert wide.settings == [bench_branching.WIDE_TREE]
