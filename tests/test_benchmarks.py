@@ -382,7 +382,8 @@ def test_branching_settings_share_one_token_budget_and_the_pilot_its_own_sizes(c
     assert budgets == {name: "4000" if name == bench_branching.CHAIN_16 else "1000" for name in budgets}
     assert testbed.settings[bench_branching.CHAIN_EQUAL] == (5, ["--algo", "grpo", "--group-size", "5",
                                                                  "--token-budget", "1000"])
-    assert set(testbed.settings) == {name for pair in bench_branching.COMPARISONS for name in pair}
+    compared = (*bench_branching.COMPARISONS, *bench_branching.LEAD_COMPARISONS)
+    assert set(testbed.settings) == {name for pair in compared for name in pair}  # every setting compared
     assert args.seeds == [0, 1, 2, 3, 4] and testbed.name == "branching" and args.output == "outputs/bench_branching"
     pilot = bench_branching.parse_args(["--pilot"])
     assert (pilot.seeds, pilot.eval_questions, pilot.output) == ([0, 1], 100, "outputs/bench_branching_pilot")
