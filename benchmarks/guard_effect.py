@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -124,9 +126,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    import shlex
-    import sys
-
     from benchmarks.report import machine_description, replace_section
 
     args = parse_args(argv)
