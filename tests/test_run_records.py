@@ -1,0 +1,90 @@
+"""benchmarks/run_records.py: a benchmark's finished runs kept and brought back, so --resume reuses them on a new
+machine without training or evaluating anything."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+import benchmarks.bench_learning as bench_learning
+import benchmarks.learning_runs as learning_runs
+from benchmarks.bench_learning import TESTBED
+from benchmarks.run_records import record_files, restore, save
+
+SETTING = "chain G=4"
+
+
+def finish_run(output: Path, seed: int, *, iterations: int = 2) -> None:
+    """A run as the benchmark leaves it: metrics, a checkpoint and the final evaluation keyed by its options."""
+    args = bench_learning.parse_args(["--iterations", str(iterations), "--output", str(output)])
+    directory = learning_runs.run_directory(SETTING, seed, output)
+    (directory / "checkpoints" / "latest").mkdir(parents=True)
+    (directory / "checkpoints" / "latest" / "model.safetensors").write_bytes(b"weights")
+    (directory / "metrics.jsonl").write_text(f'{{"iteration": {iterations}}}\n', encoding="utf-8")
+    options = learning_runs.run_options(TESTBED, SETTING, seed, "warm", args, directory)
+    key = {"run": options, "eval_questions": args.eval_questions, "scores": [{"em": float(seed)}]}
+    (directory / "held_out.json").write_text(json.dumps(key), encoding="utf-8")
+
+
+def test_save_keeps_the_start_point_and_finished_runs_but_no_weights_or_unfinished_runs(tmp_path):
+    output, records = tmp_path / "outputs" / "bench", tmp_path / "records"
+    finish_run(output, 0)
+    finish_run(output, 1)
+    (output / "start_point.json").write_text("{}", encoding="utf-8")
+    unfinished = learning_runs.run_directory(SETTING, 2, output)
+    unfinished.mkdir(parents=True)
+    (unfinished / "metrics.jsonl").write_text('{"iteration": 1}\n', encoding="utf-8")
+    saved = save(output, records)
+    assert saved == [Path("start_point.json"), Path("chain_G=4/seed0/held_out.json"),
+                     Path("chain_G=4/seed0/metrics.jsonl"), Path("chain_G=4/seed1/held_out.json"),
+                     Path("chain_G=4/seed1/metrics.jsonl")]
+    kept = sorted(path.relative_to(records / "bench") for path in (records / "bench").rglob("*") if path.is_file())
+    assert kept == sorted(saved)
+
+
+def test_restored_runs_are_reused_by_resume_without_training_or_evaluating(tmp_path, monkeypatch):
+    output, records = tmp_path / "outputs" / "bench", tmp_path / "records"
+    finish_run(output, 0)
+    save(output, records)
+    shutil.rmtree(output)  # a new machine: the same command's output folder, empty
+    assert restore(output, records) == [Path("chain_G=4/seed0/held_out.json"), Path("chain_G=4/seed0/metrics.jsonl")]
+
+    def must_not_run(*_args):
+        raise AssertionError("a restored run was trained or evaluated again")
+
+    monkeypatch.setattr(learning_runs, "train_run", must_not_run)
+    monkeypatch.setattr(learning_runs, "held_out_scores", must_not_run)
+    args = bench_learning.parse_args(["--resume", "--iterations", "2", "--output", str(output)])
+    assert learning_runs.finished_run(TESTBED, SETTING, 0, "warm", args, output) == ([{"iteration": 2}],
+                                                                                     [{"em": 0.0}])
+
+
+def test_restore_leaves_runs_finished_here_alone_and_completes_a_killed_one(tmp_path):
+    first_machine, records = tmp_path / "first" / "bench", tmp_path / "records"
+    finish_run(first_machine, 0)
+    finish_run(first_machine, 1)
+    save(first_machine, records)
+    output = tmp_path / "second" / "bench"
+    finish_run(output, 0, iterations=5)  # finished here: newer than the record
+    killed = learning_runs.run_directory(SETTING, 1, output)
+    killed.mkdir(parents=True)
+    (killed / "metrics.jsonl").write_text('{"iteration": 1}\n', encoding="utf-8")
+    assert restore(output, records) == [Path("chain_G=4/seed1/held_out.json"), Path("chain_G=4/seed1/metrics.jsonl")]
+    here = learning_runs.run_directory(SETTING, 0, output) / "metrics.jsonl"
+    assert here.read_text(encoding="utf-8") == '{"iteration": 5}\n'
+    assert (killed / "metrics.jsonl").read_text(encoding="utf-8") == '{"iteration": 2}\n'
+
+
+def test_missing_records_and_half_written_runs_are_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no records of bench"):
+        restore(tmp_path / "bench", tmp_path / "records")
+    with pytest.raises(FileNotFoundError, match="no benchmark output folder"):
+        save(tmp_path / "absent", tmp_path / "records")
+    run = learning_runs.run_directory(SETTING, 0, tmp_path / "bench")
+    run.mkdir(parents=True)
+    (run / "held_out.json").write_text("{}", encoding="utf-8")
+    with pytest.raises(FileNotFoundError, match=r"holds held_out\.json but not metrics\.jsonl"):
+        record_files(tmp_path / "bench")
