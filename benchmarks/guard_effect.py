@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.learning_runs import run_directory
+from benchmarks.learning_runs import FINAL_EVALUATION, run_directory
 from benchmarks.learning_stats import em_matrix
 from experiments.confidence import Interval, paired_bootstrap_interval
 from experiments.plot import load_metrics
@@ -52,7 +52,7 @@ class RunRecord:
 def run_record(directory: Path) -> RunRecord:
     """``directory``'s training iterations (rows with a training reward) and final evaluation; FileNotFoundError
     naming what is missing when the run has not finished."""
-    evaluation = directory / "held_out.json"
+    evaluation = directory / FINAL_EVALUATION
     if not evaluation.is_file():
         raise FileNotFoundError(f"{evaluation}: not found; the run in {directory} has no final evaluation yet "
                                 f"(run its benchmark command, with --resume, to finish it)")

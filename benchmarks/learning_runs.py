@@ -25,7 +25,10 @@ import numpy as np
 from benchmarks.learning_options import design_options
 from benchmarks.learning_report import write_docs_section, write_results
 from benchmarks.learning_testbed import DEFAULT_MAX_TURNS, Testbed
-from experiments.plot import load_metrics
+from experiments.plot import METRICS_FILE, load_metrics
+
+FINAL_EVALUATION = "held_out.json"  # a run's final held-out scores, keyed by its options: the run has finished
+START_POINT = "start_point.json"  # the start policy's held-out scores, keyed by its path
 
 
 @contextlib.contextmanager
@@ -84,7 +87,7 @@ def train_run(testbed: Testbed, setting: str, seed: int, model_dir: str, args: a
     if directory.exists():
         shutil.rmtree(directory)  # a fresh run: run.py refuses a directory that already holds one
     run(run_options(testbed, setting, seed, model_dir, args, directory))
-    return directory / "metrics.jsonl"
+    return directory / METRICS_FILE
 
 
 def finished_run(testbed: Testbed, setting: str, seed: int, model_dir: str, args: argparse.Namespace,
@@ -95,7 +98,7 @@ def finished_run(testbed: Testbed, setting: str, seed: int, model_dir: str, args
     Otherwise (or if none) trained and evaluated now."""
     directory = run_directory(setting, seed, output)
     options = run_options(testbed, setting, seed, model_dir, args, directory)
-    record, checkpoint = directory / "held_out.json", directory / "checkpoints" / "latest"
+    record, checkpoint = directory / FINAL_EVALUATION, directory / "checkpoints" / "latest"
 
     def train_and_evaluate() -> list[dict[str, Any]]:
         if args.resume and checkpoint.exists() and trained_with(record, options):
@@ -106,7 +109,7 @@ def finished_run(testbed: Testbed, setting: str, seed: int, model_dir: str, args
 
     key = {"run": options, "eval_questions": args.eval_questions}
     scores = scores_once(record, key, args.resume, train_and_evaluate)
-    return load_metrics(directory / "metrics.jsonl"), scores
+    return load_metrics(directory / METRICS_FILE), scores
 
 
 def trained_with(record: Path, options: list[str]) -> bool:
@@ -130,7 +133,7 @@ def start_point_scores(testbed: Testbed, model_dir: str, args: argparse.Namespac
                        output: Path) -> list[dict[str, Any]]:
     """The start point's held-out scores (reused with --resume, as ``finished_run`` does)."""
     key = {"model": model_dir, "eval_questions": args.eval_questions, "max_step_tokens": args.max_step_tokens}
-    return scores_once(output / "start_point.json", key, args.resume,
+    return scores_once(output / START_POINT, key, args.resume,
                        lambda: held_out_scores(testbed, model_dir, args))
 
 

@@ -17,10 +17,11 @@ import argparse
 import shutil
 from pathlib import Path
 
+from benchmarks.learning_runs import FINAL_EVALUATION, START_POINT
+from experiments.plot import METRICS_FILE
+
 RECORDS = Path(__file__).resolve().parent / "records"
-FINAL_EVALUATION = "held_out.json"
-RUN_FILES = (FINAL_EVALUATION, "metrics.jsonl")
-START_POINT = "start_point.json"
+RUN_FILES = (FINAL_EVALUATION, METRICS_FILE)
 
 
 def record_files(output: Path) -> list[Path]:
