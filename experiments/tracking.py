@@ -27,11 +27,11 @@ from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, EVALUATION_RESULTS, LEAR
 
 from algos.tree_grpo import metrics as metric_keys
 from algos.tree_view import trees_html
+from experiments.plot import METRICS_FILE  # declared beside its reader, which must not import Ray
 
 PARAM_VALUE_LIMIT = 6000  # MLflow's limit on a param value
 BATCH_LIMIT = 100  # params per log_batch call
 RUN_ID_FILE = "mlflow_run_id"
-METRICS_FILE = "metrics.jsonl"
 
 # metrics.jsonl columns by where they are in RLlib's result dict
 ENV_RUNNER_KEYS = (metric_keys.REWARD, metric_keys.EM, metric_keys.TREES, metric_keys.LEAVES,
