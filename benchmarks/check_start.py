@@ -15,10 +15,12 @@ predicts it). In a world of one-word names (``names="given"``) the first token i
 reported. A start trained on restating thoughts (``warmstart.py --restate``, as its ``warmstart.json`` says) is read
 in that format, and the asked role's word in the thought at the decision is reported too (``role_p``: the decision
 itself). The person's first-token probability and ``role_p`` are also given per asked role
-(``first_name_p_founder``, ``role_p_chair``, ...): with two roles, ``role_p_chair + role_p_founder - 1`` is
-p(" chair") on chair questions minus on founder questions, how much the decision depends on the question; and
-``role_in_nucleus_chair`` (...) is the share of those questions whose role word lies in the rollouts' top-p nucleus
-at the decision (--top-p): at 0, no rollout can take the right route there, whatever the budget.
+(``first_name_p_founder``, ``role_p_chair``, ...); ``role_p_chair_elsewhere`` is p(" chair") at the decision
+on the other role's questions, and ``role_dependence_chair`` the difference: how much the decision depends on the
+question (0: the start writes " chair" as often whichever role is asked, so a reward that raises it on the chair
+questions raises it on the founder ones, where it is wrong); ``role_in_nucleus_chair`` (...) is the share of the
+chair questions whose role word lies in the rollouts' top-p nucleus at the decision (--top-p): at 0, no rollout can
+take the right route there, whatever the budget.
 """
 
 from __future__ import annotations
@@ -49,14 +51,15 @@ from policies.sampling import nucleus_mask
 
 def name_token_probabilities(model, tokenizer, env: gym.Env, indices: list[int], restate: bool = False,
                              top_p: float = SamplingSettings().top_p,
-                             decision_hop: int = 1) -> list[tuple[float, float, float, float]]:
+                             decision_hop: int = 1) -> list[tuple[float, float, float, float, float]]:
     """Per question (``env``'s records at ``indices``): the model's probability of the decision's person's first
     token, of its surname's first token (NaN for a one-word name) and, with ``restate`` (a start trained on
-    restating thoughts, ``warmstart.py --restate``), of the asked role's word in the thought at the decision and
+    restating thoughts, ``warmstart.py --restate``), of the asked role's word in the thought at the decision,
     whether that word lies in the ``top_p`` nucleus there (1.0 or 0.0: whether a rollout sampling at top-p can take
-    the right route at all; both NaN without), teacher-forced on the right route's oracle trajectory in the start's
-    own format. ``decision_hop``: the search whose entity is the decision's person (1: the one after the company's;
-    2 in a world with a lead hop, ``BranchSpec.lead``)."""
+    the right route at all) and the probability of the other role's word there (the wrong route; all three NaN
+    without), teacher-forced on the right route's oracle trajectory in the start's own format. ``decision_hop``:
+    the search whose entity is the decision's person (1: the one after the company's; 2 in a world with a lead
+    hop, ``BranchSpec.lead``)."""
     end_of_turn = min(end_of_turn_ids(tokenizer, model))
     rows = []
     for index in indices:
@@ -69,11 +72,17 @@ def name_token_probabilities(model, tokenizer, env: gym.Env, indices: list[int],
         with torch.no_grad():
             probabilities = torch.softmax(model(torch.tensor([ids])).logits[0].float(), -1)
         # the role word restated at the decision: the first generated " chair" / " founder" (the template's role)
-        role_word = tokenizer(f" {asked_role(record.question)}", add_special_tokens=False)["input_ids"][:1]
+        asked = asked_role(record.question)
+        role_word = tokenizer(f" {asked}", add_special_tokens=False)["input_ids"][:1]
         role_at = _first_generated(ids, generated, role_word) if restate else None
         first, after, chosen = (_probability_at(probabilities, ids, t) for t in (start, surname, role_at))
-        reachable = float(in_nucleus(probabilities[role_at - 1], ids[role_at], top_p)) if restate else float("nan")
-        rows.append((first, after if " " in person else float("nan"), chosen, reachable))
+        reachable, other = float("nan"), float("nan")
+        if restate:
+            reachable = float(in_nucleus(probabilities[role_at - 1], ids[role_at], top_p))
+            (other_role,) = (role for role in BRANCH_ROLES if role != asked)
+            other_word = tokenizer(f" {other_role}", add_special_tokens=False)["input_ids"][0]
+            other = probabilities[role_at - 1, other_word].item()
+        rows.append((first, after if " " in person else float("nan"), chosen, reachable, other))
     return rows
 
 
@@ -164,23 +173,33 @@ def decision_probabilities(args: argparse.Namespace) -> dict[str, float]:
     probabilities = np.array(name_token_probabilities(model, tokenizer, env, indices,
                                                       restate=trained_to_restate(args.model), top_p=args.top_p,
                                                       decision_hop=1 + args.world.lead))
+    return decision_summary(probabilities, [asked_role(env.unwrapped.records[i].question) for i in indices])
+
+
+def decision_summary(probabilities: np.ndarray, asked: list[str]) -> dict[str, float]:
+    """Means of ``name_token_probabilities``'s rows [questions, 5] over the questions, and per asked role (``asked``:
+    each question's role): the check's keys (the module's docstring)."""
+    roles = np.array(asked)
     summary = {"first_name_p": float(probabilities[:, 0].mean())}
-    roles = np.array([asked_role(env.unwrapped.records[i].question) for i in indices])
     restated = not np.isnan(probabilities[:, 2]).all()
     if restated:  # the decision as the start writes it: the asked role's word
         summary["role_p"] = float(probabilities[:, 2].mean())
     for role in BRANCH_ROLES:  # per asked role: a copy keyed on the token before a name favours one sentence's
-        asked = roles == role  # person, and a decision that reads the question moves the role_p apart
-        if asked.any():
-            summary[f"first_name_p_{role}"] = float(probabilities[asked, 0].mean())
+        mine = roles == role  # person, and a decision that reads the question moves the role_p apart
+        if mine.any():
+            summary[f"first_name_p_{role}"] = float(probabilities[mine, 0].mean())
             if restated:
-                summary[f"role_p_{role}"] = float(probabilities[asked, 2].mean())
-                summary[f"role_in_nucleus_{role}"] = float(probabilities[asked, 3].mean())
+                summary[f"role_p_{role}"] = float(probabilities[mine, 2].mean())
+                summary[f"role_in_nucleus_{role}"] = float(probabilities[mine, 3].mean())
+    if restated:
+        for role in BRANCH_ROLES:  # the role's word where the other role is asked: column 4 of those questions
+            if (roles == role).any() and (roles != role).any():
+                summary[f"role_p_{role}_elsewhere"] = float(probabilities[roles != role, 4].mean())
+                summary[f"role_dependence_{role}"] = summary[f"role_p_{role}"] - summary[f"role_p_{role}_elsewhere"]
     if not np.isnan(probabilities[:, 1]).all():
         summary.update(surname_p=float(probabilities[:, 1].mean()),
                        surname_p_above_half=float((probabilities[:, 1] > 0.5).mean()))
     return summary
-
 
 if __name__ == "__main__":
     main()

@@ -8,10 +8,17 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 
-from benchmarks.check_start import asked_role, in_nucleus, name_token_probabilities, trained_to_restate
+from benchmarks.check_start import (
+    asked_role,
+    decision_summary,
+    in_nucleus,
+    name_token_probabilities,
+    trained_to_restate,
+)
 from envs.synthetic import BranchSpec, write_world
 from policies.models import load_model
 
@@ -30,6 +37,21 @@ class Peeking(torch.nn.Module):
     def forward(self, input_ids: torch.Tensor) -> SimpleNamespace:
         following = torch.roll(input_ids, -1 - self.shift, dims=1)
         return SimpleNamespace(logits=100.0 * torch.nn.functional.one_hot(following, self.vocab).float())
+
+
+class RoleBlind(torch.nn.Module):
+    """A "model" that ignores its input: at every position half its mass on " founder", half on " chair"."""
+
+    def __init__(self, tokenizer):
+        super().__init__()
+        self.vocab = len(tokenizer)
+        self.words = [tokenizer(f" {role}", add_special_tokens=False)["input_ids"][0] for role in ("founder", "chair")]
+        self.generation_config = SimpleNamespace(eos_token_id=tokenizer.eos_token_id)
+
+    def forward(self, input_ids: torch.Tensor) -> SimpleNamespace:
+        logits = torch.full((*input_ids.shape, self.vocab), -1e4)
+        logits[..., self.words] = 0.0
+        return SimpleNamespace(logits=logits)
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +105,9 @@ def test_a_restating_start_is_read_in_its_format_with_the_decisions_role_word(tm
     shifted = name_token_probabilities(Peeking(len(tokenizer), tokenizer.eos_token_id, shift=1), tokenizer, env,
                                        [0, 1], restate=True)
     assert all(p[2] < 1e-6 and p[3] == 0.0 for p in shifted)  # the role word is outside the nucleus: unreachable
+    assert all(p[4] < 1e-6 for p in rows)  # all the mass on the asked role's word: none on the other's
+    blind = name_token_probabilities(RoleBlind(tokenizer), tokenizer, env, [0, 1, 2, 3], restate=True)
+    assert all(p[2] == pytest.approx(0.5) and p[4] == pytest.approx(0.5) for p in blind)
     assert all(math.isnan(p[3]) for p in name_token_probabilities(Peeking(len(tokenizer), tokenizer.eos_token_id),
                                                                   tokenizer, env, [0]))  # not restating: not read
     # whether a start restates is read from the warmstart.json beside its model directory
@@ -117,3 +142,22 @@ def test_the_nucleus_holds_the_most_likely_tokens_until_their_mass_reaches_top_p
     assert [in_nucleus(probabilities, token, 0.5) for token in range(4)] == [False, True, False, False]
     assert all(in_nucleus(probabilities, token, 1.0) for token in range(4))  # top-p 1 samples every token
     assert not in_nucleus(torch.tensor([1.0, 0.0]), 1, 1.0)
+
+
+def test_the_decisions_dependence_on_the_question_is_its_role_word_asked_minus_elsewhere():
+    nan = float("nan")
+    # rows: first name p, surname p, asked role's word p, in nucleus, the other role's word p
+    rows = np.array([[0.9, nan, 0.02, 1.0, 0.97],   # chair asked: " chair" 0.02, " founder" 0.97
+                     [0.8, nan, 0.04, 1.0, 0.95],   # chair asked
+                     [0.7, nan, 0.99, 1.0, 0.01],   # founder asked: " founder" 0.99, " chair" 0.01
+                     [0.6, nan, 0.97, 1.0, 0.03]])  # founder asked
+    summary = decision_summary(rows, ["chair", "chair", "founder", "founder"])
+    assert summary["role_p_chair"] == pytest.approx(0.03) and summary["role_p_founder"] == pytest.approx(0.98)
+    assert summary["role_p_chair_elsewhere"] == pytest.approx(0.02)  # " chair" on the founder questions
+    assert summary["role_p_founder_elsewhere"] == pytest.approx(0.96)
+    assert summary["role_dependence_chair"] == pytest.approx(0.01)
+    assert summary["role_dependence_founder"] == pytest.approx(0.02)
+    assert summary["first_name_p_chair"] == pytest.approx(0.85) and "surname_p" not in summary
+    # a start that does not restate has no role word: no role keys
+    assert not any(key.startswith("role_") for key in decision_summary(np.where(np.arange(5) >= 2, nan, rows),
+                                                                          ["chair", "chair", "founder", "founder"]))
