@@ -127,7 +127,12 @@ def warm_start_recipe(args: argparse.Namespace) -> tuple[str, ...]:
         recipe[recipe.index("--misroute") + 1] = f"{args.start_misroute:g}"
     if args.start_misroute_role is not None:
         recipe += ["--misroute-role", args.start_misroute_role]
-    return tuple(recipe)
+    return tuple(recipe) + goal_option(args)
+
+
+def goal_option(args: argparse.Namespace) -> tuple[str, ...]:
+    """warmstart.py's ``--restate-goal`` for both of the start's stages where --start-goal asks for it."""
+    return ("--restate-goal",) if args.start_goal else ()
 
 
 def start_misrouting(args: argparse.Namespace) -> tuple[float, str | None] | None:
@@ -140,10 +145,11 @@ def start_misrouting(args: argparse.Namespace) -> tuple[float, str | None] | Non
 
 def start_suffix(args: argparse.Namespace) -> str:
     """``-start-misroute-0.85-chair``-like for a start other than ``WARM_START`` (its outputs' names), else ''."""
+    goal = "-start-goal" if args.start_goal else ""
     if (misrouting := start_misrouting(args)) is None:
-        return ""
+        return goal
     share, role = misrouting
-    return f"-start-misroute-{share:g}" + (f"-{role}" if role else "")
+    return f"{goal}-start-misroute-{share:g}" + (f"-{role}" if role else "")
 
 
 def testbed(args: argparse.Namespace) -> Testbed:
@@ -155,7 +161,10 @@ def testbed(args: argparse.Namespace) -> Testbed:
     if (misrouting := start_misrouting(args)) is not None:
         share, role = misrouting
         asked = f"the {role} questions" if role else "every question"
-        name, title = name + start_suffix(args), f"{title}, a start misrouting {share:g} of {asked}"
+        title = f"{title}, a start misrouting {share:g} of {asked}"
+    if args.start_goal:
+        title = f"{title}, its thoughts stating the asked role a passage before the decision"
+    name += start_suffix(args)
     return with_design(Testbed(name, title, "SynthBranch-v0", LEAD_WORLD if args.lead else WORLD, TOPK,
                                settings(args.token_budget, args.chain_group_size),
                                LEAD_COMPARISONS if args.lead else COMPARISONS,
@@ -176,6 +185,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "WARM_START's); with --start-misroute-role, of the questions about that role only")
     p.add_argument("--start-misroute-role", choices=BRANCH_ROLES, default=None,
                    help="draw --start-misroute among the questions about this role (the other role's stay right)")
+    p.add_argument("--start-goal", action="store_true",
+                   help="the start's thoughts (both stages) state the asked role before the company's search "
+                        "(warmstart.py --restate-goal), so the decision a passage later can read it there")
     p.add_argument("--lead", action="store_true",
                    help="LEAD_WORLD: the questions name a person who works for the company, so the decision is the "
                         "middle of 4 searches (its own start policy, trained on its worlds)")
@@ -204,7 +216,7 @@ def start_recipes(args: argparse.Namespace, bed: Testbed) -> tuple[tuple[str, ..
     """The start policy's two stages (``warm_start_recipe`` on from ``START_STAGE_1``), each with the testbed's
     ``--max-turns`` where its questions need more searches than the default (the oracle searches every hop)."""
     searches = tuple(max_turns_options(bed))
-    return (*warm_start_recipe(args), *searches), (*START_STAGE_1, *searches)
+    return (*warm_start_recipe(args), *searches), (*START_STAGE_1, *goal_option(args), *searches)
 
 
 def main(argv: list[str] | None = None) -> Path:

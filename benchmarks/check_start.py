@@ -12,15 +12,15 @@ on the right route's oracle trajectory (``experiments.oracle_trajectories.oracle
 person's first name token at the decision (a choice) and of the surname's first token after it (copying: the passage
 names several people with that first name across the world, so only the token after the chosen name in the passage
 predicts it). In a world of one-word names (``names="given"``) the first token is the whole name: no surname is
-reported. A start trained on restating thoughts (``warmstart.py --restate``, as its ``warmstart.json`` says) is read
-in that format, and the asked role's word in the thought at the decision is reported too (``role_p``: the decision
-itself). The person's first-token probability and ``role_p`` are also given per asked role
-(``first_name_p_founder``, ``role_p_chair``, ...); ``role_p_chair_elsewhere`` is p(" chair") at the decision
-on the other role's questions, and ``role_dependence_chair`` the difference: how much the decision depends on the
-question (0: the start writes " chair" as often whichever role is asked, so a reward that raises it on the chair
-questions raises it on the founder ones, where it is wrong); ``role_in_nucleus_chair`` (...) is the share of the
-chair questions whose role word lies in the rollouts' top-p nucleus at the decision (--top-p): at 0, no rollout can
-take the right route there, whatever the budget.
+reported. A start trained on restating thoughts (``warmstart.py --restate``, and ``--restate-goal``, as its
+``warmstart.json`` says) is read in that format, and the asked role's word in the thought at the decision is
+reported too (``role_p``: the decision itself). The person's first-token probability and ``role_p`` are also given
+per asked role (``first_name_p_founder``, ``role_p_chair``, ...); ``role_p_chair_elsewhere`` is p(" chair") at the
+decision on the other role's questions, and ``role_dependence_chair`` the difference: how much the decision depends
+on the question (0: the start writes " chair" as often whichever role is asked, so a reward that raises it on the
+chair questions raises it on the founder ones, where it is wrong); ``role_in_nucleus_chair`` (...) is the share of
+the chair questions whose role word lies in the rollouts' top-p nucleus at the decision (--top-p): at 0, no rollout
+can take the right route there, whatever the budget.
 """
 
 from __future__ import annotations
@@ -50,31 +50,33 @@ from policies.sampling import nucleus_mask
 
 
 def name_token_probabilities(model, tokenizer, env: gym.Env, indices: list[int], restate: bool = False,
-                             top_p: float = SamplingSettings().top_p,
-                             decision_hop: int = 1) -> list[tuple[float, float, float, float, float]]:
+                             top_p: float = SamplingSettings().top_p, decision_hop: int = 1,
+                             goal: bool = False) -> list[tuple[float, float, float, float, float]]:
     """Per question (``env``'s records at ``indices``): the model's probability of the decision's person's first
     token, of its surname's first token (NaN for a one-word name) and, with ``restate`` (a start trained on
     restating thoughts, ``warmstart.py --restate``), of the asked role's word in the thought at the decision,
     whether that word lies in the ``top_p`` nucleus there (1.0 or 0.0: whether a rollout sampling at top-p can take
     the right route at all) and the probability of the other role's word there (the wrong route; all three NaN
-    without), teacher-forced on the right route's oracle trajectory in the start's own format. ``decision_hop``:
+    without), teacher-forced on the right route's oracle trajectory in the start's own format (``goal``: its
+    thought before the company's search states the asked role, ``warmstart.py --restate-goal``). ``decision_hop``:
     the search whose entity is the decision's person (1: the one after the company's; 2 in a world with a lead
     hop, ``BranchSpec.lead``)."""
     end_of_turn = min(end_of_turn_ids(tokenizer, model))
     rows = []
     for index in indices:
+        asked = asked_role(env.unwrapped.records[index].question)
         ids, generated = oracle_trajectory(env, tokenizer, index, env.unwrapped.max_turns, end_of_turn,
-                                           restate=restate)
+                                           restate=restate, goal_role=asked if goal else None)
         record = env.unwrapped.record
         person = record.supporting_titles[decision_hop]
         start = _first_generated(ids, generated, tokenizer(f" {person}", add_special_tokens=False)["input_ids"])
         surname = start + len(tokenizer(f" {person.split()[0]}", add_special_tokens=False)["input_ids"])
         with torch.no_grad():
             probabilities = torch.softmax(model(torch.tensor([ids])).logits[0].float(), -1)
-        # the role word restated at the decision: the first generated " chair" / " founder" (the template's role)
-        asked = asked_role(record.question)
+        # the role word restated at the decision: the last generated " chair" / " founder" before the person's
+        # name (a stated goal names it earlier too)
         role_word = tokenizer(f" {asked}", add_special_tokens=False)["input_ids"][:1]
-        role_at = _first_generated(ids, generated, role_word) if restate else None
+        role_at = _last_generated_before(ids, generated, role_word, start) if restate else None
         first, after, chosen = (_probability_at(probabilities, ids, t) for t in (start, surname, role_at))
         reachable, other = float("nan"), float("nan")
         if restate:
@@ -110,21 +112,28 @@ def _first_generated(ids: list[int], generated: list[int], tokens: list[int]) ->
     return next(t for t in range(len(ids)) if generated[t] and ids[t:t + len(tokens)] == tokens)
 
 
-def trained_to_restate(model: str) -> bool:
-    """Whether the start at ``model`` was trained on restating thoughts, as its ``warmstart.json`` says (a warm
-    start's model directory; a training checkpoint, OUTPUT/checkpoints/NAME, is read as the start its run's
-    ``config.yaml`` names); False for any other model."""
+def _last_generated_before(ids: list[int], generated: list[int], tokens: list[int], end: int) -> int:
+    """Where ``tokens`` last occur among the generated ids before position ``end``."""
+    return next(t for t in range(end - 1, -1, -1) if generated[t] and ids[t:t + len(tokens)] == tokens)
+
+
+def thought_format(model: str) -> tuple[bool, bool]:
+    """Whether the start at ``model`` was trained on restating thoughts and on thoughts stating the goal
+    (``warmstart.py --restate``, ``--restate-goal``), as its ``warmstart.json`` says (a warm start's model
+    directory; a training checkpoint, OUTPUT/checkpoints/NAME, is read as the start its run's ``config.yaml``
+    names); (False, False) for any other model."""
     path = Path(model).resolve()
     if (path / RLLIB_MARKER).exists():
         try:
             run_dir = run_directory(path)
         except CheckpointError:  # an RLlib checkpoint not written by run.py: no start to follow
-            return False
-        return trained_to_restate(read_yaml(run_dir / CONFIG_FILE, RunSettings)[0]["model"])
+            return False, False
+        return thought_format(read_yaml(run_dir / CONFIG_FILE, RunSettings)[0]["model"])
     summary = path.parent / "warmstart.json"
     if not summary.is_file():
-        return False
-    return bool(json.loads(summary.read_text(encoding="utf-8"))["settings"].get("restate", False))
+        return False, False
+    settings = json.loads(summary.read_text(encoding="utf-8"))["settings"]
+    return bool(settings.get("restate", False)), bool(settings.get("restate_goal", False))
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
@@ -170,9 +179,9 @@ def decision_probabilities(args: argparse.Namespace) -> dict[str, float]:
     env = gym.make("SynthBranch-v0", data_dir=str(args.data_dir), split=args.split, topk=TOPK,
                    max_turns=args.max_turns)
     indices = list(range(min(args.questions, len(env.unwrapped.records))))
-    probabilities = np.array(name_token_probabilities(model, tokenizer, env, indices,
-                                                      restate=trained_to_restate(args.model), top_p=args.top_p,
-                                                      decision_hop=1 + args.world.lead))
+    restate, goal = thought_format(args.model)
+    probabilities = np.array(name_token_probabilities(model, tokenizer, env, indices, restate=restate,
+                                                      top_p=args.top_p, decision_hop=1 + args.world.lead, goal=goal))
     return decision_summary(probabilities, [asked_role(env.unwrapped.records[i].question) for i in indices])
 
 

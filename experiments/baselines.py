@@ -79,11 +79,14 @@ class OracleAgent:
     """Searches the gold supporting titles in turn, then answers the gold answer. With ``restate``, the thought
     before each search restates the sentence of the last observation that ends with the query, where one does
     ("The chair of Tosafen Works is Jose" before searching Jose): a policy trained on it writes the role it
-    follows and then copies the passage's own continuation of those words (SynthBranch's ``passages="roles"``)."""
+    follows and then copies the passage's own continuation of those words (SynthBranch's ``passages="roles"``).
+    With ``goal`` (k, words), the thought before the k-th search (from 0) ends with those words ("I need its chair"
+    before searching the company whose passage names its people: a plan a later thought can read)."""
 
-    def __init__(self, max_searches: int, restate: bool = False):
+    def __init__(self, max_searches: int, restate: bool = False, goal: tuple[int, str] | None = None):
         self.max_searches = max_searches
         self.restate = restate
+        self.goal = goal
         self.searched = self.found = 0
 
     def start(self, prompt: str, record: QARecord) -> None:
@@ -96,9 +99,13 @@ class OracleAgent:
             self.searched += 1
             self.found += f"(Title: {self.pending})" in observation
         if self.queries:
+            search = len(self.record.supporting_titles[: self.max_searches]) - len(self.queries)
             self.pending = self.queries.pop(0)
             sentence = sentence_ending_with(observation, self.pending) if self.restate else None
-            return in_format(sentence or "I need this passage", "search", self.pending)
+            thought = sentence or "I need this passage"
+            if self.goal is not None and self.goal[0] == search:
+                thought = f"{thought}. {self.goal[1]}"
+            return in_format(thought, "search", self.pending)
         return in_format("I have what I need", "answer", self.record.answers[0])
 
 

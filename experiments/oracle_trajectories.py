@@ -20,17 +20,21 @@ from policies.generation import observation_ids, prompt_ids
 
 def oracle_trajectory(env: gym.Env, tokenizer, index: int, max_searches: int, end_of_turn: int,
                       answer: bool = True, premature: bool = False, route: SynthQuestion | None = None,
-                      restate: bool = False) -> tuple[list[int], list[int]]:
+                      restate: bool = False, goal_role: str | None = None) -> tuple[list[int], list[int]]:
     """Question ``index``'s oracle trajectory: token ids and a 0/1 mask of the generated ones. With
     ``answer=False`` the oracle never answers: where it would, it repeats its last search until the episode
     ends unanswered. With ``premature=True`` a multi-hop question is answered after its first search, with the
     entity that search found (the second hop's bridge: a wrong answer in the right format). With ``route`` the
     oracle searches that route's chain and answers its answer instead of the gold ones (SynthBranch's wrong
     route, ``SynthQuestion.decoy``). With ``restate`` the thought before each search restates the sentence of the
-    last passage that ends with the query (``OracleAgent``)."""
+    last passage that ends with the query (``OracleAgent``). With ``goal_role`` (SynthBranch: the role the question
+    asks), the thought before the search of the decision's passage (the company's, the third search from the end:
+    the decision's person and a birth place follow) ends with "I need its {goal_role}": the plan, stated from the
+    question one passage before the decision, which the decision follows, or on a misrouted ``route`` does not."""
     prompt, _ = env.reset(options={"index": index})
-    agent = OracleAgent(max_searches, restate=restate)
     record = env.unwrapped.record
+    goal = None if goal_role is None else (len(record.supporting_titles) - 3, f"I need its {goal_role}")
+    agent = OracleAgent(max_searches, restate=restate, goal=goal)
     if route is not None:
         record = dataclasses.replace(record, supporting_titles=route.chain, answers=(route.answer,))
     if premature and len(record.supporting_titles) > 1:

@@ -216,6 +216,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the oracle's thought before a search restates the passage's sentence that ends with the query "
                         "(\"The chair of X is Y\" before searching Y; SynthBranch's role passages), so the name "
                         "is copied as the continuation of words the passage holds")
+    p.add_argument("--restate-goal", action="store_true",
+                   help="SynthBranch: the oracle's thought before the company's search ends with the role the "
+                        "question asks (\"I need its chair\"), so the decision one passage later can read it there "
+                        "(a misrouted trajectory states it and follows the other role)")
     p.add_argument("--epochs", type=int, default=6, help="epochs of the schedule (warm-up, cosine to --lr-floor)")
     p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (use ~1e-5 to fine-tune smollm2)")
     p.add_argument("--lr-floor", type=float, default=0.0,
@@ -297,6 +301,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--misroute-role needs --misroute (the share of those questions to misroute)")
     if args.misroute and args.env != "SynthBranch-v0":
         p.error(f"--misroute needs --env SynthBranch-v0 (the env with a wrong route to follow), got --env {args.env}")
+    if args.restate_goal and args.env != "SynthBranch-v0":
+        p.error(f"--restate-goal needs --env SynthBranch-v0 (the env whose questions ask a role), got --env {args.env}")
     return args
 
 
@@ -346,11 +352,11 @@ def main(argv: list[str] | None = None) -> Path:
         premature = premature_questions(order, args.premature, paths, template_shares(args.premature_template),
                                         multi_hop)
         # a draw of its own: a misrouted trajectory may also be unanswered or premature, as the shares say
-        questions = train_branch_questions(env, data_dir)[:count] if args.misroute else []
+        questions = train_branch_questions(env, data_dir)[:count] if args.misroute or args.restate_goal else []
         misrouted = misrouted_questions(questions, args.misroute, args.misroute_role, args.seed)
         data += [oracle_trajectory(env, tokenizer, i, args.max_turns, end_of_turn, answer=i not in unanswered,
                                    premature=i in premature, route=questions[i].decoy if i in misrouted else None,
-                                   restate=args.restate)
+                                   restate=args.restate, goal_role=questions[i].role if args.restate_goal else None)
                  for i in range(count)]
         env.close()
     tokens = sum(len(ids) for ids, _ in data)

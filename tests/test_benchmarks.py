@@ -437,6 +437,17 @@ def test_a_branching_design_trains_every_setting_with_its_choices_into_its_own_o
     assert "a start misrouting 0.85 of the chair questions" in bench_branching.testbed(start).title
     role_only = bench_branching.parse_args(["--start-misroute-role", "founder"])  # WARM_START's share, one role
     assert bench_branching.testbed(role_only).name == "branching-start-misroute-0.7-founder"
+    # a start whose thoughts state the asked role: both stages trained so, named in the outputs
+    goal = bench_branching.parse_args(["--lead", "--eval-questions", "200", "--start-goal", "--start-misroute", "0.95",
+                                       "--start-misroute-role", "chair"])
+    second, first = bench_branching.start_recipes(goal, bench_branching.testbed(goal))
+    assert second.count("--restate-goal") == first.count("--restate-goal") == 1
+    assert first[:len(bench_branching.START_STAGE_1)] == bench_branching.START_STAGE_1
+    assert (bench_branching.testbed(goal).name, goal.output) == (
+        "branching-lead-start-goal-start-misroute-0.95-chair",
+        "outputs/bench_branching_lead_start_goal_start_misroute_0.95_chair")
+    assert "stating the asked role" in bench_branching.testbed(goal).title
+    assert "--restate-goal" not in bench_branching.start_recipes(start, bench_branching.testbed(start))[1]
     # a learning-rate schedule away from the benchmark's defaults is a design too (its runs would otherwise be taken
     # for, and trained over, the default design's); given at its default it is not
     started = ["--start-misroute", "0.85", "--start-misroute-role", "chair"]

@@ -17,9 +17,10 @@ from benchmarks.check_start import (
     decision_summary,
     in_nucleus,
     name_token_probabilities,
-    trained_to_restate,
+    thought_format,
 )
 from envs.synthetic import BranchSpec, write_world
+from experiments.oracle_trajectories import oracle_trajectory
 from policies.models import load_model
 
 BRANCH = BranchSpec(people=20, companies=10, cities=6, countries=3, train_questions=8, dev_questions=4)
@@ -37,6 +38,19 @@ class Peeking(torch.nn.Module):
     def forward(self, input_ids: torch.Tensor) -> SimpleNamespace:
         following = torch.roll(input_ids, -1 - self.shift, dims=1)
         return SimpleNamespace(logits=100.0 * torch.nn.functional.one_hot(following, self.vocab).float())
+
+
+class Misled(Peeking):
+    """``Peeking``, except that the position before ``at`` puts all its mass on token ``instead``."""
+
+    def __init__(self, vocab: int, eos: int, at: int, instead: int):
+        super().__init__(vocab, eos)
+        self.at, self.instead = at, instead
+
+    def forward(self, input_ids: torch.Tensor) -> SimpleNamespace:
+        logits = super().forward(input_ids).logits
+        logits[:, self.at - 1] = 100.0 * torch.nn.functional.one_hot(torch.tensor(self.instead), self.vocab).float()
+        return SimpleNamespace(logits=logits)
 
 
 class RoleBlind(torch.nn.Module):
@@ -92,6 +106,17 @@ def test_with_a_lead_hop_the_decisions_person_is_the_third_search(tmp_path):
     record = env.unwrapped.records[0]
     assert record.supporting_titles[2] in (world := lead.world()).passage(record.supporting_titles[1])
     assert world.entities[record.supporting_titles[0]].facts["employer"] == record.supporting_titles[1]
+    # a start that states its goal names the role twice: the decision is the one before the person's name
+    role = asked_role(record.question)
+    other = next(r for r in ("founder", "chair") if r != role)
+    ids, generated = oracle_trajectory(env, tokenizer, 0, 4, tokenizer.eos_token_id, restate=True, goal_role=role)
+    word = tokenizer(f" {role}", add_special_tokens=False)["input_ids"][0]
+    goal_at, decision_at = (t for t in range(len(ids)) if generated[t] and ids[t] == word)
+    other_word = tokenizer(f" {other}", add_special_tokens=False)["input_ids"][0]
+    for at, right in ((decision_at, 0.0), (goal_at, 1.0)):  # misled at the decision, then at the goal only
+        misled = Misled(len(tokenizer), tokenizer.eos_token_id, at, other_word)
+        (row,) = name_token_probabilities(misled, tokenizer, env, [0], restate=True, decision_hop=2, goal=True)
+        assert row[2] == pytest.approx(right) and row[4] == pytest.approx(1.0 - right)
 
 
 def test_a_restating_start_is_read_in_its_format_with_the_decisions_role_word(tmp_path):
@@ -112,18 +137,19 @@ def test_a_restating_start_is_read_in_its_format_with_the_decisions_role_word(tm
                                                                   tokenizer, env, [0]))  # not restating: not read
     # whether a start restates is read from the warmstart.json beside its model directory
     (tmp_path / "start" / "model").mkdir(parents=True)
-    assert not trained_to_restate(str(tmp_path / "start" / "model"))
-    for restate in (True, False):
-        (tmp_path / "start" / "warmstart.json").write_text(json.dumps({"settings": {"restate": restate}}))
-        assert trained_to_restate(str(tmp_path / "start" / "model")) is restate
+    assert thought_format(str(tmp_path / "start" / "model")) == (False, False)
+    for restate, goal in ((True, False), (False, False), (True, True)):
+        settings = {"restate": restate, "restate_goal": goal}
+        (tmp_path / "start" / "warmstart.json").write_text(json.dumps({"settings": settings}))
+        assert thought_format(str(tmp_path / "start" / "model")) == (restate, goal)
     # a training checkpoint is read as the start its run's config.yaml names (OUTPUT/checkpoints/NAME)
     checkpoint = tmp_path / "run" / "checkpoints" / "iter_000002"
     checkpoint.mkdir(parents=True)
     (checkpoint / "rllib_checkpoint.json").write_text("{}")
     (tmp_path / "run" / "config.yaml").write_text(f"model: {tmp_path / 'start' / 'model'}\n")
-    assert trained_to_restate(str(checkpoint)) is False  # the start's warmstart.json says restate: false (last)
+    assert thought_format(str(checkpoint)) == (True, True)  # the start's warmstart.json, as last written
     (tmp_path / "start" / "warmstart.json").write_text(json.dumps({"settings": {"restate": True}}))
-    assert trained_to_restate(str(checkpoint)) is True
+    assert thought_format(str(checkpoint)) == (True, False)  # a warmstart.json from before --restate-goal
 
 
 def test_the_asked_role_is_read_from_each_question_of_a_world(branch_env):

@@ -189,6 +189,28 @@ def test_a_restating_oracle_names_the_role_it_follows_before_each_search(setup, 
     assert "The founder of" not in tokenizer.decode([i for i, g in zip(ids, generated, strict=True) if g])
 
 
+def test_a_goal_stating_oracle_names_the_asked_role_one_passage_before_the_decision(setup, tmp_path):
+    tokenizer = setup[1]
+    spec = replace(BRANCH, names="given", passages="roles", hops=4, lead=True, people=20)
+    root = write_world(spec, tmp_path / "lead")
+    env = gym.make("SynthBranch-v0", split="train", data_dir=root, max_turns=4)
+    questions = train_branch_questions(env, root)
+    for index, question in enumerate(questions):
+        lead, company = question.chain[:2]
+        for route in (None, question.decoy):
+            ids, generated = oracle_trajectory(env, tokenizer, index, 4, tokenizer.eos_token_id, route=route,
+                                               restate=True, goal_role=question.role)
+            text = tokenizer.decode([i for i, g in zip(ids, generated, strict=True) if g])
+            chain = (route or question).chain
+            followed = question.role if route is None else next(r for r in ("founder", "chair") if r != question.role)
+            # the plan states the asked role whichever route the decision then takes
+            assert f"<think>{lead} works for {company}. I need its {question.role}</think>" in text
+            assert f"<think>The {followed} of {company} is {chain[2]}</think>\n<search> {chain[2]} </search>" in text
+            assert text.count("I need its") == 1
+    ids, generated = oracle_trajectory(env, tokenizer, 0, 4, tokenizer.eos_token_id, restate=True)
+    assert "I need its" not in tokenizer.decode(ids)
+
+
 def test_warmstart_misroutes_the_share_asked_on_synthbranch(branch, tmp_path, monkeypatch):
     routed = []
     real = warmstart_module.oracle_trajectory
