@@ -163,7 +163,7 @@ def testbed(args: argparse.Namespace) -> Testbed:
         asked = f"the {role} questions" if role else "every question"
         title = f"{title}, a start misrouting {share:g} of {asked}"
     if args.start_goal:
-        title = f"{title}, its thoughts stating the asked role a passage before the decision"
+        title = f"{title}, its thoughts carrying the asked role to the decision"
     name += start_suffix(args)
     return with_design(Testbed(name, title, "SynthBranch-v0", LEAD_WORLD if args.lead else WORLD, TOPK,
                                settings(args.token_budget, args.chain_group_size),
@@ -186,8 +186,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--start-misroute-role", choices=BRANCH_ROLES, default=None,
                    help="draw --start-misroute among the questions about this role (the other role's stay right)")
     p.add_argument("--start-goal", action="store_true",
-                   help="the start's thoughts (both stages) state the asked role before the company's search "
-                        "(warmstart.py --restate-goal), so the decision a passage later can read it there")
+                   help="the start's thoughts (both stages) carry the asked role from the question to the decision, "
+                        "each copying the one before (warmstart.py --restate-goal)")
     p.add_argument("--lead", action="store_true",
                    help="LEAD_WORLD: the questions name a person who works for the company, so the decision is the "
                         "middle of 4 searches (its own start policy, trained on its worlds)")

@@ -18,7 +18,7 @@ import json
 import random
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -80,13 +80,13 @@ class OracleAgent:
     before each search restates the sentence of the last observation that ends with the query, where one does
     ("The chair of Tosafen Works is Jose" before searching Jose): a policy trained on it writes the role it
     follows and then copies the passage's own continuation of those words (SynthBranch's ``passages="roles"``).
-    With ``goal`` (k, words), the thought before the k-th search (from 0) ends with those words ("I need its chair"
-    before searching the company whose passage names its people: a plan a later thought can read)."""
+    ``goals`` maps k to words the thought before the k-th search (from 0) states, after its restated sentence where
+    it has one ("I need the chair of Tosafen Works": a plan that later thoughts can copy)."""
 
-    def __init__(self, max_searches: int, restate: bool = False, goal: tuple[int, str] | None = None):
+    def __init__(self, max_searches: int, restate: bool = False, goals: Mapping[int, str] | None = None):
         self.max_searches = max_searches
         self.restate = restate
-        self.goal = goal
+        self.goals = dict(goals or {})
         self.searched = self.found = 0
 
     def start(self, prompt: str, record: QARecord) -> None:
@@ -102,9 +102,8 @@ class OracleAgent:
             search = len(self.record.supporting_titles[: self.max_searches]) - len(self.queries)
             self.pending = self.queries.pop(0)
             sentence = sentence_ending_with(observation, self.pending) if self.restate else None
-            thought = sentence or "I need this passage"
-            if self.goal is not None and self.goal[0] == search:
-                thought = f"{thought}. {self.goal[1]}"
+            goal = self.goals.get(search)
+            thought = ". ".join(part for part in (sentence, goal) if part) or "I need this passage"
             return in_format(thought, "search", self.pending)
         return in_format("I have what I need", "answer", self.record.answers[0])
 

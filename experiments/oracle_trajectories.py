@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import gymnasium as gym
 import numpy as np
 
 import envs
+from envs.datasets import QARecord
 from envs.synthetic import SPECS, SynthQuestion, branch_questions, read_spec, world_data_dir, world_dir
 from experiments.baselines import OracleAgent, in_format
 from policies.generation import observation_ids, prompt_ids
@@ -28,13 +30,14 @@ def oracle_trajectory(env: gym.Env, tokenizer, index: int, max_searches: int, en
     oracle searches that route's chain and answers its answer instead of the gold ones (SynthBranch's wrong
     route, ``SynthQuestion.decoy``). With ``restate`` the thought before each search restates the sentence of the
     last passage that ends with the query (``OracleAgent``). With ``goal_role`` (SynthBranch: the role the question
-    asks), the thought before the search of the decision's passage (the company's, the third search from the end:
-    the decision's person and a birth place follow) ends with "I need its {goal_role}": the plan, stated from the
-    question one passage before the decision, which the decision follows, or on a misrouted ``route`` does not."""
+    asks) the thoughts carry the question's goal to the decision, each copying the one before: the first states it
+    in the question's words ("I need the chair of the company Anna works for"), the one before the search of the
+    decision's passage (the company's, the third search from the end) names the company found ("Anna works for
+    Tosafen Works. I need the chair of Tosafen Works"); the decision ("The chair of Tosafen Works is Jose")
+    follows it, or on a misrouted ``route`` does not."""
     prompt, _ = env.reset(options={"index": index})
     record = env.unwrapped.record
-    goal = None if goal_role is None else (len(record.supporting_titles) - 3, f"I need its {goal_role}")
-    agent = OracleAgent(max_searches, restate=restate, goal=goal)
+    agent = OracleAgent(max_searches, restate=restate, goals=goal_thoughts(record, goal_role) if goal_role else None)
     if route is not None:
         record = dataclasses.replace(record, supporting_titles=route.chain, answers=(route.answer,))
     if premature and len(record.supporting_titles) > 1:
@@ -62,6 +65,18 @@ def oracle_trajectory(env: gym.Env, tokenizer, index: int, max_searches: int, en
             ids += obs
             generated += [0] * len(obs)
     return ids, generated
+
+
+def goal_thoughts(record: QARecord, role: str) -> dict[int, str]:
+    """The goal each thought states (``oracle_trajectory``'s ``goal_role``), by search: the first the question's
+    own words, the company's search (the third from the end) its name; one thought where the company is searched
+    first."""
+    asked = re.search(rf"the {role} of (.+) born\?", record.question)
+    if asked is None:
+        raise ValueError(f"not a SynthBranch question about the {role}: {record.question!r}")
+    company = record.supporting_titles[-3]
+    return {0: f"I need the {role} of {asked.group(1)}",
+            len(record.supporting_titles) - 3: f"I need the {role} of {company}"}
 
 
 def oracle_data_dirs(args: argparse.Namespace, env_kwargs: dict) -> list[Path]:

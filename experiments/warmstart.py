@@ -217,9 +217,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(\"The chair of X is Y\" before searching Y; SynthBranch's role passages), so the name "
                         "is copied as the continuation of words the passage holds")
     p.add_argument("--restate-goal", action="store_true",
-                   help="SynthBranch: the oracle's thought before the company's search ends with the role the "
-                        "question asks (\"I need its chair\"), so the decision one passage later can read it there "
-                        "(a misrouted trajectory states it and follows the other role)")
+                   help="SynthBranch: the oracle's thoughts carry the asked role from the question to the decision, "
+                        "each copying the one before (\"I need the chair of the company Anna works for\", then \"... "
+                        "I need the chair of Tosafen Works\"); a misrouted trajectory states it and follows the other")
     p.add_argument("--epochs", type=int, default=6, help="epochs of the schedule (warm-up, cosine to --lr-floor)")
     p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (use ~1e-5 to fine-tune smollm2)")
     p.add_argument("--lr-floor", type=float, default=0.0,

@@ -446,7 +446,7 @@ def test_a_branching_design_trains_every_setting_with_its_choices_into_its_own_o
     assert (bench_branching.testbed(goal).name, goal.output) == (
         "branching-lead-start-goal-start-misroute-0.95-chair",
         "outputs/bench_branching_lead_start_goal_start_misroute_0.95_chair")
-    assert "stating the asked role" in bench_branching.testbed(goal).title
+    assert "carrying the asked role" in bench_branching.testbed(goal).title
     assert "--restate-goal" not in bench_branching.start_recipes(start, bench_branching.testbed(start))[1]
     # a learning-rate schedule away from the benchmark's defaults is a design too (its runs would otherwise be taken
     # for, and trained over, the default design's); given at its default it is not

@@ -106,12 +106,14 @@ def test_with_a_lead_hop_the_decisions_person_is_the_third_search(tmp_path):
     record = env.unwrapped.records[0]
     assert record.supporting_titles[2] in (world := lead.world()).passage(record.supporting_titles[1])
     assert world.entities[record.supporting_titles[0]].facts["employer"] == record.supporting_titles[1]
-    # a start that states its goal names the role twice: the decision is the one before the person's name
+    # a start that states its goal names the role three times: the decision is the one before the person's name
     role = asked_role(record.question)
     other = next(r for r in ("founder", "chair") if r != role)
     ids, generated = oracle_trajectory(env, tokenizer, 0, 4, tokenizer.eos_token_id, restate=True, goal_role=role)
     word = tokenizer(f" {role}", add_special_tokens=False)["input_ids"][0]
-    goal_at, decision_at = (t for t in range(len(ids)) if generated[t] and ids[t] == word)
+    *goals_at, decision_at = (t for t in range(len(ids)) if generated[t] and ids[t] == word)
+    assert len(goals_at) == 2  # the question's goal, then the company's
+    goal_at = goals_at[-1]
     other_word = tokenizer(f" {other}", add_special_tokens=False)["input_ids"][0]
     for at, right in ((decision_at, 0.0), (goal_at, 1.0)):  # misled at the decision, then at the goal only
         misled = Misled(len(tokenizer), tokenizer.eos_token_id, at, other_word)

@@ -18,9 +18,11 @@ import torch
 
 import envs  # noqa: F401  (registers the env ids)
 import experiments.warmstart as warmstart_module
+from envs.datasets import QARecord
 from envs.synthetic import BranchSpec, WorldSpec, write_world
 from experiments.cache import scan
 from experiments.oracle_trajectories import (
+    goal_thoughts,
     misrouted_questions,
     oracle_data_dirs,
     oracle_trajectory,
@@ -189,7 +191,7 @@ def test_a_restating_oracle_names_the_role_it_follows_before_each_search(setup, 
     assert "The founder of" not in tokenizer.decode([i for i, g in zip(ids, generated, strict=True) if g])
 
 
-def test_a_goal_stating_oracle_names_the_asked_role_one_passage_before_the_decision(setup, tmp_path):
+def test_goal_stating_thoughts_carry_the_asked_role_from_the_question_to_the_decision(setup, tmp_path):
     tokenizer = setup[1]
     spec = replace(BRANCH, names="given", passages="roles", hops=4, lead=True, people=20)
     root = write_world(spec, tmp_path / "lead")
@@ -203,12 +205,25 @@ def test_a_goal_stating_oracle_names_the_asked_role_one_passage_before_the_decis
             text = tokenizer.decode([i for i, g in zip(ids, generated, strict=True) if g])
             chain = (route or question).chain
             followed = question.role if route is None else next(r for r in ("founder", "chair") if r != question.role)
-            # the plan states the asked role whichever route the decision then takes
-            assert f"<think>{lead} works for {company}. I need its {question.role}</think>" in text
+            # the question's words, then the company found; the decision follows the plan or, misrouted, does not
+            assert f"<think>I need the {question.role} of the company {lead} works for</think>" in text
+            assert f"<think>{lead} works for {company}. I need the {question.role} of {company}</think>" in text
             assert f"<think>The {followed} of {company} is {chain[2]}</think>\n<search> {chain[2]} </search>" in text
-            assert text.count("I need its") == 1
+            assert text.count("I need the") == 2
     ids, generated = oracle_trajectory(env, tokenizer, 0, 4, tokenizer.eos_token_id, restate=True)
-    assert "I need its" not in tokenizer.decode(ids)
+    assert "I need the" not in tokenizer.decode(ids)
+    # where the company is the first search (no lead hop) one thought states the goal, in the question's words
+    root = write_world(replace(BRANCH, names="given", passages="roles"), tmp_path / "three")
+    env = gym.make("SynthBranch-v0", split="train", data_dir=root)
+    question = train_branch_questions(env, root)[0]
+    ids, generated = oracle_trajectory(env, tokenizer, 0, 3, tokenizer.eos_token_id, restate=True,
+                                       goal_role=question.role)
+    text = tokenizer.decode([i for i, g in zip(ids, generated, strict=True) if g])
+    assert text.startswith(f"<think>I need the {question.role} of {question.chain[0]}</think>")
+    assert text.count("I need the") == 1
+    with pytest.raises(ValueError, match="not a SynthBranch question about the chair"):
+        goal_thoughts(QARecord("q", "Where was the mayor of Zeta born?", ("x",), supporting_titles=("a", "b", "c")),
+                      "chair")
 
 
 def test_warmstart_misroutes_the_share_asked_on_synthbranch(branch, tmp_path, monkeypatch):
