@@ -58,7 +58,7 @@ def name_token_probabilities(model, tokenizer, env: gym.Env, indices: list[int],
     whether that word lies in the ``top_p`` nucleus there (1.0 or 0.0: whether a rollout sampling at top-p can take
     the right route at all) and the probability of the other role's word there (the wrong route; all three NaN
     without), teacher-forced on the right route's oracle trajectory in the start's own format (``goal``: its
-    thought before the company's search states the asked role, ``warmstart.py --restate-goal``). ``decision_hop``:
+    thoughts carry the asked role to the decision, ``warmstart.py --restate-goal``). ``decision_hop``:
     the search whose entity is the decision's person (1: the one after the company's; 2 in a world with a lead
     hop, ``BranchSpec.lead``)."""
     end_of_turn = min(end_of_turn_ids(tokenizer, model))
@@ -69,14 +69,14 @@ def name_token_probabilities(model, tokenizer, env: gym.Env, indices: list[int],
                                            restate=restate, goal_role=asked if goal else None)
         record = env.unwrapped.record
         person = record.supporting_titles[decision_hop]
-        start = _first_generated(ids, generated, tokenizer(f" {person}", add_special_tokens=False)["input_ids"])
+        start = _generated_at(ids, generated, tokenizer(f" {person}", add_special_tokens=False)["input_ids"])[0]
         surname = start + len(tokenizer(f" {person.split()[0]}", add_special_tokens=False)["input_ids"])
         with torch.no_grad():
             probabilities = torch.softmax(model(torch.tensor([ids])).logits[0].float(), -1)
         # the role word restated at the decision: the last generated " chair" / " founder" before the person's
         # name (a stated goal names it earlier too)
         role_word = tokenizer(f" {asked}", add_special_tokens=False)["input_ids"][:1]
-        role_at = _last_generated_before(ids, generated, role_word, start) if restate else None
+        role_at = max(t for t in _generated_at(ids, generated, role_word) if t < start) if restate else None
         first, after, chosen = (_probability_at(probabilities, ids, t) for t in (start, surname, role_at))
         reachable, other = float("nan"), float("nan")
         if restate:
@@ -107,14 +107,9 @@ def _probability_at(probabilities: torch.Tensor, ids: list[int], t: int | None) 
     return probabilities[t - 1, ids[t]].item() if t is not None else float("nan")
 
 
-def _first_generated(ids: list[int], generated: list[int], tokens: list[int]) -> int:
-    """Where ``tokens`` first occur among the generated ids."""
-    return next(t for t in range(len(ids)) if generated[t] and ids[t:t + len(tokens)] == tokens)
-
-
-def _last_generated_before(ids: list[int], generated: list[int], tokens: list[int], end: int) -> int:
-    """Where ``tokens`` last occur among the generated ids before position ``end``."""
-    return next(t for t in range(end - 1, -1, -1) if generated[t] and ids[t:t + len(tokens)] == tokens)
+def _generated_at(ids: list[int], generated: list[int], tokens: list[int]) -> list[int]:
+    """Where ``tokens`` occur among the generated ids, in order."""
+    return [t for t in range(len(ids)) if generated[t] and ids[t:t + len(tokens)] == tokens]
 
 
 def thought_format(model: str) -> tuple[bool, bool]:
@@ -200,15 +195,14 @@ def decision_summary(probabilities: np.ndarray, asked: list[str]) -> dict[str, f
             if restated:
                 summary[f"role_p_{role}"] = float(probabilities[mine, 2].mean())
                 summary[f"role_in_nucleus_{role}"] = float(probabilities[mine, 3].mean())
-    if restated:
-        for role in BRANCH_ROLES:  # the role's word where the other role is asked: column 4 of those questions
-            if (roles == role).any() and (roles != role).any():
-                summary[f"role_p_{role}_elsewhere"] = float(probabilities[roles != role, 4].mean())
+            if restated and (~mine).any():  # the role's word where the other is asked: column 4 of those questions
+                summary[f"role_p_{role}_elsewhere"] = float(probabilities[~mine, 4].mean())
                 summary[f"role_dependence_{role}"] = summary[f"role_p_{role}"] - summary[f"role_p_{role}_elsewhere"]
     if not np.isnan(probabilities[:, 1]).all():
         summary.update(surname_p=float(probabilities[:, 1].mean()),
                        surname_p_above_half=float((probabilities[:, 1] > 0.5).mean()))
     return summary
+
 
 if __name__ == "__main__":
     main()

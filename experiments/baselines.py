@@ -92,6 +92,7 @@ class OracleAgent:
     def start(self, prompt: str, record: QARecord) -> None:
         self.record = record
         self.queries = list(record.supporting_titles[: self.max_searches]) or [record.question]
+        self.issued = 0  # searches written so far: the next one's index in ``goals``
         self.pending: str | None = None
 
     def act(self, observation: str) -> str:
@@ -99,10 +100,10 @@ class OracleAgent:
             self.searched += 1
             self.found += f"(Title: {self.pending})" in observation
         if self.queries:
-            search = len(self.record.supporting_titles[: self.max_searches]) - len(self.queries)
             self.pending = self.queries.pop(0)
             sentence = sentence_ending_with(observation, self.pending) if self.restate else None
-            goal = self.goals.get(search)
+            goal = self.goals.get(self.issued)
+            self.issued += 1
             thought = ". ".join(part for part in (sentence, goal) if part) or "I need this passage"
             return in_format(thought, "search", self.pending)
         return in_format("I have what I need", "answer", self.record.answers[0])
