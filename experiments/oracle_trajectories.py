@@ -19,6 +19,10 @@ from envs.synthetic import SPECS, SynthQuestion, branch_questions, read_spec, wo
 from experiments.baselines import OracleAgent, in_format
 from policies.generation import observation_ids, prompt_ids
 
+ORACLE_FORMAT = 1
+"""The version of the text the oracle writes (its thoughts, searches and answers): cached warm starts are keyed by it
+(``warmstart.cached_warm_start``), so a change to that text bumps it; tests/test_warmstart.py pins what it renders."""
+
 
 def oracle_trajectory(env: gym.Env, tokenizer, index: int, max_searches: int, end_of_turn: int,
                       answer: bool = True, premature: bool = False, route: SynthQuestion | None = None,

@@ -52,6 +52,7 @@ from envs.datasets import resolve_data_dir
 from envs.synthetic import BRANCH_ROLES, SPECS, TEMPLATES, BranchSpec, WorldSpec, question_path, world_data_dir
 from experiments.evaluate import chains_in_batches, evaluate_env
 from experiments.oracle_trajectories import (
+    ORACLE_FORMAT,
     misrouted_questions,
     oracle_data_dirs,
     oracle_trajectory,
@@ -108,10 +109,10 @@ def cached_warm_start(world: WorldSpec | BranchSpec, recipe: Sequence[str], *, t
                       cache_dir: str | os.PathLike | None = None, continues: Sequence[str] | None = None) -> Path:
     """The model directory of the warm start of ``recipe`` (this script's options: model, extra worlds, epochs,
     strategy shares, seed...) on ``world``'s generated world with ``topk`` passages per search, trained once per
-    (world, topk, recipe) into the cache (``$TREEGRPO_CACHE_DIR``, default ``~/.cache/tree-grpo``) and reused
-    after: the demo's start policy and the benchmarks' testbeds. One process trains a recipe at a time (a lock
-    file; the others wait, then find it cached) in a staging directory published whole when done; a killed training
-    leaves its staging directory and checkpoint, and the next call resumes it.
+    (world, topk, the oracle's ``ORACLE_FORMAT``, recipe) into the cache (``$TREEGRPO_CACHE_DIR``, default
+    ``~/.cache/tree-grpo``) and reused after: the demo's start policy and the benchmarks' testbeds. One process
+    trains a recipe at a time (a lock file; the others wait, then find it cached) in a staging directory published
+    whole when done; a killed training leaves its staging directory and checkpoint, and the next call resumes it.
 
     With ``continues`` (another recipe), ``recipe`` trains on from that recipe's cached warm start (trained first if
     missing) instead of its own ``--model``: a start in stages, cached under both recipes."""
@@ -123,7 +124,9 @@ def cached_warm_start(world: WorldSpec | BranchSpec, recipe: Sequence[str], *, t
             raise ValueError(f"a recipe that continues another takes that one's model, not its own --model: {recipe}")
         start = ["--model", str(cached_warm_start(world, continues, topk=topk, cache_dir=cache_dir))]
         stages = [continues, recipe]
-    readable = f"{world.key}-topk{topk}-" + "-then-".join("-".join(stage).replace("--", "") for stage in stages)
+    # the first format is left out of the key, so starts cached before it was versioned keep theirs
+    oracle = "" if ORACLE_FORMAT == 1 else f"oracle-format-{ORACLE_FORMAT}-"
+    readable = f"{world.key}-topk{topk}-{oracle}" + "-then-".join("-".join(stage).replace("--", "") for stage in stages)
     key = warm_start_key(readable)
     model = cache_dir / WARM_STARTS_DIR / key / "model"
     model.parent.parent.mkdir(parents=True, exist_ok=True)

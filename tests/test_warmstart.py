@@ -4,6 +4,7 @@ rollouts, SFT that trains the generated tokens only, resuming, and the cached wa
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import re
 import threading
@@ -22,6 +23,7 @@ from envs.datasets import QARecord
 from envs.synthetic import BranchSpec, WorldSpec, write_world
 from experiments.cache import scan
 from experiments.oracle_trajectories import (
+    ORACLE_FORMAT,
     goal_thoughts,
     misrouted_questions,
     oracle_data_dirs,
@@ -224,6 +226,33 @@ def test_goal_stating_thoughts_carry_the_asked_role_from_the_question_to_the_dec
     with pytest.raises(ValueError, match="not a SynthBranch question about the chair"):
         goal_thoughts(QARecord("q", "Where was the mayor of Zeta born?", ("x",), supporting_titles=("a", "b", "c")),
                       "chair")
+
+
+# what ORACLE_FORMAT's oracle renders in test_the_oracles_text_is_the_version_cached_warm_starts_are_keyed_by
+ORACLE_TEXT = (1, "623f55eb6e4acd6c")
+
+
+def test_the_oracles_text_is_the_version_cached_warm_starts_are_keyed_by(setup, tmp_path, monkeypatch):
+    env, tokenizer, _ = setup
+    eos = tokenizer.eos_token_id
+    multi_hop = next(i for i, r in enumerate(env.unwrapped.records) if len(r.supporting_titles) > 1)
+    rendered = [oracle_trajectory(env, tokenizer, 0, 3, eos),
+                oracle_trajectory(env, tokenizer, 0, 3, eos, answer=False),
+                oracle_trajectory(env, tokenizer, multi_hop, 3, eos, premature=True)]
+    root = write_world(replace(BRANCH, names="given", passages="roles", hops=4, lead=True), tmp_path / "lead")
+    lead = gym.make("SynthBranch-v0", split="train", data_dir=root, max_turns=4)
+    question = train_branch_questions(lead, root)[0]
+    rendered += [oracle_trajectory(lead, tokenizer, 0, 4, eos, route=route, restate=True, goal_role=role)
+                 for route in (None, question.decoy) for role in (None, question.role)]
+    digest = hashlib.sha256(json.dumps(rendered).encode()).hexdigest()[:16]
+    assert (ORACLE_FORMAT, digest) == ORACLE_TEXT, (
+        "the oracle's trajectories changed: bump ORACLE_FORMAT (else cached warm starts trained on the old text are "
+        "reused) and pin the new (format, digest) in ORACLE_TEXT")
+    monkeypatch.setattr(warmstart_module, "main", write_empty_model)
+    first = cached_warm_start(BRANCH, ("--seed", "0"), topk=1, cache_dir=tmp_path)
+    monkeypatch.setattr(warmstart_module, "ORACLE_FORMAT", ORACLE_FORMAT + 1)
+    bumped = cached_warm_start(BRANCH, ("--seed", "0"), topk=1, cache_dir=tmp_path)
+    assert bumped != first and f"oracle-format-{ORACLE_FORMAT + 1}-seed-0" in bumped.parent.name
 
 
 def test_warmstart_misroutes_the_share_asked_on_synthbranch(branch, tmp_path, monkeypatch):
