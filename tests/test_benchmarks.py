@@ -640,3 +640,27 @@ def test_the_wide_tree_expands_more_at_the_same_token_budget():
     assert options[options.index("--token-budget") + 1] == "1000" == arms[bench_branching.UNIFORM][1][-1]
     wide = bench_branching.parse_args(["--settings", bench_branching.WIDE_TREE, "--seeds", "0"])
     assert wide.settings == [bench_branching.WIDE_TREE]
+
+
+def test_decision_draws_count_the_steps_at_a_depth_that_no_two_leaves_share():
+    from algos.tree import Node, Tree
+    from benchmarks.decision_draws import draws_at_depth
+    from policies.trajectory import TokenTrajectory
+
+    def chain(parent: Node, steps: int) -> Node:
+        for _ in range(steps):
+            parent = parent.add_child(Node(TokenTrajectory.from_prompt(()), None))
+        return parent
+
+    # a chain of 4 steps, a branch after its first step (3 steps: draws its own third) and one after its third
+    # (1 step: inherits the chain's third)
+    root = Node(TokenTrajectory.from_prompt(()), None)
+    first = chain(root, 1)
+    third = chain(first, 2)
+    chain(third, 1)
+    chain(first, 3)
+    chain(third, 1)
+    other = Node(TokenTrajectory.from_prompt(()), None)
+    chain(other, 2)  # answered after 2 steps: no third step to draw
+    trees = [Tree(root, 0, 0), Tree(other, 0, 1)]
+    assert [draws_at_depth(trees, depth) for depth in (0, 1, 2, 3, 4)] == [2, 2, 3, 2, 3]
