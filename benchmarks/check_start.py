@@ -59,8 +59,8 @@ def name_token_probabilities(model, tokenizer, env: gym.Env, indices: list[int],
     the right route at all) and the probability of the other role's word there (the wrong route; all three NaN
     without), teacher-forced on the right route's oracle trajectory in the start's own format (``goal``: its
     thoughts carry the asked role to the decision, ``warmstart.py --restate-goal``). ``decision_hop``:
-    the search whose entity is the decision's person (1: the one after the company's; 2 in a world with a lead
-    hop, ``BranchSpec.lead``)."""
+    the search whose entity is the decision's person (``BranchSpec.decision_hop``: 1, the one after the company's;
+    2 in a world with a lead hop)."""
     end_of_turn = min(end_of_turn_ids(tokenizer, model))
     rows = []
     for index in indices:
@@ -175,8 +175,8 @@ def decision_probabilities(args: argparse.Namespace) -> dict[str, float]:
                    max_turns=args.max_turns)
     indices = list(range(min(args.questions, len(env.unwrapped.records))))
     restate, goal = thought_format(args.model)
-    probabilities = np.array(name_token_probabilities(model, tokenizer, env, indices, restate=restate,
-                                                      top_p=args.top_p, decision_hop=1 + args.world.lead, goal=goal))
+    probabilities = np.array(name_token_probabilities(model, tokenizer, env, indices, restate=restate, top_p=args.top_p,
+                                                      decision_hop=args.world.decision_hop, goal=goal))
     return decision_summary(probabilities, [asked_role(env.unwrapped.records[i].question) for i in indices])
 
 

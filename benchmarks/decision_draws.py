@@ -28,8 +28,6 @@ from experiments.warmstart import cached_warm_start
 from policies.generators import step_generator
 from policies.models import load_model
 
-# the lead world's decision: the third call (after the employee's and the company's searches) picks the person
-DECISION_DEPTH = 3
 # the ninth design's start and rollouts (docs/protocol_branching.md)
 NINTH_DESIGN = ["--lead", "--eval-questions", "200", "--start-goal", "--start-misroute", "0.98",
                 "--start-misroute-role", "chair", "--top-p", "1.0", "--token-budget", "200000",
@@ -63,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
         trees = TreeRollout(env, generator, tokenizer, seed=args.seed, branching=run.branching).grow(prompts,
                                                                                                      run.tree_shape)
         tokens = generator.counters.tokens_generated
-        draws, leaves = draws_at_depth(trees, DECISION_DEPTH), sum(len(tree.leaves()) for tree in trees)
+        draws, leaves = draws_at_depth(trees, bed.world.decision_hop + 1), sum(len(tree.leaves()) for tree in trees)
         print(f"{name}: per prompt {draws / len(prompts):.2f} decision draws, {leaves / len(prompts):.1f} leaves, "
               f"{tokens / len(prompts):.0f} tokens; {1000 * draws / tokens:.2f} draws per 1,000 tokens", flush=True)
 

@@ -23,12 +23,15 @@ import benchmarks.learning_report as learning_report
 import benchmarks.learning_runs as learning_runs
 import benchmarks.learning_stats as learning_stats
 import experiments.run
+from algos.tree import Node, Tree
 from benchmarks.bench_learning import COMPARISONS, SETTINGS, TESTBED
+from benchmarks.decision_draws import draws_at_depth
 from benchmarks.learning_report import verdict
 from benchmarks.learning_runs import train_run
 from benchmarks.learning_stats import compare, mean_rows, reward_first_and_last, summarize
 from experiments.confidence import detectable_difference, seeds_for_power
 from policies.generation import default_max_step_tokens
+from policies.trajectory import TokenTrajectory
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ("bench_branching", "bench_device", "bench_generation", "bench_learning", "bench_retrieval", "bench_rollout",
@@ -643,10 +646,6 @@ def test_the_wide_tree_expands_more_at_the_same_token_budget():
 
 
 def test_decision_draws_count_the_steps_at_a_depth_that_no_two_leaves_share():
-    from algos.tree import Node, Tree
-    from benchmarks.decision_draws import draws_at_depth
-    from policies.trajectory import TokenTrajectory
-
     def chain(parent: Node, steps: int) -> Node:
         for _ in range(steps):
             parent = parent.add_child(Node(TokenTrajectory.from_prompt(()), None))

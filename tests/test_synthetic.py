@@ -143,6 +143,8 @@ def test_every_branch_question_turns_on_which_person_the_first_passage_names(hop
             assert right in world.passage(company.name) and wrong in world.passage(company.name)
             assert right not in q.question and wrong not in q.question
             assert q.answer != q.decoy.answer  # the wrong route ends elsewhere
+            decision = world.spec.decision_hop  # the routes share the searches before it and part at it
+            assert q.chain[:decision] == q.decoy.chain[:decision] and q.chain[decision] != q.decoy.chain[decision]
 
 
 @pytest.mark.parametrize("hops", [3, 4, 5])
@@ -154,6 +156,7 @@ def test_a_lead_hop_puts_the_decision_after_the_second_search(hops):
         employee, company = world.entities[q.chain[0]], world.entities[q.chain[1]]
         assert q.hops == q.decoy.hops == hops and q.decoy.chain[:2] == q.chain[:2]  # the routes part at the third
         assert q.chain[2] != q.decoy.chain[2] and q.answer != q.decoy.answer
+        assert q.chain[spec.decision_hop] == q.chain[2] != q.decoy.chain[spec.decision_hop]
         assert q.question.replace(f"the company {employee.name} works for", company.name) in {
             other.question for other in plain.role_questions()[q.role]}  # the same question, one hop further out
         assert f"{employee.name} works for {company.name}." in world.passage(employee.name)

@@ -164,6 +164,12 @@ class BranchSpec(_WorldSizes):
         """The searches from the company on: ``hops`` without the lead's."""
         return self.hops - self.lead
 
+    @property
+    def decision_hop(self) -> int:
+        """The search (0-based, among a question's supporting titles) whose person the routing decision picks: the
+        one after the company's. The step that makes it is the trajectory's ``decision_hop + 1``-th."""
+        return 1 + self.lead
+
     def world(self) -> BranchWorld:
         return BranchWorld(self)
 
