@@ -9,6 +9,7 @@ import os
 import sys
 
 import envs
+from algos.tree_grpo import settings as algorithm_settings
 from envs.datasets import DataError, MissingDataError
 from experiments.cli import SettingsError
 from experiments.settings import RunSettings, build_config, env_config, memory_options
@@ -40,12 +41,46 @@ def check_before_ray(settings: RunSettings) -> None:
     algorithm config as RLlib's ``validate`` sees it (e.g. more env runners than prompts). (``start_ray`` checks
     the actors' resources.)"""
     check_data(settings)
+    check_learner_device(settings)
+    print(placement_line(settings), file=sys.stderr)
     try:
         build_config(settings).validate()
     except ValueError as error:
         raise SettingsError(str(error)) from None
     if settings.memory_check:
         check_memory(settings)
+
+
+def cluster_address(settings: RunSettings) -> str | None:
+    """The Ray cluster the run joins (``--ray-address``, else ``$RAY_ADDRESS``), or None for a local instance."""
+    return settings.ray_address or os.environ.get("RAY_ADDRESS")
+
+
+def check_learner_device(settings: RunSettings) -> None:
+    """Refuse learners asked to train on a GPU where none can be had: the local learner (``--num-learners 0``) when
+    this process sees no GPU; remote ones when no GPU is visible and no cluster is joined (a cluster's nodes bring
+    their own GPUs, which ``check_resources`` counts once Ray is up)."""
+    gpus = settings.num_gpus_per_learner
+    if not gpus or algorithm_settings.gpu_visible() or (settings.num_learners and cluster_address(settings)):
+        return
+    where = ("the local learner (--num-learners 0) runs in this process" if not settings.num_learners
+             else f"the {settings.num_learners} remote learner(s) would start on this machine's Ray")
+    raise SettingsError(f"--num-gpus-per-learner {gpus:g}: no GPU is visible here and {where}: pass "
+                        f"--num-gpus-per-learner 0 to train on the CPU, or run where a GPU is visible")
+
+
+def placement_line(settings: RunSettings) -> str:
+    """Where the run's parts run, in one line (printed before Ray starts): the learners and the rollouts."""
+    device = f"on a GPU ({settings.num_gpus_per_learner:g} each)" if settings.num_gpus_per_learner else "on the CPU"
+    learners = ("learner: in this process" if not settings.num_learners
+                else f"learners: {settings.num_learners} remote (Ray actors)")
+    if settings.num_env_runners:
+        runner_device = (f"on a GPU ({settings.num_gpus_per_env_runner:g} each)" if settings.num_gpus_per_env_runner
+                         else "on the CPU")
+        rollouts = f"rollouts: {settings.num_env_runners} remote env runner(s), {runner_device}"
+    else:
+        rollouts = "rollouts: in this process, " + ("on the GPU" if algorithm_settings.gpu_visible() else "on the CPU")
+    return f"placement: {learners}, {device}; {rollouts} ({settings.generator_backend} engine)"
 
 
 def check_memory(settings: RunSettings) -> None:
@@ -93,7 +128,7 @@ def start_ray(settings: RunSettings) -> None:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if ray.is_initialized():
         return
-    address = settings.ray_address or os.environ.get("RAY_ADDRESS")
+    address = cluster_address(settings)
     if address:
         ray.init(address=address, log_to_driver=settings.log_rollout_steps)
         return

@@ -119,7 +119,11 @@ class RunSettings(TreeGRPOSettings):
     seed: int = Field(0, ge=0, description="seed of prompts, sampling and model initialisation")
     num_env_runners: int = Field(0, ge=0, description="remote Ray env runners (0: sample in this process)")
     num_learners: int = Field(0, ge=0, description="remote learners, DDP (0: learn in this process)")
-    num_gpus_per_learner: float = Field(0.0, ge=0, description="GPUs per learner")
+    num_gpus_per_learner: float = Field(
+        default_factory=per_device(cpu=0.0, gpu=1.0), ge=0,
+        description="GPUs per learner: the local learner (--num-learners 0) and each remote one train on a GPU when "
+                    "this is above 0, else on the CPU (default: 1 with a GPU visible, so every learner updates on "
+                    "its own GPU; 0 on CPU)")
     num_cpus_per_learner: float = Field(1.0, gt=0, description="CPUs per remote learner")
     num_cpus_per_env_runner: float = Field(1.0, gt=0, description="CPUs per remote env runner")
     num_gpus_per_env_runner: float = Field(0.0, ge=0, description="GPUs per remote env runner (its generator, HF "

@@ -418,3 +418,44 @@ def test_the_gpu_defaults_are_the_papers_smallest_model_in_bf16_that_skips_idle_
     cpu = settings_of(["--output", str(tmp_path)])
     assert (cpu.model, cpu.dtype, cpu.skip_uniform_rewards, cpu.gradient_checkpointing) == (
         "smollm2-135m", "float32", False, False)
+
+
+def test_learner_on_gpu_by_default(monkeypatch, tmp_path):
+    """With a GPU visible, the run's resolved RLlib config puts the learner (here the local one) on a GPU, as RLlib
+    resolves a learner's device; without one, on the CPU."""
+    import ray.air._internal.torch_utils as ray_torch_utils
+    import torch
+    from ray._private import worker
+    from ray.rllib.utils.framework import get_device
+
+    import algos.tree_grpo.settings as algorithm_settings
+
+    # what a learner actor given one GPU sees (Ray hides the others); no CUDA call is made
+    monkeypatch.setattr(ray_torch_utils, "get_devices", lambda: [torch.device("cuda:0")])
+    monkeypatch.setattr(worker, "_mode", lambda: worker.WORKER_MODE)
+    monkeypatch.setattr(algorithm_settings, "gpu_visible", lambda: True)
+    for learners in ([], ["--num-learners", "2"]):
+        config = build_config(settings_of([*learners, "--output", str(tmp_path)]))
+        assert config.num_gpus_per_learner == 1
+        assert get_device(config, config.num_gpus_per_learner) == torch.device("cuda:0")  # TorchLearner.build's call
+    monkeypatch.setattr(algorithm_settings, "gpu_visible", lambda: False)
+    config = build_config(settings_of(["--output", str(tmp_path)]))
+    assert config.num_gpus_per_learner == 0 and get_device(config, config.num_gpus_per_learner).type == "cpu"
+    assert "GPUs per learner" in run_parser().format_help() and "default: 1 with a GPU visible" in (
+        " ".join(run_parser().format_help().split()))
+
+
+def test_a_gpu_learner_without_a_gpu_is_refused_before_ray_starts(monkeypatch, tmp_path):
+    from experiments.preflight import check_learner_device
+
+    out = ["--output", str(tmp_path)]
+    for learners in ([], ["--num-learners", "1"]):  # the local learner and a remote one
+        settings = settings_of([*learners, "--num-gpus-per-learner", "1", *out])
+        with pytest.raises(SettingsError, match=r"--num-gpus-per-learner 1: no GPU is visible here.*"
+                                                r"--num-gpus-per-learner 0 to train on the CPU"):
+            check_learner_device(settings)
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")  # a cluster's nodes bring GPUs: Ray checks them there
+    check_learner_device(settings_of(["--num-learners", "1", "--num-gpus-per-learner", "1", *out]))
+    with pytest.raises(SettingsError, match="the local learner"):  # ... but never to the driver's own learner
+        check_learner_device(settings_of(["--num-gpus-per-learner", "1", *out]))
+    assert not ray.is_initialized()
