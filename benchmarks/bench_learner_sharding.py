@@ -4,30 +4,33 @@
     python -m benchmarks.bench_learner_sharding --report docs/benchmarks.md
     python -m benchmarks.bench_learner_sharding --gpu                        # one GPU: Qwen2.5-1.5B's shape, world 1
 
-No Ray: each configuration (sharding, world size) runs in ``world`` fresh processes that this script starts
-(``torch.multiprocessing``, a file-store process group: gloo on the CPU, nccl on GPUs), so it runs where only torch
-and transformers are installed. Each rank builds a model of the shape with random weights (Llama; Qwen2 for shapes
-with q/k/v biases), wraps it as the learner does (DDP over the whole model, or ``policies.fsdp.shard_model``), and
-takes ``--steps`` optimizer steps, each of ``--micro-batches`` micro-batches of its own: rows sharing a prompt
-(about ``--tokens`` unique tokens), forwarded with shared prefixes through ``policies.logprobs.sequence_logprobs``
-(log-probs and entropies), the token-mean loss backpropagated (the gradients reduced after the step's last
-micro-batch only: DDP's ``no_sync``, FSDP's ``set_requires_gradient_sync``), the gradient norm over all ranks,
-AdamW. Each rank's micro-batches are the same at every world size: a step at world 2 does twice the work of one at
-world 1, on twice the processes.
+No Ray: each configuration (sharding, world size, activation checkpointing) runs in ``world`` fresh processes that
+this script starts (``torch.multiprocessing``, a file-store process group: gloo on the CPU, nccl on GPUs), so it runs
+where only torch and transformers are installed. Each rank builds a model of the shape with random weights (Llama;
+Qwen2 for shapes with q/k/v biases), wraps it as the learner does (DDP over the whole model, or
+``policies.fsdp.shard_model`` with the learner's mixed precision), and takes ``--steps`` optimizer steps, each of
+``--micro-batches`` micro-batches of its own: rows sharing a prompt (about ``--tokens`` unique tokens), forwarded
+with shared prefixes through ``policies.logprobs.sequence_logprobs`` (log-probs and entropies), the token-mean loss
+backpropagated as the learner reduces it (DDP: all-reduced after the step's last micro-batch, ``no_sync`` before;
+FSDP: reduce-scattered after every micro-batch), the gradient norm over all ranks, AdamW. Each rank's micro-batches
+are the same at every world size: a step at world 2 does twice the work of one at world 1, on twice the processes.
 
 Measured per rank: the median step time after the first step (the first builds AdamW's state), the peak memory
 of the steps (GPU: peak allocated; CPU: the process's peak resident set minus its resident set before the model
 was built, glibc's mmap threshold fixed at 1 MiB so that freed tensors leave it, as in bench_memory) and the bytes
 of parameters, gradients and AdamW state it holds after a step, counted from the tensors
-(``policies.fsdp.trained_state_bytes``). ``--gpu``: bf16 compute under autocast over float32 masters (the
-learner's ``--dtype bfloat16``) and activation checkpointing, as a GPU run trains; world 1 only, where FSDP's
-sharding is trivial but its whole path (root, gathers, reductions, sharded optimizer) runs.
+(``policies.fsdp.trained_state_bytes``). Planned: :func:`policies.memory_plan.plan_memory`'s per-GPU total for the
+same learners, sharding, precision, checkpointing and micro-batch (its packed tokens and longest segment), no
+reference, no engine, no CUDA overhead; the table gives planned / measured. ``--gpu``: bf16 compute over float32
+masters (the learner's ``--dtype bfloat16``) and activation checkpointing, as a GPU run trains; world 1 only, where
+FSDP's sharding is trivial but its whole path (root, gathers, reductions, sharded optimizer) runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import statistics
@@ -39,7 +42,7 @@ from pathlib import Path
 
 from benchmarks.bench_memory import MMAP_THRESHOLD, resident_gib, tree_batch
 from benchmarks.report import machine_description, replace_section
-from policies.memory_plan import GIB
+from policies.memory_plan import GIB, MemoryOptions, plan_memory
 from policies.model_shape import PRESETS, SMOLLM2, ModelShape
 
 GPU_SHAPE = "qwen2.5-1.5b-instruct"
@@ -63,17 +66,20 @@ def build_model(shape: ModelShape, seed: int):
     return LlamaForCausalLM(LlamaConfig(**common, head_dim=shape.head_dim)).train()
 
 
-def rank_main(rank: int, world: int, store: str, args: argparse.Namespace, sharding: str, out: str) -> None:
-    """One rank of one configuration: its steps, then its measurements to ``out/<rank>.json``."""
+def rank_main(rank: int, world: int, store: str, args: argparse.Namespace, config: tuple[str, bool], out: str
+              ) -> None:
+    """One rank of one configuration (sharding, checkpointing): its steps, then its measurements to
+    ``out/<rank>.json``."""
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from policies.fsdp import ShardedRoot, global_norm, gradient_sync, shard_model, trained_state_bytes
-    from policies.logprobs import ENTROPY, LOGPROBS, PACKING, pack_rows, sequence_logprobs
+    from policies.fsdp import ShardedRoot, global_norm, mixed_precision, shard_model, trained_state_bytes
+    from policies.logprobs import ENTROPY, LOGPROBS, PACKED_TOKENS, PACKING, pack_rows, sequence_logprobs
     from policies.memory import peak_memory_gib, reset_peak_memory
     from policies.precision import precision_of
 
+    sharding, checkpointing = config
     torch.set_num_threads(args.threads)
     cuda = args.device == "cuda"
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
@@ -86,22 +92,26 @@ def rank_main(rank: int, world: int, store: str, args: argparse.Namespace, shard
     batches = [tree_batch(shape.vocab, args.rows, args.prompt_tokens, args.tokens, args.seed + 100 * rank + i)
                for i in range(args.micro_batches)]
     before = resident_gib("VmRSS")
-    model = build_model(shape, args.seed).to(device)
-    if args.checkpointing:
+    model = build_model(shape, args.seed).to(device)  # the same seed on every rank: the same initial weights
+    if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if sharding == "fsdp":
-        root = shard_model(model)
+        root = shard_model(model, mp_policy=mixed_precision(precision.compute, precision.master))
+        autocast = contextlib.nullcontext  # the units gather in the compute dtype (the learner's way)
     else:
         root = DistributedDataParallel(ShardedRoot(model), device_ids=[rank] if cuda else None)
+        autocast = functools.partial(precision.autocast, device)
     for batch in batches:
         for key, value in list(batch.items()):
             batch[key] = value.to(device)
         batch[PACKING] = pack_rows(model, batch)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    packed = {}
 
     def loss_of(batch):
-        with precision.autocast(device):
+        with autocast():
             out = sequence_logprobs(model, batch, share_prefixes=True, return_entropy=True)
+        packed.update(tokens=out[PACKED_TOKENS], segment=int(batch[PACKING].token_ids.shape[1]))
         scored = batch["attention_mask"][:, 1:].sum()
         return -(out[LOGPROBS].sum() + ENTROPY_COEF * out[ENTROPY].sum()) / scored
 
@@ -113,12 +123,8 @@ def rank_main(rank: int, world: int, store: str, args: argparse.Namespace, shard
         start = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
         for i, batch in enumerate(batches):
-            last = i == len(batches) - 1
-            if sharding == "fsdp":
-                sync = gradient_sync(root, enabled=last)
-            else:
-                sync = contextlib.nullcontext() if last else root.no_sync()
-            with sync:
+            replicas_wait = sharding == "ddp" and i < len(batches) - 1
+            with root.no_sync() if replicas_wait else contextlib.nullcontext():
                 (root(loss_of, batch) / len(batches)).backward()
         norm = global_norm([p.grad for p in model.parameters() if p.grad is not None])
         optimizer.step()
@@ -126,41 +132,59 @@ def rank_main(rank: int, world: int, store: str, args: argparse.Namespace, shard
             torch.cuda.synchronize(device)
         times.append(time.perf_counter() - start)
     peak = peak_memory_gib(device) - (0.0 if cuda else before)
-    result = {"sharding": sharding, "world": world, "rank": rank, "step_s": statistics.median(times[1:] or times),
-              "peak_gib": peak, "trained_gib": trained_state_bytes(model, optimizer) / GIB, "grad_norm": norm,
-              "parameters": shape.parameters}
+    result = {"sharding": sharding, "world": world, "checkpointing": checkpointing, "rank": rank,
+              "step_s": statistics.median(times[1:] or times), "peak_gib": peak,
+              "trained_gib": trained_state_bytes(model, optimizer) / GIB, "grad_norm": norm,
+              "parameters": shape.parameters, "packed_tokens": int(packed["tokens"]),
+              "segment_tokens": packed["segment"]}
+    result["planned_gib"] = planned_gib(args, result)
     Path(out, f"{rank}.json").write_text(json.dumps(result))
     dist.destroy_process_group()
 
 
-def measure(args: argparse.Namespace, sharding: str, world: int) -> list[dict]:
-    """One configuration on ``world`` fresh processes; each rank's measurements."""
+def planned_gib(args: argparse.Namespace, result: dict) -> float:
+    """The plan's per-GPU total for a measured configuration (see the module docstring)."""
+    options = MemoryOptions(learners=result["world"], sharding=result["sharding"], dtype=args.dtype,
+                            gradient_checkpointing=result["checkpointing"], reference=False,
+                            micro_batch_tokens=result["packed_tokens"], sequence_tokens=result["segment_tokens"],
+                            overhead_gib=0.0)
+    return plan_memory(PRESETS[args.shape], options).per_gpu_gib
+
+
+def measure(args: argparse.Namespace, config: tuple[str, bool], world: int) -> list[dict]:
+    """One configuration (sharding, checkpointing) on ``world`` fresh processes; each rank's measurements."""
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as out:
-        mp.spawn(rank_main, args=(world, str(Path(out) / "store"), args, sharding, out), nprocs=world, join=True)
+        mp.spawn(rank_main, args=(world, str(Path(out) / "store"), args, config, out), nprocs=world, join=True)
         return [json.loads(Path(out, f"{rank}.json").read_text()) for rank in range(world)]
 
 
 def table(results: list[list[dict]]) -> str:
-    """One row per configuration: the largest rank's step time and peak, the per-rank counted bytes."""
-    lines = ["| sharding | learners | step (s), slowest rank | peak per rank (GiB) | params + grads + AdamW per rank "
-             "(GiB, counted) | of world 1's |",
-             "|---|---:|---:|---:|---:|---:|"]
-    alone = {ranks[0]["sharding"]: ranks[0]["trained_gib"] for ranks in results if ranks[0]["world"] == 1}
+    """One row per configuration: the largest rank's step time, peak and plan, the per-rank counted bytes; the
+    FSDP/DDP peak ratio at the same world and checkpointing."""
+    lines = ["| sharding | learners | checkpointing | step (s), slowest rank | peak per rank (GiB) | planned (GiB) | "
+             "planned / peak | of DDP's peak | params + grads + AdamW per rank (GiB, counted) | of world 1's |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    first = {(ranks[0]["sharding"], ranks[0]["world"], ranks[0]["checkpointing"]): ranks for ranks in results}
     for ranks in results:
-        first = ranks[0]
+        head = ranks[0]
+        key = (head["sharding"], head["world"], head["checkpointing"])
+        peak, planned = max(r["peak_gib"] for r in ranks), max(r["planned_gib"] for r in ranks)
         trained = max(rank["trained_gib"] for rank in ranks)
-        share = f"{trained / alone[first['sharding']]:.2f}" if first["sharding"] in alone else "n/a"
-        lines.append(f"| {first['sharding']} | {first['world']} | {max(r['step_s'] for r in ranks):.2f} | "
-                     f"{max(r['peak_gib'] for r in ranks):.2f} | {trained:.3f} | {share} |")
+        alone = first.get((key[0], 1, key[2]))
+        share = f"{trained / alone[0]['trained_gib']:.2f}" if alone else "n/a"
+        ddp = first.get(("ddp", key[1], key[2]))
+        of_ddp = f"{peak / max(r['peak_gib'] for r in ddp):.2f}" if ddp else "n/a"
+        lines.append(f"| {key[0]} | {key[1]} | {'on' if key[2] else 'off'} | {max(r['step_s'] for r in ranks):.2f} "
+                     f"| {peak:.2f} | {planned:.2f} | {planned / peak:.2f} | {of_ddp} | {trained:.3f} | {share} |")
     return "\n".join(lines)
 
 
 def report(results: list[list[dict]], args: argparse.Namespace, command: str) -> str:
     return (f"`{command}` on {machine_description()}.\n\n"
             f"{PRESETS[args.shape].name}'s shape ({PRESETS[args.shape].parameters / 1e6:.0f}M parameters, random "
-            f"weights, {args.dtype}{', activation checkpointing' if args.checkpointing else ''}); per rank and "
+            f"weights, {args.dtype}); per rank and "
             f"step {args.micro_batches} micro-batches of {args.rows} rows sharing a {args.prompt_tokens}-token "
             f"prompt (about {args.tokens} unique tokens each), {args.steps} steps (the first not timed), "
             f"{args.threads} thread(s) per rank. Peak: the process's resident set above its level before the "
@@ -176,11 +200,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--worlds", type=int, nargs="+", default=None, help="world sizes (default: 1 2; 1 with --gpu)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
                    help="compute dtype over float32 masters (default: float32; bfloat16 with --gpu)")
-    p.add_argument("--checkpointing", action=argparse.BooleanOptionalAction, default=None,
-                   help="activation checkpointing (default: off; on with --gpu)")
+    p.add_argument("--checkpointing", choices=("off", "on", "both"), default=None,
+                   help="activation checkpointing (default: both, each configuration without then with; on with --gpu)")
     p.add_argument("--shardings", nargs="+", choices=("ddp", "fsdp"), default=["ddp", "fsdp"])
     p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--micro-batches", type=int, default=2)
+    p.add_argument("--micro-batches", type=int, default=4, help="micro-batches per optimizer step (K)")
     p.add_argument("--rows", type=int, default=4)
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--tokens", type=int, default=384, help="unique tokens per micro-batch (about)")
@@ -193,7 +217,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.shape = args.shape or (GPU_SHAPE if args.gpu else SMOLLM2)
     args.worlds = args.worlds or ([1] if args.gpu else [1, 2])
     args.dtype = args.dtype or ("bfloat16" if args.gpu else "float32")
-    args.checkpointing = args.gpu if args.checkpointing is None else args.checkpointing
+    args.checkpointing = args.checkpointing or ("on" if args.gpu else "both")
     return args
 
 
@@ -214,11 +238,13 @@ def main(argv: list[str] | None = None) -> list[list[dict]]:
     args = parse_args(argv)
     os.environ[MMAP_THRESHOLD] = str(2**20)  # inherited by the spawned ranks (see the module docstring)
     results = []
+    checkpointing = {"off": [False], "on": [True], "both": [False, True]}[args.checkpointing]
     for sharding in args.shardings:
         for world in args.worlds:
-            ranks = measure(args, sharding, world)
-            print(json.dumps(ranks), flush=True)
-            results.append(ranks)
+            for recompute in checkpointing:
+                ranks = measure(args, (sharding, recompute), world)
+                print(json.dumps(ranks), flush=True)
+                results.append(ranks)
     print(table(results))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))

@@ -109,8 +109,7 @@ def planned(result: dict) -> dict[str, float]:
     """The plan's learner parts for a measured micro-batch."""
     options = MemoryOptions(dtype="float32", gradient_checkpointing=result["checkpointing"], reference=False,
                             micro_batch_tokens=result["segments"] * result["segment_tokens"],
-                            sequence_tokens=result["segment_tokens"], head_chunk_tokens=256 * result["rows"],
-                            overhead_gib=0.0)
+                            sequence_tokens=result["segment_tokens"], overhead_gib=0.0)
     plan = plan_memory(PRESETS[result["shape"]], options)
     return {name: plan.parts[name] for name in LEARNER_PARTS}
 

@@ -40,7 +40,6 @@ from policies.precision import precision_of
 from policies.reference_model import ReferenceModel
 
 PROMPT_SHARE = 4  # a quarter of each row is its prompt, shared by every row (a prompt group's rows share it)
-LOGPROB_CHUNK = 256  # scored positions per row in one LM-head chunk (the module's default)
 
 
 def random_model(shape: ModelShape, device: str, attention: str = "sdpa") -> torch.nn.Module:
@@ -72,7 +71,7 @@ def token_batch(vocab: int, rows: int, tokens: int, device: str, seed: int = 0) 
 def learner_step(model, reference: ReferenceModel, batch: dict, optimizer, precision, share_prefixes: bool) -> float:
     """One update as the learner runs it: no-gradient old and reference passes, then the loss, backward, AdamW."""
     device = batch["input_ids"].device
-    kwargs = dict(share_prefixes=share_prefixes, chunk_positions=LOGPROB_CHUNK)
+    kwargs = dict(share_prefixes=share_prefixes)
     with torch.no_grad(), precision.autocast(device):
         old = sequence_logprobs(model, batch, **kwargs)[LOGPROBS]
         with reference.on_device() as frozen:
@@ -115,7 +114,7 @@ def precision_and_memory(args: argparse.Namespace) -> list[str]:
     options = MemoryOptions(dtype="bfloat16", gradient_checkpointing=args.gradient_checkpointing,
                             reference_offload=args.reference_offload,
                             micro_batch_tokens=args.tokens, sequence_tokens=args.tokens // args.rows,
-                            head_chunk_tokens=LOGPROB_CHUNK * args.rows, overhead_gib=0.0)
+                            overhead_gib=0.0)
     plan = plan_memory(shape, options)
     return [
         f"## 1. A learner step of {shape.name} ({shape.parameters / 1e9:.2f}B), bf16 compute over float32 masters, "
@@ -141,7 +140,7 @@ def learns_on_a_fixed_batch(args: argparse.Namespace) -> list[str]:
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     batch = token_batch(shape.vocab, args.rows, args.tokens // 2, device, seed=1)
-    kwargs = dict(share_prefixes=False, chunk_positions=LOGPROB_CHUNK)
+    kwargs = dict(share_prefixes=False)
     with torch.no_grad(), precision.autocast(device):
         old = sequence_logprobs(model, batch, **kwargs)[LOGPROBS]
     mask, losses, moved = batch[GENERATED_MASK], [], None

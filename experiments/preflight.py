@@ -90,7 +90,7 @@ def check_memory(settings: RunSettings) -> None:
     import torch
 
     from policies.memory import GIB
-    from policies.memory_plan import plan_memory
+    from policies.memory_plan import fitting_change, plan_memory
     from policies.memory_report import plan_line
     from policies.model_shape import ModelShapeError, model_shape
 
@@ -103,10 +103,14 @@ def check_memory(settings: RunSettings) -> None:
     plan = plan_memory(shape, memory_options(settings, gpu))
     print(plan_line(plan), file=sys.stderr)
     if plan.fits is False:
-        raise SettingsError(f"the memory plan needs {plan.per_gpu_gib:.1f} GiB per GPU, over the GPU's "
-                            f"{gpu:.1f} GiB: try --gradient-checkpointing, --reference-offload, a smaller "
-                            f"--micro-batch-tokens, LoRA (--lora-rank) or more learners (python "
-                            f"experiments/plan_memory.py compares them), or --no-memory-check to go on anyway")
+        biggest = max(plan.parts, key=plan.parts.get)
+        change = fitting_change(plan)
+        raise SettingsError(
+            f"the memory plan needs {plan.per_gpu_gib:.1f} GiB per GPU in the {plan.phase}, over the "
+            f"{plan.usable_gib:.1f} GiB usable of the GPU's {gpu:.1f} GiB ({biggest.replace('_', ' ')} the largest "
+            f"part, {plan.parts[biggest]:.1f} GiB): "
+            + (f"it would fit with {change}" if change else "none of the memory options tried makes it fit")
+            + "; python experiments/plan_memory.py compares the options, --no-memory-check goes on anyway")
 
 
 def local_resources() -> dict[str, float]:
@@ -140,8 +144,36 @@ def start_ray(settings: RunSettings) -> None:
     resources = local_resources()
     check_resources(settings, resources)
     ray.init(address="local", num_cpus=int(resources["CPU"]), num_gpus=int(resources["GPU"]),
-             object_store_memory=1_000_000_000,
+             object_store_memory=object_store_bytes(settings),
              include_dashboard=settings.ray_dashboard, log_to_driver=settings.log_rollout_steps)
+
+
+MIN_OBJECT_STORE_BYTES = 1_000_000_000  # Ray's store for everything but the weights (metrics, batches, trees)
+OBJECT_STORE_HEADROOM = 1.25  # the weights of one sync, plus room for the iteration's batch and results
+HOST_SHARE_FOR_STORE = 0.5  # at most this share of the host's memory goes to the store
+
+
+def object_store_bytes(settings: RunSettings, host_bytes: int | None = None) -> int:
+    """The local Ray instance's object store: room for one weight sync's buckets (``policies.memory_plan.sync_bytes``:
+    all of them are in the store at once while remote env runners fetch them) when the sync goes through the store
+    (remote env runners or remote learners), at least 1 GB; a ``SettingsError`` when that is over half the host's
+    memory (``host_bytes``, default: this machine's)."""
+    from policies.memory_plan import sync_bytes
+    from policies.model_shape import ModelShapeError, model_shape
+
+    if not (settings.num_env_runners or settings.num_learners):
+        return MIN_OBJECT_STORE_BYTES  # the learner copies into the driver's runner tensor to tensor
+    try:
+        needed = OBJECT_STORE_HEADROOM * sync_bytes(model_shape(settings.model), memory_options(settings, None))
+    except ModelShapeError:
+        return MIN_OBJECT_STORE_BYTES  # not yet downloaded: the store grows by spilling to disk, slowly
+    host = host_bytes if host_bytes is not None else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if needed > HOST_SHARE_FOR_STORE * host:
+        raise SettingsError(
+            f"the weight sync of {settings.model} needs {needed / 2**30:.1f} GiB of Ray's object store, over half of "
+            f"this host's {host / 2**30:.1f} GiB: run the env runners in this process (--num-env-runners 0 with "
+            f"--num-learners 0), or on a host with more memory")
+    return max(MIN_OBJECT_STORE_BYTES, int(needed))
 
 
 def check_resources(settings: RunSettings, available: dict[str, float],

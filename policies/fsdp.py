@@ -5,17 +5,24 @@ tests and the benchmarks run it under any ``torch.distributed`` process group (g
 Every parameter is split along its first dimension over the ranks (a ``DTensor`` with a ``Shard(0)`` placement), and
 so are its gradient and, built over the sharded parameters, AdamW's moments: each rank holds about 1 / world of the
 model's trained state. A unit's full parameters exist only while it runs (all-gathered before its forward and again
-before its backward, freed after); its gradients are reduce-scattered (averaged) after its backward.
+before its backward, freed after); its gradients are reduce-scattered (averaged) after its backward, after every
+micro-batch's, into the sharded gradient, where the micro-batches of an optimizer step accumulate. Reducing once per
+step instead would keep every rank's whole-model gradient unreduced until the step's last micro-batch (4 bytes a
+parameter: 28 GiB for 7B), the memory sharding exists to free; verl and torchtitan reduce-scatter every micro-batch.
 
 The log-prob passes (:func:`policies.logprobs.sequence_logprobs`) call the decoder and the LM head separately, not
 the model's ``forward``, so FSDP's root is :class:`ShardedRoot`: a module over the model whose ``forward`` runs the
 given pass, so that the root's parameters are gathered around the whole pass and its gradients reduced after it.
 
-Precision: the units gather and compute in the parameters' own dtype (no FSDP ``MixedPrecisionPolicy``). A
-``--dtype bfloat16`` pass keeps running under the module's autocast over float32 master shards, the meaning
-:mod:`policies.precision` gives it, so a sharded learner computes what a DDP or single learner computes (the same
-bf16 matrix products, float32 norms and softmax) and its gradients are reduced in float32. The price is float32
-all-gathers, twice the bytes of bf16 ones.
+Precision (:func:`mixed_precision`): with ``--dtype bfloat16`` over float32 master shards, FSDP's
+``MixedPrecisionPolicy`` all-gathers each unit's parameters cast to bf16 (half the bytes of float32 gathers) and
+reduce-scatters the gradients in float32; the passes then run without ``torch.autocast``, whose cast cache would keep
+a bf16 copy of every gathered weight until the pass ends. The residual stream is bf16, as in the bf16 KL reference,
+so a sharded policy and its sharded reference compute alike (the first step's KL is 0). A DDP or single learner keeps
+autocast over its float32 weights (float32 residual stream; see :mod:`policies.precision`).
+
+An offloaded module (``offload``: the frozen KL reference with ``--reference-offload``) keeps its shards in host
+memory (pinned where CUDA is available) and brings each unit's in for its all-gather, unit by unit.
 
 Anything that reads the full weights (:func:`full_state`) is a collective: every rank must call it, in the same
 order.
@@ -23,7 +30,6 @@ order.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -37,7 +43,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 MODEL, OPTIMIZER = "model", "optimizer"  # the two entries of a sharded checkpoint
@@ -68,33 +74,35 @@ class ShardedRoot(torch.nn.Module):
         return fn(*args, **kwargs)
 
 
-def shard_model(model: torch.nn.Module) -> ShardedRoot:
-    """Shard ``model``'s parameters in place over the default process group, one unit per decoder layer plus the
-    root, from rank 0's values (broadcast first); returns the root, through which every pass must run. The
-    model's parameters are ``DTensor`` shards from here on: build its optimizer after this call. Tied parameters
-    stay tied (both uses are in the root's unit)."""
-    layers = decoder_layers(model)
-    # every rank starts from rank 0's weights, as DDP's replicas do: a rank's own random initialisation (LoRA
-    # adapters are not seeded) would otherwise give each shard another model's values
+def broadcast_from_rank0(model: torch.nn.Module) -> None:
+    """Give every rank rank 0's parameters and buffers, as DDP's replicas start (a rank's own random
+    initialisation, e.g. of LoRA adapters, would otherwise give each shard another model's values). A collective."""
     for tensor in [*model.parameters(), *model.buffers()]:
         dist.broadcast(tensor.detach(), src=0)
+
+
+def mixed_precision(compute: torch.dtype, master: torch.dtype) -> MixedPrecisionPolicy:
+    """Gather the parameters in the ``compute`` dtype when it is narrower than the ``master`` one, and reduce the
+    gradients in float32 (see the module docstring)."""
+    return MixedPrecisionPolicy(param_dtype=compute if compute != master else None, reduce_dtype=torch.float32)
+
+
+def shard_model(model: torch.nn.Module, *, mp_policy: MixedPrecisionPolicy | None = None,
+                offload: bool = False) -> ShardedRoot:
+    """Shard ``model``'s parameters in place over the default process group, one unit per decoder layer plus the
+    root, each unit gathering and reducing as ``mp_policy`` says (default: in the parameters' own dtype), its
+    shards in host memory when ``offload``; returns the root, through which every pass must run. The ranks must
+    hold the same values (:func:`broadcast_from_rank0`). The model's parameters are ``DTensor`` shards from here on:
+    build its optimizer after this call. Tied parameters stay tied (both uses are in the root's unit)."""
+    layers = decoder_layers(model)
+    options: dict[str, Any] = {"mp_policy": mp_policy or MixedPrecisionPolicy()}
+    if offload:
+        options["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
     for layer in layers:
-        fully_shard(layer)
+        fully_shard(layer, **options)
     # the root's parameters are freed after each pass too (the default keeps them for the backward): a pass without
     # gradients (old or reference log-probs) would otherwise leave them gathered
-    return fully_shard(ShardedRoot(model), reshard_after_forward=True)
-
-
-@contextlib.contextmanager
-def gradient_sync(root: FSDPModule, enabled: bool) -> Iterator[None]:
-    """Inside the block, backward passes reduce-scatter the gradients (``enabled``) or accumulate them unreduced on
-    each rank (the micro-batches before a step's last, as DDP's ``no_sync``: one reduction per step; the unreduced
-    gradients are full-size until then)."""
-    root.set_requires_gradient_sync(enabled)
-    try:
-        yield
-    finally:
-        root.set_requires_gradient_sync(True)
+    return fully_shard(ShardedRoot(model), reshard_after_forward=True, **options)
 
 
 def full_tensor(tensor: torch.Tensor) -> torch.Tensor:

@@ -22,6 +22,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedConfig
 
+from policies.memory_plan import HEAD_CHUNK_POSITIONS
 from policies.prefix_packing import (
     build_prefix_trie,
     choose_cuts,
@@ -232,7 +233,7 @@ def check_backward_possible(base: torch.nn.Module, device: torch.device) -> None
 
 
 def sequence_logprobs(model: torch.nn.Module, batch: dict[str, Any], *, return_entropy: bool = False,
-                      share_prefixes: bool = False, chunk_positions: int = 256,
+                      share_prefixes: bool = False, chunk_positions: int = HEAD_CHUNK_POSITIONS,
                       temperature: float = 1.0) -> dict[str, Any]:
     """``LOGPROBS`` [B, T] (and ``ENTROPY`` [B, T] when asked) of ``model`` (a causal LM, or a peft model over
     one) on ``batch``, as the module docstring says. ``share_prefixes``: forward the batch as its trie of unique
@@ -242,9 +243,9 @@ def sequence_logprobs(model: torch.nn.Module, batch: dict[str, Any], *, return_e
     ``UNIQUE_TOKENS``, ``PACKED_TOKENS`` (decoder tokens) and ``REAL_TOKENS`` (the rows' tokens). The packing is
     the batch's ``PACKING`` entry when it has one (:func:`pack_rows`, built once for several passes), else built
     here. Models whose attention implementation cannot take a tree mask (sdpa, eager and flex_attention can) run
-    per row, with a warning. ``chunk_positions``: scored positions per row in one LM-head chunk. ``temperature``:
-    of the softmax (the rollouts' sampling temperature, so that the learner's log-probs are of the distribution
-    sampled from)."""
+    per row, with a warning. ``chunk_positions``: scored positions in one LM-head chunk, whatever the rows.
+    ``temperature``: of the softmax (the rollouts' sampling temperature, so that the learner's log-probs are of the
+    distribution sampled from)."""
     input_ids = batch["input_ids"]
     rows, cols = scored_positions(batch).nonzero(as_tuple=True)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -260,7 +261,7 @@ def sequence_logprobs(model: torch.nn.Module, batch: dict[str, Any], *, return_e
     else:
         hidden, targets, expand = per_row_predictions(base, batch, rows, cols)
     logprobs, entropy = chunked_logprobs_and_entropy(hidden, base.get_output_embeddings(), targets,
-                                                     chunk=chunk_positions * input_ids.shape[0],
+                                                     chunk=chunk_positions,
                                                      with_entropy=return_entropy, temperature=temperature)
     out[LOGPROBS] = _scatter(expand(logprobs), rows, cols, input_ids.shape)
     if return_entropy:

@@ -23,10 +23,16 @@ What is modelled, per GPU (``P``: parameters; bytes per parameter in brackets):
   ``policies.vllm_generation.VLLMSettings``), during rollouts only when the engine sleeps through updates.
 - **Overhead**: a fixed 1 GiB per GPU for the CUDA context, cuBLAS/NCCL workspaces and the caching allocator's
   fragmentation (0 when planning for the CPU).
-- **FSDP** (``sharding="fsdp"``, the sharded learners): weights, gradients, optimizer and reference divided by K,
-  plus the parameters gathered for compute: two decoder layers (the one running and the one prefetched) and the
-  embeddings/LM head of the root unit, in the compute dtype, and one layer's unsharded float32 gradient before its
-  reduce-scatter. Not measured yet (no GPU at hand).
+- **FSDP** (``sharding="fsdp"``, the sharded learners; ``policies/fsdp.py``): weights, gradients, optimizer and a
+  resident reference divided by K; plus the parameters gathered for compute, in the compute dtype (FSDP's mixed
+  precision gathers bf16 and runs without autocast, so no autocast copies and bf16 activations):
+  two decoder layers and the root unit (embeddings, LM head), which stays gathered around a whole pass
+  (:func:`fsdp_gathered_bytes`); in the backward, the full-size gradients before their reduce-scatter: the root's
+  (alive from the LM head's backward to the pass's end) and one layer's, with its float32 cast for the reduction
+  (:func:`fsdp_unsharded_gradient_bytes`). Every micro-batch is reduce-scattered, so no whole-model gradient is
+  ever held. An offloaded reference stays sharded on the host; its units come in one by one.
+- **The weight sync** (host memory, not the GPU's): :func:`sync_bytes`, the compute-dtype weights, which sit in Ray's
+  object store at once when remote env runners fetch them (``experiments/preflight.py`` sizes the store from it).
 
 The total is the maximum over the phases of an iteration: the update's forward and backward (weights with
 autocast's copies, gradients, optimizer, a resident reference, the activations); its optimizer step (torch's AdamW
@@ -39,15 +45,20 @@ the learner's weights and optimizer state kept, no gradients). The parts reporte
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from policies.model_shape import ModelShape
 
 GIB = 2**30
 CUDA_OVERHEAD_GIB = 1.0
+# A plan fits when it is within this share of the GPU's memory: the plan was within 15% of measured peaks, and the
+# caching allocator's fragmentation grows with the run; the rest is headroom.
+USABLE_SHARE = 0.9
 DEFAULT_MICRO_BATCH_TOKENS = 10_000  # a (2,2,1) prompt group at 500-token steps is 7-10k unique tokens
-DEFAULT_HEAD_CHUNK_TOKENS = 256 * 6  # policies.logprobs: 256 scored positions per row, a (2,2,1) group has 6 leaves
+# Scored positions per LM-head chunk (policies.logprobs), whatever the rows: one chunk's float32 [C, V] tensors are the
+# head's memory (1,024 x 152k vocabulary x 4 bytes = 0.6 GiB each), so the chunk is bounded by positions, not rows.
+HEAD_CHUNK_POSITIONS = 1024
 DEFAULT_ROLLOUT_SEQUENCES, DEFAULT_ROLLOUT_CONTEXT = 64, 4096
 DEFAULT_VLLM_GPU_MEMORY_UTILIZATION = 0.5  # policies.vllm_generation.VLLMSettings.gpu_memory_utilization
 PARTS = ("weights", "gradients", "optimizer", "reference", "activations", "rollout_engine", "overhead")
@@ -69,7 +80,7 @@ class MemoryOptions:
     dense tree mask (default: one segment of ``micro_batch_tokens``); ``head_chunk_tokens``: positions per
     LM-head chunk. ``reference``: a KL term (kl_coef > 0). ``rollout_sequences`` x ``rollout_context``: the HF
     engine's KV cache. ``overhead_gib``: fixed per GPU (0 to plan for the CPU). ``gpu_memory_gib``: the GPU's
-    memory, for ``fits`` (None: not judged)."""
+    memory, for ``fits`` (None: not judged; a plan fits within :data:`USABLE_SHARE` of it)."""
 
     learners: int = 1
     sharding: Literal["ddp", "fsdp"] = "ddp"
@@ -81,7 +92,7 @@ class MemoryOptions:
     lora_rank: int | None = None
     micro_batch_tokens: int = DEFAULT_MICRO_BATCH_TOKENS
     sequence_tokens: int | None = None
-    head_chunk_tokens: int = DEFAULT_HEAD_CHUNK_TOKENS
+    head_chunk_tokens: int = HEAD_CHUNK_POSITIONS
     learner_attention: Literal["sdpa", "flex_attention"] = "sdpa"
     generator: Literal["hf", "vllm"] = "hf"
     colocated: bool = False
@@ -119,7 +130,8 @@ class MemoryOptions:
 @dataclass(frozen=True)
 class MemoryPlan:
     """GiB per GPU: ``parts`` (:data:`PARTS`) of the phase that peaks (``phase``), their sum ``per_gpu_gib``,
-    each phase's total (``phases``), and whether it fits the GPU (None when no GPU memory was given)."""
+    each phase's total (``phases``), and whether it fits the GPU, within :data:`USABLE_SHARE` of its memory (None
+    when no GPU memory was given)."""
 
     model: str
     parameters: int
@@ -130,12 +142,19 @@ class MemoryPlan:
     fits: bool | None
     gpu_memory_gib: float | None
     options: MemoryOptions = field(repr=False)
+    shape: ModelShape = field(repr=False)
+
+    @property
+    def usable_gib(self) -> float | None:
+        """The GPU's memory a plan may fill (:data:`USABLE_SHARE` of it), or None."""
+        return None if self.gpu_memory_gib is None else USABLE_SHARE * self.gpu_memory_gib
 
     def to_json(self) -> dict[str, Any]:
         """The plan as JSON: ``per_gpu_gib``, ``parts``, ``fits``, and what it was planned for."""
         return {"model": self.model, "parameters": self.parameters, "per_gpu_gib": round(self.per_gpu_gib, 3),
+                "sync_gib": round(sync_bytes(self.shape, self.options) / GIB, 3),
                 "parts": {k: round(v, 3) for k, v in self.parts.items()}, "fits": self.fits,
-                "gpu_memory_gib": self.gpu_memory_gib, "peak_phase": self.phase,
+                "gpu_memory_gib": self.gpu_memory_gib, "usable_gib": self.usable_gib, "peak_phase": self.phase,
                 "phases": {k: round(v, 3) for k, v in self.phases.items()}, "options": asdict(self.options)}
 
 
@@ -144,8 +163,14 @@ def _compute_bytes(options: MemoryOptions) -> int:
 
 
 def _mixed(options: MemoryOptions) -> bool:
-    """bf16 compute under autocast over float32 weights (full fine-tuning or LoRA's float32 adapters)."""
+    """bf16 compute over float32 weights (full fine-tuning or LoRA's float32 adapters)."""
     return options.dtype == "bfloat16" and not options.pure_bf16
+
+
+def _autocast(options: MemoryOptions) -> bool:
+    """bf16 compute under ``torch.autocast`` (DDP and one learner). FSDP gathers the parameters in bf16 instead and
+    runs without autocast: its activations are those of bf16 weights (a bf16 residual stream), as pure bf16's."""
+    return _mixed(options) and options.sharding == "ddp"
 
 
 def layer_activation_bytes(shape: ModelShape, options: MemoryOptions) -> float:
@@ -181,7 +206,7 @@ def layer_activation_bytes(shape: ModelShape, options: MemoryOptions) -> float:
         norms = 2 * 4 * h
         adapters = 4 * options.lora_rank * c + (3 * c * h + c * shape.q_dim if c < 4 else 4 * h)
         return norms + adapters + attention + mask + c * 3 * shape.intermediate + 2 * 4
-    if _mixed(options):
+    if _autocast(options):
         norms = 2 * (4 * h + 4 * h) + 5 * c * h
     elif c == 4:
         norms = 2 * 3 * 4 * h
@@ -202,7 +227,7 @@ def head_bytes(shape: ModelShape, options: MemoryOptions, *, backward: bool) -> 
     if not backward:
         return HEAD_FORWARD_CHUNKS * per_chunk
     trained = options.lora_rank is None
-    weight_grad = shape.vocab * shape.hidden * (_compute_bytes(options) + 4 * _mixed(options)) * trained
+    weight_grad = shape.vocab * shape.hidden * (_compute_bytes(options) + 4 * _autocast(options)) * trained
     return HEAD_BACKWARD_CHUNKS * per_chunk + weight_grad
 
 
@@ -225,7 +250,7 @@ def activation_bytes(shape: ModelShape, options: MemoryOptions) -> float:
     final = n * 4 * 4 * shape.hidden
     mask = n * (options.sequence_tokens or n) if options.learner_attention == "sdpa" else 0
     if options.gradient_checkpointing:
-        residual = 2 if options.pure_bf16 else 4
+        residual = 4 if options.dtype == "float32" or _autocast(options) else 2
         layer_inputs = shape.layers * n * residual * shape.hidden
         return layer_inputs + final + mask + max(head, (1 + LAYER_BACKWARD_EXTRA) * layer)
     return shape.layers * layer + final + mask + head
@@ -240,9 +265,26 @@ def no_grad_activation_bytes(shape: ModelShape, options: MemoryOptions) -> float
         shape, options, backward=False)
 
 
-def _fsdp_gathered_bytes(shape: ModelShape, options: MemoryOptions) -> float:
+def fsdp_gathered_bytes(shape: ModelShape, options: MemoryOptions) -> float:
+    """The parameters FSDP holds gathered during a pass, in the compute dtype (its mixed precision gathers them so):
+    two decoder layers (the one running and the one prefetched) and the root unit (embeddings and LM head), which
+    stays gathered around the whole pass (``policies.fsdp.ShardedRoot``)."""
+    return _compute_bytes(options) * (2 * shape.layer_parameters + shape.embedding_parameters)
+
+
+def fsdp_unsharded_gradient_bytes(shape: ModelShape, options: MemoryOptions) -> float:
+    """The full-size gradients FSDP holds in a backward before their reduce-scatter, in the compute dtype: the root
+    unit's, from the LM head's backward (the first) to the end of the pass, and one layer's; plus that layer's cast
+    to float32 for the reduction (``reduce_dtype``) when the compute dtype is narrower. Every micro-batch's are
+    reduce-scattered: nothing full-size outlives a backward."""
     c = _compute_bytes(options)
-    return c * (2 * shape.layer_parameters + shape.embedding_parameters) + 4 * shape.layer_parameters
+    return c * (shape.embedding_parameters + shape.layer_parameters) + (4 * shape.layer_parameters if c < 4 else 0)
+
+
+def sync_bytes(shape: ModelShape, options: MemoryOptions) -> float:
+    """Bytes of one weight sync (``policies.weight_sync``: every engine tensor once, in the compute dtype), all of
+    it in Ray's object store at once when remote env runners fetch it."""
+    return _compute_bytes(options) * shape.parameters
 
 
 def rollout_engine_bytes(shape: ModelShape, options: MemoryOptions) -> float:
@@ -273,22 +315,29 @@ def plan_memory(shape: ModelShape, options: MemoryOptions) -> MemoryPlan:
     optimizer = 2 * master * trained
     step_temporary = master * trained / k  # foreach AdamW: the square roots of all second moments at once
     reference = c * p if options.reference and options.lora_rank is None else 0.0
+    no_grad_reference = reference  # an offloaded reference is brought in for the no-gradient passes
+    gathered = in_flight = 0.0  # FSDP's parameters gathered for a pass; its full-size gradients before reduction
     if options.sharding == "fsdp":
-        weights = weights / k + _fsdp_gathered_bytes(shape, options)
+        weights, gathered = weights / k, fsdp_gathered_bytes(shape, options)
         gradients, optimizer, reference = gradients / k, optimizer / k, reference / k
+        if options.lora_rank is None:  # a LoRA base has no gradients; the adapters' are negligible
+            in_flight = fsdp_unsharded_gradient_bytes(shape, options)
+        # the reference's passes follow the policy's, whose units are resharded by then: their gathers take turns
+        # (counted in the weights); an offloaded reference's shards stay on the host, brought in unit by unit
+        no_grad_reference = 0.0 if options.reference_offload else reference
     resident_reference = 0.0 if options.reference_offload else reference
     engine = rollout_engine_bytes(shape, options)
     engine_in_update = 0.0 if options.vllm_sleep and options.generator == "vllm" else engine
     overhead = options.overhead_gib * GIB
     phases = {
-        "update": {"weights": weights + copies, "gradients": gradients, "optimizer": optimizer,
+        "update": {"weights": weights + copies + gathered, "gradients": gradients + in_flight, "optimizer": optimizer,
                    "reference": resident_reference, "activations": activation_bytes(shape, options),
                    "rollout_engine": engine_in_update, "overhead": overhead},
         "optimizer step": {"weights": weights, "gradients": gradients, "optimizer": optimizer + step_temporary,
                            "reference": resident_reference, "activations": 0.0, "rollout_engine": engine_in_update,
                            "overhead": overhead},
-        "no-grad passes": {"weights": weights + copies, "gradients": 0.0, "optimizer": optimizer,
-                           "reference": reference, "activations": no_grad_activation_bytes(shape, options),
+        "no-grad passes": {"weights": weights + copies + gathered, "gradients": 0.0, "optimizer": optimizer,
+                           "reference": no_grad_reference, "activations": no_grad_activation_bytes(shape, options),
                            "rollout_engine": engine_in_update, "overhead": overhead},
     }
     if engine != engine_in_update:
@@ -299,6 +348,53 @@ def plan_memory(shape: ModelShape, options: MemoryOptions) -> MemoryPlan:
     peak = max(totals, key=totals.get)
     parts = {name: phases[peak][name] / GIB for name in PARTS}
     total = totals[peak]
-    fits = None if options.gpu_memory_gib is None else total <= options.gpu_memory_gib
+    fits = None if options.gpu_memory_gib is None else total <= USABLE_SHARE * options.gpu_memory_gib
     return MemoryPlan(model=shape.name, parameters=p, parts=parts, per_gpu_gib=total, phase=peak, phases=totals,
-                      fits=fits, gpu_memory_gib=options.gpu_memory_gib, options=options)
+                      fits=fits, gpu_memory_gib=options.gpu_memory_gib, options=options,
+                      shape=shape)
+
+
+def _memory_options_changes(options: MemoryOptions) -> list[tuple[str, dict[str, Any]]]:
+    """The memory options a run could add, in the order a user would reach for them: (flag, the change)."""
+    changes: list[tuple[str, dict[str, Any]]] = []
+    if not options.gradient_checkpointing:
+        changes.append(("--gradient-checkpointing", {"gradient_checkpointing": True}))
+    if options.reference and options.lora_rank is None and not options.reference_offload:
+        changes.append(("--reference-offload", {"reference_offload": True}))
+    if options.micro_batch_tokens > 2048:
+        half = options.micro_batch_tokens // 2
+        changes.append((f"--micro-batch-tokens {half}", {"micro_batch_tokens": half, "sequence_tokens": None}))
+    return changes
+
+
+def _layout_changes(options: MemoryOptions) -> list[tuple[str, dict[str, Any]]]:
+    """The learners' layouts to try, none first: FSDP over the same learners, over more, then LoRA."""
+    layouts: list[tuple[str, dict[str, Any]]] = [("", {})]
+    if options.sharding == "ddp" and options.learners > 1:
+        layouts.append(("--learner-sharding fsdp", {"sharding": "fsdp"}))
+    layouts += [(f"--num-learners {k} --learner-sharding fsdp", {"learners": k, "sharding": "fsdp"})
+                for k in (2, 4, 8, 16) if k > options.learners]
+    if options.lora_rank is None:
+        layouts.append(("--lora-rank 16", {"lora_rank": 16, "reference_offload": False}))
+    return layouts
+
+
+def fitting_change(plan: MemoryPlan) -> str | None:
+    """What would make a plan that does not fit fit: the first learners' layout (as it is, FSDP, more sharded
+    learners, LoRA) that fits with the fewest memory options added (checkpointing, an offloaded reference, half
+    the micro-batch), as flags with the GiB per GPU it would need; None when the plan fits or nothing tried does."""
+    if plan.fits is not False:
+        return None
+    extras = _memory_options_changes(plan.options)
+    for layout_flags, layout in _layout_changes(plan.options):
+        for count in range(len(extras) + 1):
+            change = {**layout}
+            for _, extra in extras[:count]:
+                change.update(extra)
+            if layout.get("lora_rank") is not None:
+                change["reference_offload"] = False
+            candidate = plan_memory(plan.shape, replace(plan.options, **change))
+            if change and candidate.fits:
+                flags = " ".join(flag for flag in (layout_flags, *(f for f, _ in extras[:count])) if flag)
+                return f"{flags} ({candidate.per_gpu_gib:.1f} GiB per GPU)"
+    return None

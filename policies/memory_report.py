@@ -3,7 +3,7 @@ run) and a table of the parts (what ``experiments/plan_memory.py`` prints)."""
 
 from __future__ import annotations
 
-from policies.memory_plan import MemoryOptions, MemoryPlan
+from policies.memory_plan import MemoryOptions, MemoryPlan, fitting_change
 
 
 def describe_options(options: MemoryOptions) -> str:
@@ -27,7 +27,7 @@ def describe_options(options: MemoryOptions) -> str:
 
 def plan_line(plan: MemoryPlan) -> str:
     """One line: the total per GPU, its biggest parts, and whether it fits."""
-    verdict = ("" if plan.fits is None else f" of {plan.gpu_memory_gib:g} GiB: "
+    verdict = ("" if plan.fits is None else f" of {plan.gpu_memory_gib:g} GiB ({plan.usable_gib:.3g} usable): "
                + ("fits" if plan.fits else "DOES NOT FIT"))
     biggest = sorted(((v, k) for k, v in plan.parts.items() if v >= 0.05), reverse=True)
     parts = ", ".join(f"{k.replace('_', ' ')} {v:.1f}" for v, k in biggest)
@@ -42,7 +42,9 @@ def plan_table(plan: MemoryPlan) -> str:
     rows += [f"{name.replace('_', ' '):<16}{value:>12.2f}" for name, value in plan.parts.items()]
     rows.append(f"{'total':<16}{plan.per_gpu_gib:>12.2f}   (peak in the {plan.phase})")
     if plan.fits is not None:
-        rows.append(f"fits a {plan.gpu_memory_gib:g} GiB GPU: {'yes' if plan.fits else 'NO'}"
-                    + ("" if plan.fits else f" ({plan.per_gpu_gib - plan.gpu_memory_gib:.1f} GiB over)"))
+        rows.append(f"fits a {plan.gpu_memory_gib:g} GiB GPU ({plan.usable_gib:.1f} GiB usable, the rest headroom): "
+                    + ("yes" if plan.fits else f"NO ({plan.per_gpu_gib - plan.usable_gib:.1f} GiB over)"))
+        if not plan.fits:
+            rows.append(f"it would fit with: {fitting_change(plan) or 'none of the options tried'}")
     return "\n".join(rows)
 

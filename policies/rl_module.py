@@ -9,8 +9,9 @@ each unique token of the rows once).
 ``model_config`` keys: ``model`` (a ``--model`` name, default ``tiny-random``), ``dtype`` (the compute dtype,
 ``float32`` or ``bfloat16``: see :mod:`policies.precision`), ``pure_bf16`` (bfloat16 master weights too),
 ``gradient_checkpointing`` (recompute each decoder layer's activations in the backward pass), ``lora`` (None, or a
-dict of :class:`~policies.models.LoraSettings` fields), ``seed``, ``logprob_chunk`` (positions per chunk, default
-256), ``sync_bucket_mib`` (the bound on one bucket of the weight sync, :mod:`policies.weight_sync`).
+dict of :class:`~policies.models.LoraSettings` fields), ``seed``, ``logprob_chunk`` (scored positions per LM-head
+chunk, default ``policies.memory_plan.HEAD_CHUNK_POSITIONS``), ``sync_bucket_mib`` (the bound on one bucket of the
+weight sync, :mod:`policies.weight_sync`).
 
 Precision: a trained module (the learner's) holds its weights in the master dtype (float32 unless ``pure_bf16``)
 and runs ``forward_train`` under autocast to the compute dtype; an inference-only module (an env runner's) holds
@@ -23,6 +24,7 @@ dtype). A LoRA base is frozen: it is loaded in the compute dtype, its adapters i
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
@@ -34,6 +36,7 @@ from policies.activation_checkpointing import enable_gradient_checkpointing
 from policies.generation import SamplingSettings
 from policies.hf_generation import HFStepGenerator
 from policies.logprobs import sequence_logprobs
+from policies.memory_plan import HEAD_CHUNK_POSITIONS
 from policies.models import LoraSettings, load_model
 from policies.precision import cast_floating, precision_of, weights_dtype
 from policies.weight_sync import (
@@ -49,7 +52,7 @@ from policies.weight_sync import (
 
 DEFAULT_MODEL_CONFIG: dict[str, Any] = {
     "model": "tiny-random", "dtype": "float32", "pure_bf16": False, "gradient_checkpointing": False, "lora": None,
-    "seed": 0, "logprob_chunk": 256, "sync_bucket_mib": DEFAULT_BUCKET_MIB,
+    "seed": 0, "logprob_chunk": HEAD_CHUNK_POSITIONS, "sync_bucket_mib": DEFAULT_BUCKET_MIB,
 }
 
 
@@ -69,6 +72,8 @@ class LLMRLModule(TorchRLModule):
         if cfg["gradient_checkpointing"] and not self.inference_only:
             enable_gradient_checkpointing(self.model)
         self.logprob_chunk = int(cfg["logprob_chunk"])
+        # False when the parameters arrive in the compute dtype already (FSDP's mixed precision, set by the learner)
+        self.autocast_passes = True
         self.sync_bucket_bytes = bucket_bytes(cfg["sync_bucket_mib"])
 
     def generator(self, settings: SamplingSettings | None = None, *, keep_cache: bool = True) -> HFStepGenerator:
@@ -88,8 +93,10 @@ class LLMRLModule(TorchRLModule):
                        temperature: float = 1.0, **kwargs) -> dict[str, Any]:
         """:func:`policies.logprobs.sequence_logprobs` of this module's model: per-token log-probs [B, T] (and
         entropies) of the softmax at ``temperature``, each unique token of the rows computed once with
-        ``share_prefixes``; under autocast to the compute dtype when the weights are wider (mixed precision)."""
-        with self.precision.autocast(batch["input_ids"].device):
+        ``share_prefixes``; under autocast to the compute dtype when the weights are wider (mixed precision), unless
+        FSDP gathers them in the compute dtype (``autocast_passes`` False)."""
+        autocast = self.precision.autocast(batch["input_ids"].device) if self.autocast_passes else nullcontext()
+        with autocast:
             return sequence_logprobs(self.model, batch, return_entropy=return_entropy, share_prefixes=share_prefixes,
                                      chunk_positions=self.logprob_chunk, temperature=temperature)
 

@@ -14,7 +14,14 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from experiments.plan_memory import main as plan_main
-from policies.memory_plan import GIB, MemoryOptions, layer_activation_bytes, plan_memory
+from policies.memory_plan import (
+    GIB,
+    MemoryOptions,
+    fitting_change,
+    layer_activation_bytes,
+    plan_memory,
+    sync_bytes,
+)
 from policies.memory_report import plan_line
 from policies.model_shape import PRESETS, ModelShape, ModelShapeError, model_shape
 
@@ -167,14 +174,37 @@ def test_checkpointing_and_offload_shrink_the_plan():
 def test_fsdp_divides_the_state_by_the_learners():
     ddp = plan_memory(QWEN3B, MemoryOptions(dtype="float32", learners=1))
     fsdp = plan_memory(QWEN3B, MemoryOptions(dtype="float32", learners=2, sharding="fsdp"))
-    for part in ("gradients", "optimizer", "reference"):
+    layer, root = QWEN3B.layer_parameters, QWEN3B.embedding_parameters
+    for part in ("optimizer", "reference"):
         assert fsdp.parts[part] == pytest.approx(ddp.parts[part] / 2)
-    # plus the gathered parameters: two decoder layers and the embeddings in the compute dtype, one layer's gradient
-    gathered = (4 * (2 * QWEN3B.layer_parameters + QWEN3B.embedding_parameters) + 4 * QWEN3B.layer_parameters) / GIB
-    assert fsdp.parts["weights"] == pytest.approx(ddp.parts["weights"] / 2 + gathered)
+    # plus, in the backward, the root's and one layer's full-size gradients before their reduce-scatter (float32)
+    assert fsdp.parts["gradients"] == pytest.approx(ddp.parts["gradients"] / 2 + 4 * (root + layer) / GIB)
+    # plus the gathered parameters: two decoder layers and the root unit (embeddings, LM head) in the compute dtype
+    assert fsdp.parts["weights"] == pytest.approx(ddp.parts["weights"] / 2 + 4 * (2 * layer + root) / GIB)
     # DDP over several learners: each holds everything, plus the reducer's copy of the gradients
     ddp2 = plan_memory(QWEN3B, MemoryOptions(dtype="float32", learners=2))
     assert ddp2.parts["gradients"] == pytest.approx(2 * ddp.parts["gradients"])
+
+
+def test_fsdp_in_bf16_gathers_bf16_without_autocast_copies_and_keeps_an_offloaded_reference_on_the_host():
+    layer, root, p = QWEN3B.layer_parameters, QWEN3B.embedding_parameters, QWEN3B.parameters
+    ddp = plan_memory(QWEN3B, MemoryOptions(learners=1))
+    fsdp = plan_memory(QWEN3B, MemoryOptions(learners=4, sharding="fsdp"))
+    assert ddp.parts["weights"] == pytest.approx((4 + 2) * p / GIB)  # float32 masters + autocast's bf16 copies
+    assert fsdp.parts["weights"] == pytest.approx((4 * p / 4 + 2 * (2 * layer + root)) / GIB)  # bf16 gathers
+    # bf16 full-size gradients (root and a layer) and the layer's float32 cast for the float32 reduce-scatter
+    assert fsdp.parts["gradients"] == pytest.approx((4 * p / 4 + 2 * (root + layer) + 4 * layer) / GIB)
+    # FSDP's activations are bf16 weights' (no autocast): less than autocast's float32 residual stream
+    assert fsdp.parts["activations"] < ddp.parts["activations"]
+    resident = plan_memory(QWEN3B, MemoryOptions(learners=4, sharding="fsdp", gradient_checkpointing=True))
+    offloaded = plan_memory(QWEN3B, MemoryOptions(learners=4, sharding="fsdp", gradient_checkpointing=True,
+                                                  reference_offload=True))
+    assert resident.phases["no-grad passes"] - offloaded.phases["no-grad passes"] == pytest.approx(2 * p / 4 / GIB)
+
+
+def test_the_weight_sync_is_the_compute_dtype_weights():
+    assert sync_bytes(QWEN3B, MemoryOptions()) == 2 * QWEN3B.parameters
+    assert sync_bytes(QWEN3B, MemoryOptions(dtype="float32")) == 4 * QWEN3B.parameters
 
 
 def test_lora_trains_adapters_only():
@@ -209,12 +239,36 @@ def test_contract_3b_fits_one_80gb_gpu(tmp_path, capsys):
     assert set(plan["parts"]) >= {"weights", "gradients", "optimizer", "reference", "activations", "rollout_engine"}
     assert plan["per_gpu_gib"] == pytest.approx(sum(plan["parts"].values()), abs=0.01)
     table = capsys.readouterr().out
-    assert "fits a 80 GiB GPU: yes" in table and "activations" in table
+    assert "fits a 80 GiB GPU (72.0 GiB usable, the rest headroom): yes" in table and "activations" in table
 
 
 def test_contract_7b_does_not_fit_one_gpu_without_sharding(tmp_path):
     plan = run_cli(tmp_path, "--model", "qwen2.5-7b-instruct", "--learners", "1", "--gpu-memory-gib", "80")
     assert plan["fits"] is False and plan["per_gpu_gib"] > 80
+
+
+def test_contract_7b_fsdp_fits_eight_80gb_gpus_with_room_and_not_two(tmp_path, capsys):
+    common = ["--model", "qwen2.5-7b-instruct", "--sharding", "fsdp", "--gradient-checkpointing",
+              "--gpu-memory-gib", "80"]
+    eight = run_cli(tmp_path, *common, "--learners", "8")
+    assert eight["fits"] is True and eight["per_gpu_gib"] <= 65
+    capsys.readouterr()
+    two = run_cli(tmp_path, *common, "--learners", "2")
+    assert two["fits"] is False and two["per_gpu_gib"] > two["usable_gib"] == 72
+    assert "it would fit with: --reference-offload" in capsys.readouterr().out  # what it needs, said
+
+
+def test_a_plan_that_does_not_fit_says_which_change_would_fit():
+    def plan(**options):
+        return plan_memory(QWEN3B, MemoryOptions(gpu_memory_gib=80, **options))
+
+    assert fitting_change(plan(gradient_checkpointing=True)) is None  # it fits: nothing to say
+    change = fitting_change(plan())  # full fine-tuning of 3B in bf16: 125 GiB
+    assert change.startswith("--gradient-checkpointing (") and plan(gradient_checkpointing=True).fits
+    # where no memory option is enough, a layout: FSDP over more learners
+    big = plan_memory(PRESETS["qwen2.5-7b-instruct"], MemoryOptions(gpu_memory_gib=80))
+    assert fitting_change(big).startswith("--num-learners 2 --learner-sharding fsdp --gradient-checkpointing")
+    assert fitting_change(plan_memory(QWEN3B, MemoryOptions(gpu_memory_gib=4))) is None  # nothing fits 4 GiB
 
 
 def test_cli_errors_are_one_line(capsys):

@@ -36,14 +36,16 @@ def test_a_cpu_run_prints_its_plan_without_a_verdict(tmp_path, capsys):
 
 
 def test_a_run_planned_above_the_gpu_is_refused_before_anything_loads(tmp_path, capsys, gpu_of):
-    gpu_of(1.0)
+    gpu_of(20.0)
     settings = settings_of("--model", "smollm2-135m", "--dtype", "bfloat16", tmp_path=tmp_path)
-    with pytest.raises(SettingsError, match=r"over the GPU's 1\.0 GiB: try --gradient-checkpointing.*--no-memory-chec"):
+    with pytest.raises(SettingsError, match=r"over the 18\.0 GiB usable of the GPU's 20\.0 GiB \(activations the "
+                                            r"largest part.*it would fit with --gradient-checkpointing \(.*"
+                                            r"--no-memory-check goes on"):
         check_memory(settings)
     assert "DOES NOT FIT" in capsys.readouterr().err
     gpu_of(80.0)
     check_memory(settings)  # the same run on an 80 GB GPU goes on
-    assert "of 80 GiB: fits" in capsys.readouterr().err
+    assert "of 80 GiB (72 usable): fits" in capsys.readouterr().err
 
 
 def test_the_plan_follows_the_runs_options(tmp_path):
@@ -63,3 +65,22 @@ def test_a_model_without_a_known_shape_is_planned_later(tmp_path, capsys, gpu_of
     gpu_of(80.0)
     check_memory(settings_of("--model", "nobody/not-downloaded-model", tmp_path=tmp_path))
     assert capsys.readouterr().err.startswith("memory plan: not made (no config for model 'nobody/not-downloaded")
+
+
+def test_the_object_store_holds_one_weight_sync(tmp_path):
+    from experiments.preflight import MIN_OBJECT_STORE_BYTES, object_store_bytes
+
+    def settings(*argv: str):
+        return settings_of("--model", "qwen2.5-7b-instruct", "--dtype", "bfloat16", *argv, tmp_path=tmp_path)
+
+    parameters = 7_615_616_512
+    remote = settings("--num-env-runners", "1")
+    assert object_store_bytes(remote, host_bytes=256 * GIB) == int(1.25 * 2 * parameters)  # bf16 weights + room
+    assert object_store_bytes(settings("--num-learners", "1"), host_bytes=256 * GIB) == int(1.25 * 2 * parameters)
+    # the driver's runner and learner copy tensor to tensor: no weights in the store
+    assert object_store_bytes(settings(), host_bytes=256 * GIB) == MIN_OBJECT_STORE_BYTES
+    small = settings_of("--model", "tiny-random", "--num-env-runners", "1", tmp_path=tmp_path)
+    assert object_store_bytes(small, host_bytes=256 * GIB) == MIN_OBJECT_STORE_BYTES
+    with pytest.raises(SettingsError, match=r"weight sync of qwen2.5-7b-instruct needs 17\.7 GiB of Ray's object "
+                                            r"store, over half of this host's 24\.0 GiB"):
+        object_store_bytes(remote, host_bytes=24 * GIB)

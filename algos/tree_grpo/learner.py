@@ -27,10 +27,11 @@ the others wait for; every learner takes the same steps.
 
 With ``learner_sharding="fsdp"`` the learners hold the policy sharded (:mod:`policies.fsdp`) instead of as DDP
 replicas: the same steps (FSDP averages the gradients as DDP does, so the loss scale is the same), the passes run
-through the shards' root, the micro-batches before a step's last accumulate unreduced gradients
-(``set_requires_gradient_sync``, DDP's ``no_sync``), the gradient norm and its clipping are over the whole sharded
-gradient, AdamW steps on the shards. The KL reference is sharded the same way unless offloaded (then a whole copy in
-host memory, as without sharding); LoRA adapters are sharded with the layers that hold them. The weights and the
+through the shards' root, every micro-batch's gradients are reduce-scattered into the shards (no whole-model
+gradient is kept), the gradient norm and its clipping are over the whole sharded gradient, AdamW steps on the shards.
+In bf16 the units gather their parameters in bf16 (FSDP's mixed precision) and the passes run without autocast. The
+KL reference is sharded the same way, its shards in host memory when offloaded; LoRA adapters are sharded with the
+layers that hold them. The weights and the
 optimizer state are then shards (``algos/tree_grpo/learner_state.py``: how they are saved and gathered).
 
 The schedule position (``OPTIMIZER_STEPS``, optimizer steps taken) is part of the learner's state next to
@@ -70,7 +71,7 @@ from algos.tree_grpo.learner_rows import OLD, REF, TIS, micro_batch, mini_batch_
 from algos.tree_grpo.learner_state import OPTIMIZER_STEPS as OPTIMIZER_STEPS  # re-exported: the learner's state key
 from algos.tree_grpo.learner_state import LearnerState
 from algos.tree_grpo.settings import check_learner_sharding
-from policies.fsdp import global_norm, gradient_sync, shard_model, world_size
+from policies.fsdp import broadcast_from_rank0, global_norm, mixed_precision, shard_model, world_size
 from policies.logprobs import (
     ENTROPY,
     GENERATED_MASK,
@@ -129,16 +130,23 @@ class TreeGRPOTorchLearner(LearnerState, TorchLearner):
         modules = super()._make_module()
         module = modules[DEFAULT_MODULE_ID]
         self._uses_lora = hasattr(module.model, "disable_adapter")
+        sharded, offload = self.config.learner_sharding == "fsdp", self.config.reference_offload
+        if sharded:
+            check_learner_sharding(self.config.learner_sharding, self.config.num_learners)
+            broadcast_from_rank0(module.model)  # before the reference copies it: every rank's reference is rank 0's
         self._reference = None
         if not self._uses_lora and self.config.kl_coef > 0:
-            self._reference = ReferenceModel(module.model, dtype=module.precision.compute, device=self._device,
-                                             offload=self.config.reference_offload)
+            # sharded and offloaded, FSDP keeps the reference's shards in host memory and brings them in unit by unit
+            self._reference = ReferenceModel(module.model, dtype=module.precision.compute,
+                                             device="cpu" if sharded and offload else self._device,
+                                             offload=offload and not sharded)
         self._policy_root = self._reference_root = None  # FSDP's roots: every pass over shards runs through one
-        if self.config.learner_sharding == "fsdp":
-            check_learner_sharding(self.config.learner_sharding, self.config.num_learners)
-            self._policy_root = shard_model(module.model)
-            if self._reference is not None and not self.config.reference_offload:
-                self._reference_root = shard_model(self._reference.model)
+        if sharded:
+            policy = mixed_precision(module.precision.compute, module.precision.master)
+            self._policy_root = shard_model(module.model, mp_policy=policy)
+            if self._reference is not None:
+                self._reference_root = shard_model(self._reference.model, mp_policy=policy, offload=offload)
+            module.autocast_passes = False  # FSDP gathers the parameters in the compute dtype (policies/fsdp.py)
         return modules
 
     @override(TorchLearner)
@@ -305,10 +313,10 @@ class TreeGRPOTorchLearner(LearnerState, TorchLearner):
         current = []
         for i, part in enumerate(parts + [stand_in(data)] * (passes - len(parts))):
             real, last = i < len(parts), i == passes - 1
-            if self._policy_root is not None:  # FSDP: the gradients are reduce-scattered after the last only
-                sync = gradient_sync(self._policy_root, enabled=last)
-            else:
-                sync = contextlib.nullcontext() if last or cfg.num_learners <= 1 else module.no_sync()
+            # DDP replicas all-reduce once per step (no_sync before the last micro-batch); FSDP reduce-scatters
+            # every micro-batch's gradients into the shards (policies/fsdp.py says why)
+            replicas = self._policy_root is None and cfg.num_learners > 1
+            sync = module.no_sync() if replicas and not last else contextlib.nullcontext()
             with sync:
                 out = self._forward(module, part, self._policy_root, return_entropy=cfg.entropy_coef > 0)
                 loss, stats = self.loss_and_stats(part, out)
