@@ -460,3 +460,41 @@ def test_flex_attention_is_the_learners_own_and_stops_with_a_clear_error_on_the_
     assert build_learner().module[DEFAULT_MODULE_ID].model.config._attn_implementation == "sdpa"
     with pytest.raises(ValueError, match=r"learner_attention setting.*cannot backpropagate on the CPU"):
         update(learner, arrays)
+
+
+def test_the_kl_term_pulls_a_moved_policy_back_to_the_reference(arrays):
+    """A policy moved away from its reference, on a batch whose advantages are all 0 and without an entropy bonus:
+    the KL term alone is the loss, so the logged loss is kl_coef x KL, the gradient points back to the reference, and
+    the step shrinks the KL on the same batch. Dropped from the loss (a mutation once survived every learner test,
+    since the first step's KL and its gradient are 0), the policy would not move at all."""
+    kl_coef = 0.5
+    learner = build_learner(kl_coef=kl_coef, entropy_coef=0.0, weight_decay=0.0, lr=1e-4, grad_clip=None)
+    model = learner.module[DEFAULT_MODULE_ID].model
+    reference = {name: p.detach().clone() for name, p in learner._reference.model.named_parameters()}
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=generator))
+    flat = {**arrays, ADVANTAGES_KEY: np.zeros_like(arrays[ADVANTAGES_KEY])}
+
+    def distance() -> float:
+        return sum(float((p.detach() - reference[name]).square().sum()) for name, p in model.named_parameters())
+
+    before = distance()
+    first = update(learner, flat)
+    assert first[metric_keys.KL] > 1e-3 and first[metric_keys.POLICY_LOSS] == pytest.approx(0.0, abs=1e-7)
+    assert first["total_loss"] == pytest.approx(kl_coef * first[metric_keys.KL], rel=1e-5)
+    assert distance() < before  # the step moved the weights toward the reference
+    assert update(learner, flat)[metric_keys.KL] < first[metric_keys.KL]
+
+
+def test_first_step_kl_in_bf16_without_sharding_has_a_measured_floor(arrays):
+    """One learner in bf16: the policy runs its float32 masters under autocast (a float32 residual stream), the
+    reference holds bf16 weights (a bf16 residual stream), so their log-probs differ by bf16 rounding and the first
+    step's KL is not 0 (docs/training.md gives the floor; under FSDP both gather bf16 and it is 0,
+    tests/test_learner_fsdp.py). The floor is bf16 noise: far below a moved policy's KL, far above float32's."""
+    bf16 = update(build_learner("bfloat16", kl_coef=0.1), arrays)[metric_keys.KL]
+    float32 = update(build_learner("float32", kl_coef=0.1), arrays)[metric_keys.KL]
+    assert float32 < 1e-9
+    assert 0 < bf16 < 1e-3
+    print(f"first-step KL, one learner: bf16 {bf16:.3g}, float32 {float32:.3g}")
