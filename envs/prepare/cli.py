@@ -104,5 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     except (DownloadError, NotEnoughDiskError, DataError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("\ninterrupted: the same command again resumes where this one stopped", file=sys.stderr)
+        return 130
     print(f"ready: {plan.data_dir.resolve()}", flush=True)
     return 0

@@ -91,7 +91,8 @@ def _transfer(url: str, part: Path, size: int | None, label: str, manual_route: 
                 total=size, initial=offset, unit="B", unit_scale=True, unit_divisor=1024, desc=label,
                 file=sys.stderr) as bar:
             try:
-                while chunk := response.read(CHUNK):
+                # read1: what has arrived, up to CHUNK, so that the bar moves and an interruption loses little
+                while chunk := response.read1(CHUNK):
                     out.write(chunk)
                     bar.update(len(chunk))
             except OSError as err:  # reset, timed out: resumed by the next attempt
