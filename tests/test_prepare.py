@@ -227,6 +227,9 @@ def test_from_a_directory_standing_in_for_the_publishers(data_dir, tmp_path, cap
     assert load_dataset("musique", "dev", out) == tuple(load_records(data_dir / "qa" / "nq_test.jsonl", "flashrag"))
     assert (out / "bamboogle" / "test.jsonl").read_bytes() == (data_dir / "qa" / "bamboogle_test.jsonl").read_bytes()
     assert corpus_path(out) == out / "wiki" / "paragraphs.jsonl"
+    # built files are as readable as downloaded ones (not only by their owner, as a temporary file is)
+    assert {(out / rel).stat().st_mode for rel in ("wiki/paragraphs.jsonl", "musique/dev.parquet")} == {
+        (out / "hotpotqa" / "hotpot_train_v1.1.json").stat().st_mode}
     assert not (out / "downloads").exists()  # the converted downloads are gone
     # run again: everything is there, nothing is fetched
     assert main(["hotpotqa", "musique", "bamboogle", "--source", str(tmp_path / "gone"), "--data-dir", str(out)]) == 0

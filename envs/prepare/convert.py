@@ -6,21 +6,34 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import sys
 import tarfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
 from envs.datasets import DataError, QARecord, join_contents, load_records, parse_passage
 from envs.retrieval.corpus import replace_atomically
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+
 CONTEXT_LAYOUT = "the official HotpotQA JSON list of objects whose 'context' is [[title, [sentence, ...]], ...]"
 TAR_MAGIC_OFFSET, TAR_MAGIC = 257, b"ustar"  # POSIX tar headers carry the magic at this offset
 COPY_CHUNK = 1 << 20
 CORPUS_NOTE = 'one {"id", "contents"} JSON object per line, gzipped (alone or as a tar\'s one .jsonl file)'
+
+
+def write_output(target: Path, write: Callable[[Path], None]) -> None:
+    """``write(tmp)`` beside ``target``, renamed into place, readable as any new file of the user's (the temporary
+    file is made readable by its owner only; a data directory is often shared)."""
+    replace_atomically(target, write)
+    umask = os.umask(0)
+    os.umask(umask)
+    target.chmod(0o666 & ~umask)
 
 
 def paragraph_text(sentences: Sequence[str]) -> str:
@@ -71,11 +84,11 @@ def build_paragraph_corpus(sources: Sequence[Path], target: Path) -> int:
         with tmp.open("w", encoding="utf-8") as f:
             f.writelines(line + "\n" for line in corpus_lines(paragraphs))
 
-    replace_atomically(target, write)
+    write_output(target, write)
     return len(paragraphs)
 
 
-def question_table(records: Sequence[QARecord]):
+def question_table(records: Sequence[QARecord]) -> pa.Table:
     """Records as Search-R1's parquet question columns (envs/datasets.py's PARQUET_LAYOUT), as a pyarrow Table."""
     import pyarrow as pa
 
@@ -88,7 +101,7 @@ def flashrag_to_parquet(source: Path, target: Path) -> None:
     import pyarrow.parquet as pq
 
     table = question_table(load_records(source, "flashrag"))
-    replace_atomically(target, lambda tmp: pq.write_table(table, tmp))
+    write_output(target, lambda tmp: pq.write_table(table, tmp))
 
 
 def is_tar(header: bytes) -> bool:
@@ -134,4 +147,4 @@ def unpack_corpus(source: Path, target: Path) -> None:
         with tmp.open("rb") as f:
             parse_passage(f.readline(), f"{target} (unpacked from {source}): line 1")
 
-    replace_atomically(target, write)
+    write_output(target, write)

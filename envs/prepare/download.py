@@ -5,8 +5,10 @@ earlier one), and a size and sha256 check where they are known. A file that fail
 from __future__ import annotations
 
 import hashlib
+import http.client
 import sys
 import urllib.request
+import urllib.response
 from pathlib import Path
 from urllib.error import HTTPError, URLError
 
@@ -33,7 +35,7 @@ def part_path(target: Path) -> Path:
     return target.with_name(target.name + PART_SUFFIX)
 
 
-def open_url(url: str, offset: int = 0):
+def open_url(url: str, offset: int = 0) -> http.client.HTTPResponse | urllib.response.addinfourl:
     """The response to a GET of ``url``, from byte ``offset`` on when it is not 0 (a server that ignores the Range
     header answers 200 with the whole file, file:// among them)."""
     headers = {"Range": f"bytes={offset}-"} if offset else {}
