@@ -100,6 +100,8 @@ def test_a_file_is_fetched_through_its_part_file_and_checked(publisher, tmp_path
     fetch(publisher.url("a.bin"), tmp_path / "a.bin", len(DATA), SHA256, ROUTE)
     assert (tmp_path / "a.bin").read_bytes() == DATA and not part_path(tmp_path / "a.bin").exists()
     assert publisher.requests == [("a.bin", None)]
+    fetch(publisher.url("a.bin"), tmp_path / "a.bin", len(DATA), SHA256, ROUTE)  # there and checked: not fetched
+    assert publisher.requests == [("a.bin", None)]
 
 
 def test_a_transfer_cut_midway_resumes_from_where_it_stopped(publisher, tmp_path, capsys):

@@ -105,6 +105,8 @@ def fetch(url: str, target: Path, size: int | None, sha256: str | None, manual_r
           attempts: int = ATTEMPTS) -> None:
     """Fetch ``url`` to ``target`` through ``target.part``, resuming what a part file already holds when the size
     is known, and check it; ``manual_route`` ends every error message (what to do without the network)."""
+    if size is not None and target.is_file() and not file_problem(target, size, sha256):
+        return  # fetched by an earlier run whose conversion of it did not finish
     part = part_path(target)
     part.parent.mkdir(parents=True, exist_ok=True)
     if size is None:
