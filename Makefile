@@ -1,6 +1,7 @@
 # Two commands on a fresh machine: `make run` (train / run the default experiment) and `make test`.
 # Both create .venv if missing and install what the project needs, then find the data:
-# $TREEGRPO_DATA_DIR, else ./data, else ../shared/data beside the checkout.
+# $TREEGRPO_DATA_DIR, else ./data, else ../shared/data beside the checkout. `make data` downloads it (on a GPU
+# machine `make run` does so itself when none is found).
 
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -11,11 +12,18 @@ PYTEST_ARGS ?=
 RUN_ARGS ?=
 BENCH_ARGS ?=
 
+# `make data`: the datasets it downloads, where to (set TREEGRPO_DATA_DIR, else ./data; never ../shared/data, which is
+# only read: PREPARE_DIR is fixed before it is looked for below) and any other options of `python -m envs.prepare`
+# (e.g. PREPARE_ARGS="--corpus wiki-18").
+DATASETS ?= hotpotqa
+PREPARE_DIR := $(or $(TREEGRPO_DATA_DIR),$(CURDIR)/data)
+PREPARE_ARGS ?=
+
 TREEGRPO_DATA_DIR ?= $(firstword $(wildcard $(CURDIR)/data) $(wildcard $(abspath $(CURDIR)/../shared/data)))
 export TREEGRPO_DATA_DIR
 export RAY_AUTH_MODE ?= disabled
 
-.PHONY: setup setup-vllm run run-hotpotqa run-demo baselines test test-slow test-vllm lint bench-retrieval bench-generation bench-rollout bench-prefix-sharing bench-update bench-learning bench-branching check-data
+.PHONY: setup setup-vllm data run-data run run-hotpotqa run-demo baselines test test-slow test-vllm lint bench-retrieval bench-generation bench-rollout bench-prefix-sharing bench-update bench-learning bench-branching check-data
 
 setup: $(VENV)/.installed
 
@@ -46,19 +54,32 @@ $(VLLM_VENV)/.installed: setup.py
 
 check-data:
 	@test -n "$(TREEGRPO_DATA_DIR)" && test -d "$(TREEGRPO_DATA_DIR)" || { \
-	  echo "No data directory: set TREEGRPO_DATA_DIR, or put the data at ./data or ../shared/data" \
-	       "(layout: wiki/paragraphs.jsonl, hotpotqa/, 2wikimultihopqa/, musique/, qa/; see envs/datasets.py)"; exit 1; }
+	  echo "No data directory: \`make data\` downloads it into ./data (or set TREEGRPO_DATA_DIR, or put the data at" \
+	       "../shared/data; layout: docs/environments.md, \"Getting the data\")"; exit 1; }
 	@echo "data: $(TREEGRPO_DATA_DIR)"
 
-# `make run`: with a GPU visible, Tree-GRPO on HotpotQA-v0 with the GPU defaults (`make run-hotpotqa`); without
-# one, the CPU learning demo (`make run-demo`: ~15 minutes on 2 cores, a held-out exact-match gain with 95%
-# intervals).
+# Says what it downloads and how large it is before it starts; what is already there is kept, an interrupted
+# download resumes.
+data: setup
+	$(PY) -m envs.prepare $(DATASETS) --data-dir "$(PREPARE_DIR)" $(PREPARE_ARGS)
+
+# The data `make run` trains on: with no data directory found (or ./data), `make data` for HotpotQA and the
+# first-run corpus into ./data first (nothing to do once it is there); another directory found is only checked.
+run-data: setup
+	@case "$(TREEGRPO_DATA_DIR)" in \
+	  ""|"$(CURDIR)/data") $(MAKE) --no-print-directory data DATASETS=hotpotqa PREPARE_DIR="$(CURDIR)/data";; \
+	  *) $(MAKE) --no-print-directory check-data;; \
+	esac
+
+# `make run`: with a GPU visible, Tree-GRPO on HotpotQA-v0 with the GPU defaults (`make run-hotpotqa`, which
+# downloads the data first when none is found: `run-data`); without one, the CPU learning demo (`make run-demo`:
+# ~15 minutes on 2 cores, a held-out exact-match gain with 95% intervals; no data needed).
 HAS_GPU = $(PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"
 
 run: setup
 	@if $(HAS_GPU); then $(MAKE) --no-print-directory run-hotpotqa; else $(MAKE) --no-print-directory run-demo; fi
 
-run-hotpotqa: setup check-data
+run-hotpotqa: setup run-data
 	$(PY) experiments/run.py --algo tree_grpo --env HotpotQA-v0 $(RUN_ARGS)
 
 run-demo: setup
