@@ -161,9 +161,10 @@ def time_table(differences: dict[str, dict], outcome: str = FIRST_PASSAGE, unit:
         reading = ("inside the noise" if d["p_holm"] >= ALPHA else
                    f"a {verb} sooner beyond the noise" if d["sooner"] > d["later"] else
                    f"a {verb} later beyond the noise")
+        count = ",.0f" if unit == TOKENS else ",.1f"  # iterations and steps: a mean over seeds needs its tenths
         cells = (["-"] * 5 if "mean" not in d else
-                 [f"{d['mean']:+,.0f}", f"[{d['t_low']:+,.0f}, {d['t_high']:+,.0f}]", _p(d["t_p"]),
-                  _p(d["sign_flip_p"]), f"[{d['low']:+,.0f}, {d['high']:+,.0f}]"])
+                 [f"{d['mean']:+{count}}", f"[{d['t_low']:+{count}}, {d['t_high']:+{count}}]", _p(d["t_p"]),
+                  _p(d["sign_flip_p"]), f"[{d['low']:+{count}}, {d['high']:+{count}}]"])
         lines.append(f"| {name} | {d['sooner']} / {d['later']} / {d['unordered']} | {_p(d['p'])} | "
                      f"{_p(d['p_holm'])} | {reading} | {d['both']} | " + " | ".join(cells) + " |")
     return lines
