@@ -103,6 +103,12 @@ def markdown(summary: dict[str, dict], differences: dict[str, dict], args: argpa
                      f"{_interval(s['dev_em'])} | {seeds} | {routing_cells}{s['tool_calls']:.2f} | "
                      f"{np.mean(s['tool_calls_per_seed']):,.0f} | {reward_first:.3f} -> {reward_last:.3f} | "
                      f"{np.mean(s['seconds_per_seed']) / 60:.1f} |")
+    signal = {setting: s["nonzero_advantage_share"] for setting, s in summary.items()
+              if s.get("nonzero_advantage_share") is not None}
+    if signal:
+        lines += ["", "Share of an iteration's prompts with a non-zero advantage (the prompts an update learns from; "
+                      "mean over iterations and seeds): " + "; ".join(f"{setting} {share:.3f}"
+                                                                       for setting, share in signal.items()) + "."]
     mixes = ([("start point", first["failures_before"])] if first else []) + [
         (setting, s["failures"]) for setting, s in summary.items()]
     kinds = occurring_failures(*(mix for _, mix in mixes))

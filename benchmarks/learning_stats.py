@@ -59,6 +59,14 @@ def reward_first_and_last(rows: list[dict], share: float = 0.1) -> tuple[float, 
     return float(np.mean(rewards[:count])), float(np.mean(rewards[-count:]))
 
 
+def signal_share(seeds: list[list[dict]]) -> float | None:
+    """The mean over a setting's iterations (all seeds) of the share of prompts with a non-zero advantage (the
+    prompts its updates learned from); None where its metrics predate ``nonzero_advantage_share``."""
+    shares = [row["nonzero_advantage_share"] for rows in seeds for row in rows
+              if row.get("nonzero_advantage_share") is not None]
+    return float(np.mean(shares)) if shares else None
+
+
 def summarize(testbed: Testbed, runs: dict[str, list[list[dict]]], finals: dict[str, list[list[dict]]],
               before: list[dict[str, Any]]) -> dict[str, dict]:
     """Per setting: the final dev EM over seeds x questions with its bootstrap interval, per-seed means, the
@@ -85,6 +93,7 @@ def summarize(testbed: Testbed, runs: dict[str, list[list[dict]]], finals: dict[
             "tool_calls_per_seed": [int(sum(r["tool_calls"] or 0 for r in rows)) for rows in seeds],
             "seconds_per_seed": [float(sum(r["time_s"] or 0 for r in rows)) for rows in seeds],
             "reward_first_last": [float(v) for v in np.mean([reward_first_and_last(rows) for rows in seeds], axis=0)],
+            "nonzero_advantage_share": signal_share(seeds),
         }
         if testbed.plateau_threshold is not None:
             for outcome, time_to in SPEED_OUTCOMES.items():

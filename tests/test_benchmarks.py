@@ -34,8 +34,8 @@ from policies.generation import default_max_step_tokens
 from policies.trajectory import TokenTrajectory
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = ("bench_branching", "bench_device", "bench_generation", "bench_learning", "bench_retrieval", "bench_rollout",
-           "bench_update")
+SCRIPTS = ("bench_branching", "bench_budget", "bench_device", "bench_generation", "bench_learning", "bench_retrieval",
+           "bench_rollout", "bench_update")
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
@@ -684,3 +684,46 @@ def test_decision_draws_count_the_steps_at_a_depth_that_no_two_leaves_share():
     chain(other, 2)  # answered after 2 steps: no third step to draw
     trees = [Tree(root, 0, 0), Tree(other, 0, 1)]
     assert [draws_at_depth(trees, depth) for depth in (0, 1, 2, 3, 4)] == [2, 2, 3, 2, 3]
+
+
+def test_the_budget_table_pairs_each_budgets_configs_at_equal_prompts_and_iterations():
+    import benchmarks.bench_branching as bench_branching
+    import benchmarks.bench_budget as bench_budget
+
+    args = bench_budget.parse_args([])
+    bed = bench_budget.testbed(args)
+    # the shapes come from experiments/configs/budget/*.yaml: (1,2,1) / G=2, (2,2,1) / G=4, (4,5,1) / G=16
+    assert list(bed.settings) == ["tree (1,2,1) budget 2", "chain G=2 budget 2", "tree (2,2,1) budget 4",
+                                  "chain G=4 budget 4", "tree (4,5,1) budget 16", "chain G=16 budget 16"]
+    assert bed.settings["tree (4,5,1) budget 16"] == (16, ["--algo", "tree_grpo", "--M", "4", "--N", "5", "--L", "1",
+                                                           "--branching", "uniform"])
+    assert not any("--token-budget" in options for _, options in bed.settings.values())  # equal iterations instead
+    assert bed.comparisons[-1] == ("chain G=16 budget 16", "chain G=2 budget 2")  # the positive control
+    assert [a.split()[0] for a, _ in bed.comparisons[:3]] == ["tree"] * 3
+    # every arm's run gets the same prompts, iterations and schedule; the records' folder holds "budget"
+    shared = {str(learning_runs.run_options(bed, name, 0, "warm", args, Path("d"))[len(bed.settings[name][1]):])
+              for name in bed.settings}
+    (common,) = shared
+    assert "'--iterations', '12'" in common and "'--prompts-per-iter', '8'" in common
+    assert (args.output, args.lr, args.warmup_steps, len(args.seeds), args.eval_questions) == (
+        "outputs/budget_table", 2e-5, 0, 10, 300)
+    assert bench_budget.parse_args(["--lr", "1e-4"]).output == "outputs/budget_table_lr_0.0001"  # a design of its own
+    # the fifth design's start (the same cached warm start)
+    fifth = bench_branching.parse_args(["--start-misroute", "0.85", "--start-misroute-role", "chair"])
+    fifth_bed = bench_branching.testbed(fifth)
+    assert bench_branching.start_recipes(args, bed) == bench_branching.start_recipes(fifth, fifth_bed)
+
+
+def test_the_report_gives_each_settings_share_of_prompts_with_a_signal(tmp_path, monkeypatch):
+    monkeypatch.setattr(learning_report, "plot_runs", lambda runs, path, metrics: Path(path))
+    args = bench_learning.parse_args(["--output", str(tmp_path)])
+    runs, finals = two_seed_runs()
+    table, _ = learning_report.write_results(TESTBED, runs, finals, scores(1, 1, 0, 0), args, "W", 1.0, tmp_path)
+    assert "non-zero advantage" not in table  # metrics from before the key: nothing to report
+    for rows, shares in zip(runs["tree (2,2,1)"], ((0.5, 1.0), (0.25, None)), strict=True):
+        for row, share in zip(rows, shares, strict=True):
+            row["nonzero_advantage_share"] = share
+    summary = summarize(TESTBED, runs, finals, before=scores(0, 0, 1, 0))
+    assert summary["tree (2,2,1)"]["nonzero_advantage_share"] == pytest.approx((0.5 + 1.0 + 0.25) / 3)
+    table, _ = learning_report.write_results(TESTBED, runs, finals, scores(1, 1, 0, 0), args, "W", 1.0, tmp_path)
+    assert "mean over iterations and seeds): tree (2,2,1) 0.583." in table
