@@ -1,5 +1,6 @@
 """The report of a learning benchmark: the markdown (the settings' table, the failure mix, the plateau exits, the
-paired differences in EM and in tokens), OUTPUT/NAME.md, NAME.json and NAME.png, and its section of
+paired differences in EM and in the time to each speed outcome in tokens, iterations and optimizer steps),
+OUTPUT/NAME.md, NAME.json and NAME.png, and its section of
 docs/benchmarks.md."""
 
 from __future__ import annotations
@@ -16,26 +17,37 @@ import numpy as np
 from algos.evaluation import occurring_failures
 from algos.tree_grpo.settings import TreeGRPOSettings
 from benchmarks.learning_stats import (
+    ALPHA,
     FIRST_PASSAGE,
     PLATEAU_EXIT,
     compare,
-    compare_exit_tokens,
+    compare_times,
     mean_rows,
     summarize,
 )
 from benchmarks.learning_testbed import Testbed
-from benchmarks.plateau_exit import SILENT_GRAD_NORM
+from benchmarks.plateau_exit import ITERATIONS, OPTIMIZER_STEPS, SILENT_GRAD_NORM, TOKENS, UNITS
 from experiments.plot import plot_runs
 from policies.generation import SamplingSettings
 
+# the speed outcomes' tables, in this order: (outcome, unit)
+TIME_TABLES = ((FIRST_PASSAGE, TOKENS), (FIRST_PASSAGE, ITERATIONS), (FIRST_PASSAGE, OPTIMIZER_STEPS),
+               (PLATEAU_EXIT, TOKENS))
+
 
 def verdict(difference: dict[str, float]) -> str:
-    """Whether a - b >= 0 (the direction expected) holds beyond the noise, is reversed beyond it, or neither."""
-    if difference["low"] > 0:
+    """Whether a - b >= 0 (the direction expected) holds beyond the noise, is reversed beyond it, or neither: beyond
+    it only where the Holm-adjusted p-value is below ``ALPHA`` (the bootstrap interval alone is too narrow at few
+    seeds)."""
+    if difference["p_holm"] >= ALPHA:
+        return "inside the noise: no difference shown"
+    if difference["mean"] > 0:
         return "a > b beyond the noise: the expected direction holds"
-    if difference["high"] < 0:
-        return "a < b beyond the noise: the expected direction does not hold here"
-    return "inside the noise: no difference shown"
+    return "a < b beyond the noise: the expected direction does not hold here"
+
+
+def _p(value: float) -> str:
+    return f"{value:.3f}"
 
 
 def _interval(d: dict[str, float]) -> str:
@@ -48,9 +60,10 @@ def _share(value: float | None) -> str:
 
 def markdown(summary: dict[str, dict], differences: dict[str, dict], args: argparse.Namespace, warm: str,
              wall_s: float, plateau_threshold: float | None = None,
-             exit_differences: dict[str, dict[str, dict]] | None = None) -> str:
+             time_differences: dict[tuple[str, str], dict[str, dict]] | None = None) -> str:
     """The report: the settings' table, the failure mix, the speed outcomes per seed, the paired differences of
-    final dev EM and, per speed outcome (``exit_differences``: outcome -> ``compare_exit_tokens``), in tokens."""
+    final dev EM and, per speed outcome and unit (``time_differences``: (outcome, unit) -> ``compare_times``), in
+    time to it."""
     run_minutes = sum(sum(s["seconds_per_seed"]) for s in summary.values()) / 60
     budget = getattr(args, "token_budget", None)
     length = (f"each run until it has generated its token budget (T = {budget:,}; the iteration that reaches it "
@@ -90,6 +103,12 @@ def markdown(summary: dict[str, dict], differences: dict[str, dict], args: argpa
                      f"{_interval(s['dev_em'])} | {seeds} | {routing_cells}{s['tool_calls']:.2f} | "
                      f"{np.mean(s['tool_calls_per_seed']):,.0f} | {reward_first:.3f} -> {reward_last:.3f} | "
                      f"{np.mean(s['seconds_per_seed']) / 60:.1f} |")
+    signal = {setting: s["nonzero_advantage_share"] for setting, s in summary.items()
+              if s.get("nonzero_advantage_share") is not None}
+    if signal:
+        lines += ["", "Share of an iteration's prompts with a non-zero advantage (the prompts an update learns from; "
+                      "mean over iterations and seeds): " + "; ".join(f"{setting} {share:.3f}"
+                                                                       for setting, share in signal.items()) + "."]
     mixes = ([("start point", first["failures_before"])] if first else []) + [
         (setting, s["failures"]) for setting, s in summary.items()]
     kinds = occurring_failures(*(mix for _, mix in mixes))
@@ -98,46 +117,62 @@ def markdown(summary: dict[str, dict], differences: dict[str, dict], args: argpa
     lines += [f"| {name} | " + " | ".join(f"{mix.get(kind, 0.0):.2f}" for kind in kinds) + " |" for name, mix in mixes]
     lines += plateau_table(summary, args, plateau_threshold)
     if differences:
-        lines += ["", "Paired differences of final dev EM (a - b; same seeds, same questions; 95% paired bootstrap), "
-                      "with what a power analysis needs: the std of the per-question paired differences over seeds x "
-                      "questions, that of the per-seed mean differences, the smallest difference these cells detect "
-                      "at 80% power (two-sided, 5%) if they were independent and from the per-seed means (the one to "
-                      "read when seeds differ more than their questions explain), and the seeds at "
-                      f"{args.eval_questions} questions that {args.delta} EM needs (experiments/confidence.py, "
-                      "`seeds_for_power`):", "",
-                  "| a - b | difference [95% interval] | reading | sd paired | sd of seed means | detectable (cells) | "
-                  f"detectable (seed means) | seeds for {args.delta} |", "|---|---|---|---|---|---|---|---|"]
-        lines += [f"| {name} | {_interval(d)} | {verdict(d)} | {d['sd_paired']:.3f} | {_share(d['sd_seed_means'])} "
-                  f"| {d['detectable']:.3f} | {_share(d['detectable_over_seeds'])} | {d['seeds_for_delta'] or '-'} |"
+        lines += ["", "Paired differences of final dev EM (a - b; same seeds, same questions). The tests that hold at "
+                      f"few seeds are over the {len(args.seeds)} per-seed mean differences: their Student-t 95% "
+                      "interval and p-value and the exact sign-flip p-value (all 2^n sign assignments); the reading "
+                      f"uses the sign-flip p Holm-adjusted over the table's {len(differences)} comparisons (beyond the "
+                      f"noise where below {ALPHA}). Beside them the 95% paired bootstrap over seeds x questions (too "
+                      "narrow at few seeds), and what a power analysis needs: the std of the per-question paired "
+                      "differences over seeds x questions, that of the per-seed mean differences, the smallest "
+                      "difference these cells detect at 80% power (two-sided, 5%) if they were independent and from "
+                      "the per-seed means (the one to read when seeds differ more than their questions explain), and "
+                      f"the seeds at {args.eval_questions} questions that {args.delta} EM needs "
+                      "(experiments/confidence.py, `seeds_for_power`):", "",
+                  "| a - b | mean difference | t 95% interval (seeds) | t p | sign-flip p | Holm p | reading | "
+                  "bootstrap 95% interval | sd paired | sd of seed means | detectable (cells) | "
+                  f"detectable (seed means) | seeds for {args.delta} |", "|---" * 13 + "|"]
+        lines += [f"| {name} | {d['mean']:+.3f} | [{d['t_low']:+.3f}, {d['t_high']:+.3f}] | {_p(d['t_p'])} | "
+                  f"{_p(d['sign_flip_p'])} | {_p(d['p_holm'])} | {verdict(d)} | [{d['low']:+.3f}, {d['high']:+.3f}] "
+                  f"| {d['sd_paired']:.3f} | {_share(d['sd_seed_means'])} | {d['detectable']:.3f} | "
+                  f"{_share(d['detectable_over_seeds'])} | {d['seeds_for_delta'] or '-'} |"
                   for name, d in differences.items()]
-    for outcome, outcome_differences in (exit_differences or {}).items():
-        lines += exit_tokens_table(outcome_differences, outcome)
+    for (outcome, unit), outcome_differences in (time_differences or {}).items():
+        lines += time_table(outcome_differences, outcome, unit)
     return "\n".join(lines) + "\n"
 
 
 # per speed outcome: what it is, and the verb of a run that got there
-OUTCOME_WORDS = {PLATEAU_EXIT: ("to leave the plateau", "left", "a run that stayed"),
+OUTCOME_WORDS = {PLATEAU_EXIT: ("to leave the plateau", "left"),
                  FIRST_PASSAGE: ("to first reach the threshold (the first curve point at or above it, whatever "
-                                 "follows)", "reached it", "a run that never reached it")}
+                                 "follows)", "reached it")}
 
 
-def exit_tokens_table(differences: dict[str, dict], outcome: str = PLATEAU_EXIT) -> list[str]:
-    """The paired differences in tokens to the speed ``outcome`` (``compare_exit_tokens``); no lines without any."""
+def time_table(differences: dict[str, dict], outcome: str = FIRST_PASSAGE, unit: str = TOKENS) -> list[str]:
+    """The paired comparisons in time to the speed ``outcome`` in ``unit`` (``compare_times``); no lines without
+    any."""
     if not differences:
         return []
-    what, verb, never = OUTCOME_WORDS[outcome]
-    lines = ["", f"Paired differences in tokens {what} (a - b over the same seeds; negative: a {verb} sooner; {never} "
-                 "counts as all the tokens it generated; 95% bootstrap over seeds), with the sd of the per-seed "
-                 "differences and the smallest difference these seeds detect with it (80% power, two-sided, 5%):", "",
-             "| a - b | difference in tokens [95% interval] | reading | sd of seed differences | detectable |",
-             "|---|---|---|---|---|"]
+    what, verb = OUTCOME_WORDS[outcome]
+    units = UNITS[unit]
+    lines = ["", f"Paired comparisons in {units} {what} (a - b over the same seeds; negative: a {verb} sooner). A run "
+                 "that never got there is censored at its end, not scored as if it got there then: a pair is "
+                 f"ordered when both {verb}, or when one {verb} no later than the other's end; the exact sign test "
+                 f"counts the ordered pairs, Holm-adjusted over the table's {len(differences)} comparisons (the "
+                 f"reading: beyond the noise where below {ALPHA}). Over the pairs where both {verb}: the mean "
+                 "difference, its Student-t 95% interval and p-value, the exact sign-flip p-value and the 95% "
+                 "bootstrap over those seeds.", "",
+             f"| a - b | a sooner / later / unordered | sign test p | Holm p | reading | both {verb} | mean difference "
+             "| t 95% interval | t p | sign-flip p | bootstrap 95% interval |", "|---" * 11 + "|"]
     for name, d in differences.items():
-        reading = (f"a {verb} sooner beyond the noise" if d["high"] < 0 else
-                   f"a {verb} later beyond the noise" if d["low"] > 0 else "inside the noise")
-        sd, detectable = ("-" if d.get(key) is None else f"{d[key]:,.0f}"
-                          for key in ("sd_seed_differences", "detectable"))
-        lines.append(f"| {name} | {d['mean']:+,.0f} [{d['low']:+,.0f}, {d['high']:+,.0f}] | {reading} | {sd} | "
-                     f"{detectable} |")
+        reading = ("inside the noise" if d["p_holm"] >= ALPHA else
+                   f"a {verb} sooner beyond the noise" if d["sooner"] > d["later"] else
+                   f"a {verb} later beyond the noise")
+        count = ",.0f" if unit == TOKENS else ",.1f"  # iterations and steps: a mean over seeds needs its tenths
+        cells = (["-"] * 5 if "mean" not in d else
+                 [f"{d['mean']:+{count}}", f"[{d['t_low']:+{count}}, {d['t_high']:+{count}}]", _p(d["t_p"]),
+                  _p(d["sign_flip_p"]), f"[{d['low']:+{count}}, {d['high']:+{count}}]"])
+        lines.append(f"| {name} | {d['sooner']} / {d['later']} / {d['unordered']} | {_p(d['p'])} | "
+                     f"{_p(d['p_holm'])} | {reading} | {d['both']} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -175,12 +210,11 @@ def write_results(testbed: Testbed, runs: dict[str, list[list[dict]]], finals: d
                   output: Path) -> tuple[str, Path]:
     """OUTPUT/NAME.md, NAME.json and NAME.png for the runs so far; (the table, the plot's path)."""
     summary, differences = summarize(testbed, runs, finals, before), compare(testbed, finals, args.delta)
-    exit_differences = {outcome: compare_exit_tokens(testbed, summary, runs, outcome)
-                        for outcome in (PLATEAU_EXIT, FIRST_PASSAGE)}
-    table = markdown(summary, differences, args, warm, wall_s, testbed.plateau_threshold, exit_differences)
+    time_differences = {(outcome, unit): compare_times(testbed, runs, outcome, unit) for outcome, unit in TIME_TABLES}
+    table = markdown(summary, differences, args, warm, wall_s, testbed.plateau_threshold, time_differences)
     (output / f"{testbed.name}.md").write_text(table, encoding="utf-8")
     payload = {"settings": vars(args), "world": testbed.world.key, "summary": summary, "differences": differences,
-               "exit_token_differences": exit_differences}
+               "time_differences": {f"{outcome} {unit}": d for (outcome, unit), d in time_differences.items()}}
     (output / f"{testbed.name}.json").write_text(json.dumps(payload, indent=1), encoding="utf-8")
     # the curves' questions: the first --curve-questions held-out ones, the start point's included
     start = float(np.mean([row["em"] for row in before[: args.curve_questions]]))

@@ -1,7 +1,16 @@
 """The statistics of a learning benchmark's runs: per setting, the final dev EM over seeds x questions with its
 bootstrap interval, the failure mix, routing, tokens, tool calls and the speed outcomes; per comparison, the paired
-differences of final dev EM (with what a power analysis needs) and of tokens to each speed outcome; the curves
-averaged over seeds for the plot."""
+differences of final dev EM (with what a power analysis needs) and of the time to each speed outcome in tokens,
+iterations and optimizer steps; the curves averaged over seeds for the plot.
+
+Seeds are few (6-10), so every comparison carries, beside the bootstrap, tests that hold at any number of seeds
+(``experiments/confidence.py``): the per-seed paired differences' Student-t interval and p-value and the exact
+sign-flip p-value; a time to an outcome that some runs never reach by their end is right-censored there, and the
+paired comparison is a sign test over the pairs whose order is known (``censored_order``: both reached it; or one
+reached it no later than the other's end), with the t-interval, sign-flip and bootstrap on the pairs where both
+reached it. The comparisons of one table are read together: their p-values (sign-flip for EM, the censored sign test
+for times) are Holm-adjusted over the table's comparisons (``holm_adjusted``), and a reading says "beyond the noise"
+only where the adjusted p is below ``ALPHA``."""
 
 from __future__ import annotations
 
@@ -12,14 +21,19 @@ import numpy as np
 
 from algos.evaluation import failure_mix, routing
 from benchmarks.learning_testbed import Testbed
-from benchmarks.plateau_exit import first_passage_tokens, plateau_exit_tokens, silent_update_share
+from benchmarks.plateau_exit import TOKENS, first_passage_at, plateau_exit_at, progress, silent_update_share
 from experiments.confidence import (
     Interval,
     bootstrap_interval,
+    censored_order,
+    censored_sign_test,
     detectable_difference,
+    holm_adjusted,
     mean_interval,
     paired_bootstrap_interval,
     seeds_for_power,
+    sign_flip_p_value,
+    t_test_p_value,
 )
 
 # the EM difference the branching protocol (docs/protocol_branching.md) must be able to see, the default of --delta
@@ -27,6 +41,8 @@ DELTA = 0.03
 # the two speed outcomes, keys of a setting's summary: tokens to leave the plateau for good, tokens to first reach
 # the threshold
 PLATEAU_EXIT, FIRST_PASSAGE = "plateau_exit_per_seed", "first_passage_per_seed"
+SPEED_OUTCOMES = {PLATEAU_EXIT: plateau_exit_at, FIRST_PASSAGE: first_passage_at}
+ALPHA = 0.05  # the level a Holm-adjusted p-value is read at
 
 
 def em_matrix(scores: list[list[dict[str, Any]]]) -> np.ndarray:
@@ -41,6 +57,14 @@ def reward_first_and_last(rows: list[dict], share: float = 0.1) -> tuple[float, 
     count = max(1, math.ceil(share * len(rows)))
     rewards = [row["reward_mean"] for row in rows]
     return float(np.mean(rewards[:count])), float(np.mean(rewards[-count:]))
+
+
+def signal_share(seeds: list[list[dict]]) -> float | None:
+    """The mean over a setting's iterations (all seeds) of the share of prompts with a non-zero advantage (the
+    prompts its updates learned from); None where its metrics predate ``nonzero_advantage_share``."""
+    shares = [row["nonzero_advantage_share"] for rows in seeds for row in rows
+              if row.get("nonzero_advantage_share") is not None]
+    return float(np.mean(shares)) if shares else None
 
 
 def summarize(testbed: Testbed, runs: dict[str, list[list[dict]]], finals: dict[str, list[list[dict]]],
@@ -69,19 +93,22 @@ def summarize(testbed: Testbed, runs: dict[str, list[list[dict]]], finals: dict[
             "tool_calls_per_seed": [int(sum(r["tool_calls"] or 0 for r in rows)) for rows in seeds],
             "seconds_per_seed": [float(sum(r["time_s"] or 0 for r in rows)) for rows in seeds],
             "reward_first_last": [float(v) for v in np.mean([reward_first_and_last(rows) for rows in seeds], axis=0)],
+            "nonzero_advantage_share": signal_share(seeds),
         }
         if testbed.plateau_threshold is not None:
-            summary[setting][PLATEAU_EXIT] = [plateau_exit_tokens(rows, testbed.plateau_threshold) for rows in seeds]
-            summary[setting][FIRST_PASSAGE] = [first_passage_tokens(rows, testbed.plateau_threshold) for rows in seeds]
+            for outcome, time_to in SPEED_OUTCOMES.items():
+                summary[setting][outcome] = [time_to(rows, testbed.plateau_threshold) for rows in seeds]
             summary[setting]["silent_update_share_per_seed"] = [silent_update_share(rows) for rows in seeds]
     return summary
 
 
 def compare(testbed: Testbed, finals: dict[str, list[list[dict]]], delta: float = DELTA) -> dict[str, dict]:
-    """Every comparison whose two settings ran on the same seeds: the paired bootstrap interval of a - b, and what
-    a power analysis needs: the standard deviation of the per-question paired differences (``sd_paired``, over
-    seeds x questions), that of the per-seed mean differences (``sd_seed_means``, None with one seed), the smallest
-    difference these cells detect at 80% power, and the seeds at this many questions that ``delta`` needs."""
+    """Every comparison whose two settings ran on the same seeds: the paired bootstrap interval of a - b, the tests
+    over the per-seed mean differences (``seed_tests``) with the sign-flip p Holm-adjusted over the comparisons
+    (``p_holm``), and what a power analysis needs: the standard deviation of the per-question paired differences
+    (``sd_paired``, over seeds x questions), that of the per-seed mean differences (``sd_seed_means``, None with one
+    seed), the smallest difference these cells detect at 80% power, and the seeds at this many questions that
+    ``delta`` needs."""
     out = {}
     for a, b in testbed.comparisons:
         if finals.get(a) and finals.get(b) and len(finals[a]) == len(finals[b]):
@@ -92,6 +119,7 @@ def compare(testbed: Testbed, finals: dict[str, list[list[dict]]], delta: float 
             sd_seeds = float(differences.mean(axis=1).std(ddof=1)) if seeds > 1 else None
             out[f"{a} - {b}"] = {
                 **interval_dict(paired_bootstrap_interval(ems_a, ems_b)),
+                **seed_tests(differences.mean(axis=1)),
                 "sd_paired": sd,
                 "sd_seed_means": sd_seeds,
                 "cells": int(differences.size),
@@ -101,38 +129,56 @@ def compare(testbed: Testbed, finals: dict[str, list[list[dict]]], delta: float 
                 "detectable_over_seeds": detectable_difference(sd_seeds, seeds) if sd_seeds is not None else None,
                 "seeds_for_delta": seeds_for_power(sd, delta, questions=questions) if sd > 0 else None,
             }
-    return out
+    return with_holm(out, "sign_flip_p")
 
 
-def exit_tokens_per_seed(summary: dict[str, dict], runs: dict[str, list[list[dict]]], setting: str,
-                         outcome: str = PLATEAU_EXIT) -> list[int]:
-    """Each seed's tokens to the speed ``outcome`` (``PLATEAU_EXIT`` or ``FIRST_PASSAGE``); a run that never got
-    there counts as the tokens it generated in all (its budget, as the protocol's speed outcome counts it)."""
-    return [int(rows[-1]["tokens_generated_total"]) if tokens is None else tokens
-            for tokens, rows in zip(summary[setting][outcome], runs[setting], strict=True)]
+def seed_tests(differences: np.ndarray) -> dict[str, float]:
+    """The tests of per-seed paired differences that hold at few seeds: the Student-t 95% interval of their mean
+    (``t_low``, ``t_high``), its p-value (``t_p``) and the exact sign-flip p-value (``sign_flip_p``)."""
+    interval = mean_interval(differences)
+    return {"t_low": interval.low, "t_high": interval.high, "t_p": t_test_p_value(differences),
+            "sign_flip_p": sign_flip_p_value(differences)}
 
 
-def compare_exit_tokens(testbed: Testbed, summary: dict[str, dict], runs: dict[str, list[list[dict]]],
-                        outcome: str = PLATEAU_EXIT) -> dict[str, dict]:
-    """Every comparison whose two settings ran on the same seeds, in tokens to the speed ``outcome``: the mean
-    paired difference a - b over seeds (negative: a got there sooner) with its bootstrap interval over seeds, the sd
-    of the per-seed differences (what sizes the seeds) and the smallest difference in tokens that this many seeds
-    detect at 80% power with that sd (``detectable_difference``). Empty where the testbed reports no plateau."""
-    out = {}
+def with_holm(comparisons: dict[str, dict], key: str) -> dict[str, dict]:
+    """``comparisons`` with ``p_holm``: each one's ``key`` p-value Holm-adjusted over all of them (read together)."""
+    for d, adjusted in zip(comparisons.values(), holm_adjusted([d[key] for d in comparisons.values()]), strict=True):
+        d["p_holm"] = adjusted
+    return comparisons
+
+
+def time_and_end(rows: list[dict], threshold: float, outcome: str, unit: str) -> tuple[int | None, int]:
+    """A run's time to the speed ``outcome`` in ``unit`` (None: never got there) and where its last row stood (its
+    censoring point when it never got there)."""
+    return SPEED_OUTCOMES[outcome](rows, threshold, unit), progress(rows, len(rows) - 1, unit)
+
+
+def compare_times(testbed: Testbed, runs: dict[str, list[list[dict]]], outcome: str = FIRST_PASSAGE,
+                  unit: str = TOKENS) -> dict[str, dict]:
+    """Every comparison whose two settings ran on the same seeds, in time to the speed ``outcome`` counted in
+    ``unit`` (``plateau_exit.UNITS``), a run that never got there censored at its end (never scored as if it got
+    there then): the seeds where a got there sooner / later / in an unknown order (``censored_order``), the exact sign
+    test over the ordered ones (``p``) and its Holm adjustment over the comparisons (``p_holm``); over the seeds where
+    both got there (``both``), the mean difference a - b (negative: a sooner) with ``seed_tests`` and the bootstrap
+    interval over those seeds (``low``, ``high``; absent with fewer than 2 such seeds). Empty where the testbed
+    reports no plateau."""
+    out: dict[str, dict] = {}
     if testbed.plateau_threshold is None:
         return out
     for a, b in testbed.comparisons:
-        if a in summary and b in summary and len(runs[a]) == len(runs[b]):
-            tokens_a, tokens_b = (np.array(exit_tokens_per_seed(summary, runs, s, outcome), dtype=float)
-                                  for s in (a, b))
-            differences = tokens_a - tokens_b
-            sd = float(differences.std(ddof=1)) if differences.size > 1 else None
-            out[f"{a} - {b}"] = {  # the bootstrap takes seeds x questions: one "question" per seed here
-                **interval_dict(paired_bootstrap_interval(tokens_a[:, None], tokens_b[:, None])),
-                "sd_seed_differences": sd,
-                "detectable": None if sd is None else detectable_difference(sd, differences.size),
-            }
-    return out
+        if runs.get(a) and runs.get(b) and len(runs[a]) == len(runs[b]):
+            pairs = [(time_and_end(rows_a, testbed.plateau_threshold, outcome, unit),
+                      time_and_end(rows_b, testbed.plateau_threshold, outcome, unit))
+                     for rows_a, rows_b in zip(runs[a], runs[b], strict=True)]
+            test = censored_sign_test([censored_order(*time_a, *time_b) for time_a, time_b in pairs])
+            both = np.array([(ta, tb) for (ta, _), (tb, _) in pairs if ta is not None and tb is not None], dtype=float)
+            d: dict[str, Any] = {"sooner": test.sooner, "later": test.later, "unordered": test.unordered, "p": test.p,
+                                 "both": len(both)}
+            if len(both) >= 2:
+                d.update(interval_dict(paired_bootstrap_interval(both[:, :1], both[:, 1:])))
+                d.update(seed_tests(both[:, 0] - both[:, 1]))
+            out[f"{a} - {b}"] = d
+    return with_holm(out, "p")
 
 
 def interval_dict(interval: Interval) -> dict[str, float]:

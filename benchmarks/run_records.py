@@ -8,7 +8,8 @@ A finished run's record is what ``--resume`` and the reports read of it: its fin
 keyed by the run's options, so it is reused only by the same command from the same start) and its metrics
 (``metrics.jsonl``); with them the benchmark's start point (``start_point.json``). Checkpoints and models are not
 kept: a restored run is reported, never trained on. A run without its final evaluation is not finished and is not
-kept. Records live in ``benchmarks/records/NAME/`` (NAME: the output folder's name), laid out as in the output.
+kept. Records live in ``results/NAME/`` at the repository's top level (NAME: the output folder's name; ``benchmarks/``
+holds code only), laid out as in the output.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 from benchmarks.learning_runs import FINAL_EVALUATION, START_POINT
 from experiments.plot import METRICS_FILE
 
-RECORDS = Path(__file__).resolve().parent / "records"
+RECORDS = Path(__file__).resolve().parent.parent / "results"  # the repository's top level: benchmarks/ holds code
 RUN_FILES = (FINAL_EVALUATION, METRICS_FILE)
 
 

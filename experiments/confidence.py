@@ -6,6 +6,14 @@ of its n values; a before/after change on the same questions has the interval of
 (pairing removes the questions' difficulty from the noise). Several seeds add the run's own noise: the
 bootstrap resamples seeds, then questions, so both sources are in the interval.
 
+At the few seeds a learning benchmark affords, the seed is the unit and a bootstrap over seeds is too narrow (a
+percentile interval from 6 values undercovers), so a comparison also gets tests that hold at any n: the Student-t
+interval and p-value of the per-seed paired differences (``t_test_p_value``), the exact sign-flip (permutation)
+p-value over all 2^n sign assignments of those differences (``sign_flip_p_value``: no normality assumed), and for a
+time to an event some runs never reach by their end (right-censored), a paired sign test that counts only the
+pairs whose order is known (``censored_order``, ``censored_sign_test``). Several comparisons read together are
+corrected by Holm's step-down method (``holm_adjusted``).
+
 Before a comparison is run, ``seeds_for_power`` sizes it from a pilot's paired differences (the seeds x questions
 a paired test needs to see a difference at a given power), and ``detectable_difference`` says what a given size
 can see.
@@ -13,6 +21,7 @@ can see.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -121,3 +130,78 @@ def detectable_difference(sd_paired: float, cells: int, *, alpha: float = 0.05, 
         raise ValueError(f"cells must be >= 1, got {cells}")
     z = stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power)
     return float(z * sd_paired / np.sqrt(cells))
+
+
+def t_test_p_value(differences: Sequence[float]) -> float:
+    """The two-sided p-value of a one-sample Student-t test that the mean of ``differences`` (paired, one per seed)
+    is 0. Differences all equal: 1 if they are 0, else 0 (no spread: the sign is certain); one difference: 1."""
+    x = np.asarray(differences, dtype=float)
+    if x.size == 0:
+        raise ValueError("t_test_p_value needs at least one difference")
+    if x.size == 1:
+        return 1.0
+    if np.ptp(x) == 0:
+        return 1.0 if x[0] == 0 else 0.0
+    return float(stats.ttest_1samp(x, 0.0).pvalue)
+
+
+MAX_SIGN_FLIP_N = 20  # 2^20 sign assignments, about a million: the exact test's limit
+
+
+def sign_flip_p_value(differences: Sequence[float]) -> float:
+    """The exact two-sided p-value of the paired sign-flip (permutation) test: under "no difference" each paired
+    difference is as likely to have either sign, so the share of all 2^n sign assignments whose |sum| is at least the
+    observed |sum|. No normality assumed; its smallest value is 2 / 2^n (6 seeds: 0.031)."""
+    x = np.asarray(differences, dtype=float)
+    if not 1 <= x.size <= MAX_SIGN_FLIP_N:
+        raise ValueError(f"sign_flip_p_value takes 1 to {MAX_SIGN_FLIP_N} differences, got {x.size}")
+    signs = np.array(list(itertools.product((1.0, -1.0), repeat=x.size)))
+    sums = np.abs(signs @ x)
+    observed = abs(float(x.sum()))
+    return float(np.mean(sums >= observed - 1e-9 * max(1.0, observed)))
+
+
+def holm_adjusted(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values of m comparisons read together (each compared with the level, e.g. 0.05,
+    controls the chance of any false finding among the m): the i-th smallest p times (m - i + 1), made monotone by a
+    running maximum, capped at 1; returned in the input's order."""
+    p = np.asarray(p_values, dtype=float)
+    order = np.argsort(p, kind="stable")
+    scaled = np.minimum(1.0, np.maximum.accumulate(p[order] * (p.size - np.arange(p.size))))
+    adjusted = np.empty_like(p)
+    adjusted[order] = scaled
+    return [float(v) for v in adjusted]
+
+
+def censored_order(a: float | None, a_end: float, b: float | None, b_end: float) -> int:
+    """Which of two paired runs reached an event first, when a run that never reached it (None) is right-censored at
+    its end (``a_end``, ``b_end``: it would have reached it later than that, if ever): -1 if a is known to have been
+    sooner, +1 if later, 0 if the order is unknown (both censored; one censored before the other's event) or a tie.
+    The pairing rule of Woolson and Lachenbruch's rank tests for censored matched pairs (1980), reduced to signs."""
+    if a is not None and b is not None:
+        return int(np.sign(a - b))
+    if a is not None:  # b censored: a sooner if a came no later than b's end
+        return -1 if a <= b_end else 0
+    if b is not None:
+        return 1 if b <= a_end else 0
+    return 0
+
+
+@dataclass(frozen=True)
+class SignTest:
+    """A paired sign test: how many pairs had a sooner (``sooner``), later (``later``), or no known order
+    (``unordered``: censoring or ties, left out of the test), and the exact two-sided binomial p-value."""
+
+    sooner: int
+    later: int
+    unordered: int
+    p: float
+
+
+def censored_sign_test(orders: Sequence[int]) -> SignTest:
+    """The exact two-sided sign test on paired orders (``censored_order``'s -1 / +1 / 0): under "no difference" each
+    ordered pair is a fair coin, so p = P(a binomial(n ordered, 1/2) is at least as far from n/2 as observed)."""
+    sooner, later = sum(o < 0 for o in orders), sum(o > 0 for o in orders)
+    ordered = sooner + later
+    p = float(stats.binomtest(sooner, ordered).pvalue) if ordered else 1.0
+    return SignTest(sooner, later, len(orders) - ordered, p)

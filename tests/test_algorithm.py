@@ -214,6 +214,7 @@ def test_an_iteration_whose_leaves_are_rewarded_alike_skips_the_update(ray_sessi
     main([*FAST, "--iterations", "2", "--skip-uniform-rewards", "--no-mlflow", "--output", str(tmp_path)])
     rows = read_rows(tmp_path / "metrics.jsonl")
     assert all(row["reward_mean"] == 0 for row in rows)
+    assert all(row["nonzero_advantage_share"] == 0 for row in rows)  # the driver's advantages, in metrics.jsonl
     assert [(row["update_skipped"], row["updates_skipped_total"]) for row in rows] == [(1, 1), (1, 2)]
     assert all(row["update_time_s"] == 0 and row["grad_norm"] is None and row["kl"] is None for row in rows)
     algo = TreeGRPO.from_checkpoint(str(tmp_path / "checkpoints" / "latest"))

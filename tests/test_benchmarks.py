@@ -34,8 +34,8 @@ from policies.generation import default_max_step_tokens
 from policies.trajectory import TokenTrajectory
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = ("bench_branching", "bench_device", "bench_generation", "bench_learning", "bench_retrieval", "bench_rollout",
-           "bench_update")
+SCRIPTS = ("bench_branching", "bench_budget", "bench_device", "bench_generation", "bench_learning", "bench_retrieval",
+           "bench_rollout", "bench_update")
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
@@ -227,8 +227,13 @@ def test_comparisons_pair_seeds_and_questions_and_read_the_direction():
     assert {k: same[k] for k in ("mean", "low", "high")} == {"mean": 0.0, "low": 0.0, "high": 0.0}
     assert verdict(same).startswith("inside the noise") and same["seeds_for_delta"] is None
     assert "tree (1,2,1) - chain G=2" not in differences  # chain G=2 did not run
-    assert verdict({"mean": 0.2, "low": 0.1, "high": 0.3}).endswith("the expected direction holds")
-    assert verdict({"mean": -0.2, "low": -0.3, "high": -0.1}).endswith("does not hold here")
+    # the tests over seeds: both seeds' mean differences 1/3 (no spread: t p 0), sign flips of [1/3, 1/3] give sums
+    # +-2/3 and 0 twice: p 2/4; the other comparison's [0, 0]: p 1; Holm over the 2: 0.5 x 2 = 1, then max(1, 1)
+    assert tree_vs_chain4["t_p"] == 0 and tree_vs_chain4["sign_flip_p"] == 0.5 and same["sign_flip_p"] == 1
+    assert tree_vs_chain4["p_holm"] == same["p_holm"] == 1.0
+    assert verdict(tree_vs_chain4).startswith("inside the noise")  # the bootstrap excludes 0; 2 seeds cannot
+    assert verdict({"mean": 0.2, "p_holm": 0.01}).endswith("the expected direction holds")
+    assert verdict({"mean": -0.2, "p_holm": 0.04}).endswith("does not hold here")
 
 
 def test_prefix_sharing_batches_have_the_trees_structure():
@@ -497,42 +502,58 @@ def test_the_pass_bound_sums_each_rounds_longest_branch_and_takes_the_longest_tr
     assert pass_bound([Tree(Node(TokenTrajectory.from_prompt((5,)), None), 1, 0)]) == 0
 
 
-def test_exit_tokens_are_compared_per_seed_and_a_run_that_stayed_counts_all_its_tokens():
+def curve_rows(curve: list[tuple[int, float | None]]) -> list[dict]:
+    """Metrics rows of one run from (tokens so far, dev EM or None) per iteration, 4 optimizer steps an iteration."""
+    return [{"iteration": i, "tokens_generated_total": tokens, "optimizer_steps": 4 * i,
+             **({} if em is None else {"dev_em": em})} for i, (tokens, em) in enumerate(curve, start=1)]
+
+
+def test_times_to_a_threshold_are_compared_with_runs_that_never_got_there_censored():
     testbed = dataclasses.replace(TESTBED, plateau_threshold=0.7, comparisons=(("tree (2,2,1)", "chain G=4"),))
-    summary = {"tree (2,2,1)": {"plateau_exit_per_seed": [100, None, 300]},
-               "chain G=4": {"plateau_exit_per_seed": [200, 250, None]}}
-    runs = {"tree (2,2,1)": [[{"tokens_generated_total": 50}, {"tokens_generated_total": 500}]] * 3,
-            "chain G=4": [[{"tokens_generated_total": 400}]] * 3}
-    assert learning_stats.exit_tokens_per_seed(summary, runs, "tree (2,2,1)") == [100, 500, 300]
-    d = learning_stats.compare_exit_tokens(testbed, summary, runs)["tree (2,2,1) - chain G=4"]
-    # per seed: 100 - 200, 500 - 250, 300 - 400 = -100, +250, -100
-    assert d["mean"] == pytest.approx(50 / 3) and -100 - 1e-9 <= d["low"] <= d["mean"] <= d["high"] <= 250 + 1e-9
-    assert d["sd_seed_differences"] == pytest.approx(np.std([-100, 250, -100], ddof=1))  # 202.07
-    assert d["detectable"] == pytest.approx((1.959964 + 0.841621) * 202.0726 / np.sqrt(3), rel=1e-5)  # 326.85
-    lines = learning_report.exit_tokens_table({"tree (2,2,1) - chain G=4": d})
-    assert lines[-1].startswith("| tree (2,2,1) - chain G=4 | +17 [")
-    assert "| inside the noise | 202 | 327 |" in lines[-1]
-    sooner = {"a - b": {"mean": -5.0, "low": -9.0, "high": -1.0, "sd_seed_differences": None, "detectable": None}}
-    assert "| -5 [-9, -1] | a left sooner beyond the noise | - | - |" in learning_report.exit_tokens_table(sooner)[-1]
-    assert learning_stats.compare_exit_tokens(TESTBED, summary, runs) == {}  # no plateau reported: no comparison
-    assert learning_report.exit_tokens_table({}) == []
-    # the other speed outcome, tokens to first reach the threshold, read from its own key the same way
-    summary["tree (2,2,1)"]["first_passage_per_seed"] = [60, None, 80]
-    summary["chain G=4"]["first_passage_per_seed"] = [90, 100, 120]
-    first = learning_stats.compare_exit_tokens(testbed, summary, runs, learning_stats.FIRST_PASSAGE)
-    # per seed: 60 - 90, 500 - 100, 80 - 120 = -30, +400, -40 (the run that never reached it counts its 500 tokens)
-    assert first["tree (2,2,1) - chain G=4"]["mean"] == pytest.approx(110)
-    assert first["tree (2,2,1) - chain G=4"]["sd_seed_differences"] == pytest.approx(np.std([-30, 400, -40], ddof=1))
-    lines = learning_report.exit_tokens_table(sooner, learning_stats.FIRST_PASSAGE)
-    assert lines[1].startswith("Paired differences in tokens to first reach the threshold")
-    assert "| a reached it sooner beyond the noise |" in lines[-1]
+    runs = {"tree (2,2,1)": [curve_rows([(100, 0.8), (300, 0.9)]),  # reached at 100
+                             curve_rows([(250, 0.4), (500, 0.5)]),  # never, censored at 500
+                             curve_rows([(300, 0.7), (400, 0.8)]),  # reached at 300
+                             curve_rows([(150, 0.75)])],  # reached at 150
+            "chain G=4": [curve_rows([(100, 0.5), (200, 0.75), (300, 0.8)]),  # reached at 200
+                          curve_rows([(250, 0.9)]),  # reached at 250
+                          curve_rows([(200, 0.6)]),  # never, censored at 200
+                          curve_rows([(200, 0.1), (400, 0.7)])]}  # reached at 400
+    d = learning_stats.compare_times(testbed, runs)["tree (2,2,1) - chain G=4"]
+    # seed 0: 100 < 200 sooner; seed 1: the chain's 250 came before the tree's end (500): later; seed 2: the tree's
+    # 300 is after the chain's end (200), which might have reached it at 201: unordered; seed 3: 150 < 400 sooner
+    assert (d["sooner"], d["later"], d["unordered"], d["both"]) == (2, 1, 1, 2)
+    assert d["p"] == 1.0 and d["p_holm"] == 1.0  # 2 of 3 ordered pairs: as likely as any split under no difference
+    # where both reached it: -100 and -250, mean -175, sd 75 sqrt 2; t = -175 / 75 on 1 degree of freedom (Cauchy):
+    # p = 1 - (2 / pi) atan(7 / 3); the interval +- 12.706 x 75; sign flips: sums +-350, +-150, 2 of 4 as far out
+    assert d["mean"] == pytest.approx(-175)
+    assert d["t_p"] == pytest.approx(1 - 2 / np.pi * np.arctan(7 / 3))
+    assert (d["t_low"], d["t_high"]) == pytest.approx((-175 - 12.7062 * 75, -175 + 12.7062 * 75), rel=1e-4)
+    assert d["sign_flip_p"] == 0.5 and -250 <= d["low"] <= d["high"] <= -100
+    lines = learning_report.time_table({"tree (2,2,1) - chain G=4": d})
+    assert lines[1].startswith("Paired comparisons in tokens to first reach the threshold")
+    assert lines[-1].startswith("| tree (2,2,1) - chain G=4 | 2 / 1 / 1 | 1.000 | 1.000 | inside the noise | 2 | "
+                                "-175 |")
+    # counted in optimizer steps the order can turn: more tokens an iteration, fewer iterations to get there
+    wide = {"tree (2,2,1)": [curve_rows([(9000, 0.5), (18000, 0.8)])] * 6,
+            "chain G=4": [curve_rows([(4000, 0.5), (8000, 0.5), (12000, 0.6), (16000, 0.8)])] * 6}
+    in_tokens, in_steps = (learning_stats.compare_times(testbed, wide, learning_stats.FIRST_PASSAGE, unit)
+                           ["tree (2,2,1) - chain G=4"] for unit in ("tokens_generated_total", "optimizer_steps"))
+    assert (in_tokens["later"], in_steps["sooner"]) == (6, 6) and in_steps["mean"] == 8 - 16
+    assert in_steps["p"] == in_steps["p_holm"] == 2 / 64  # 6 of 6 ordered pairs one way
+    steps_line = learning_report.time_table({"a - b": in_steps}, learning_stats.FIRST_PASSAGE, "optimizer_steps")[-1]
+    assert "| a reached it sooner beyond the noise | 6 | -8.0 |" in steps_line  # steps in tenths, tokens whole
+    single = learning_stats.compare_times(testbed, {k: v[:1] for k, v in runs.items()})["tree (2,2,1) - chain G=4"]
+    assert single["both"] == 1 and "mean" not in single  # one pair: no interval
+    assert learning_report.time_table({"a - b": single})[-1].endswith("| 1 | - | - | - | - | - |")
+    assert learning_stats.compare_times(TESTBED, runs) == {}  # no plateau reported: no comparison
+    assert learning_report.time_table({}) == []
 
 
 def test_a_run_leaves_the_plateau_at_the_first_point_it_never_falls_back_below(tmp_path, capsys):
     from benchmarks.plateau_exit import (
-        first_passage_tokens,
+        first_passage_at,
         main,
-        plateau_exit_tokens,
+        plateau_exit_at,
         runs_left_by,
         silent_update_share,
     )
@@ -542,13 +563,13 @@ def test_a_run_leaves_the_plateau_at_the_first_point_it_never_falls_back_below(t
                 for i, (t, em) in enumerate(curve, start=1)]
 
     back_down = rows([(100, 0.4), (200, 0.8), (300, None), (400, 0.6), (500, 0.7), (600, 0.9)])
-    assert plateau_exit_tokens(back_down, 0.7) == 500  # 200 does not count: 400 fell back below
-    assert plateau_exit_tokens(rows([(100, 0.4), (200, 0.69)]), 0.7) is None  # ends below: stayed
-    assert plateau_exit_tokens(rows([(100, 0.9), (200, 0.95)]), 0.7) == 100
-    assert plateau_exit_tokens(rows([(100, None)]), 0.7) is None
-    assert first_passage_tokens(back_down, 0.7) == 200  # the first point at or above, whatever follows
-    assert first_passage_tokens(rows([(100, 0.4), (200, 0.69)]), 0.7) is None
-    assert first_passage_tokens(rows([(100, None), (200, 0.7)]), 0.7) == 200  # a point without a curve is skipped
+    assert plateau_exit_at(back_down, 0.7) == 500  # 200 does not count: 400 fell back below
+    assert plateau_exit_at(rows([(100, 0.4), (200, 0.69)]), 0.7) is None  # ends below: stayed
+    assert plateau_exit_at(rows([(100, 0.9), (200, 0.95)]), 0.7) == 100
+    assert plateau_exit_at(rows([(100, None)]), 0.7) is None
+    assert first_passage_at(back_down, 0.7) == 200  # the first point at or above, whatever follows
+    assert first_passage_at(rows([(100, 0.4), (200, 0.69)]), 0.7) is None
+    assert first_passage_at(rows([(100, None), (200, 0.7)]), 0.7) == 200  # a point without a curve is skipped
     assert [runs_left_by([500, None, 100], budget) for budget in (99, 100, 499, 500)] == [0, 1, 1, 2]
     norms = [{"grad_norm": g} for g in (0.0, 0.3, 0.2, 0.0009, 0.001)] + [{"grad_norm": None}, {}]
     assert silent_update_share(norms) == pytest.approx(1 / 3)  # second half: 0.2, 0.0009 (silent), 0.001
@@ -663,3 +684,46 @@ def test_decision_draws_count_the_steps_at_a_depth_that_no_two_leaves_share():
     chain(other, 2)  # answered after 2 steps: no third step to draw
     trees = [Tree(root, 0, 0), Tree(other, 0, 1)]
     assert [draws_at_depth(trees, depth) for depth in (0, 1, 2, 3, 4)] == [2, 2, 3, 2, 3]
+
+
+def test_the_budget_table_pairs_each_budgets_configs_at_equal_prompts_and_iterations():
+    import benchmarks.bench_branching as bench_branching
+    import benchmarks.bench_budget as bench_budget
+
+    args = bench_budget.parse_args([])
+    bed = bench_budget.testbed(args)
+    # the shapes come from experiments/configs/budget/*.yaml: (1,2,1) / G=2, (2,2,1) / G=4, (4,5,1) / G=16
+    assert list(bed.settings) == ["tree (1,2,1) budget 2", "chain G=2 budget 2", "tree (2,2,1) budget 4",
+                                  "chain G=4 budget 4", "tree (4,5,1) budget 16", "chain G=16 budget 16"]
+    assert bed.settings["tree (4,5,1) budget 16"] == (16, ["--algo", "tree_grpo", "--M", "4", "--N", "5", "--L", "1",
+                                                           "--branching", "uniform"])
+    assert not any("--token-budget" in options for _, options in bed.settings.values())  # equal iterations instead
+    assert bed.comparisons[-1] == ("chain G=16 budget 16", "chain G=2 budget 2")  # the positive control
+    assert [a.split()[0] for a, _ in bed.comparisons[:3]] == ["tree"] * 3
+    # every arm's run gets the same prompts, iterations and schedule; the records' folder holds "budget"
+    shared = {str(learning_runs.run_options(bed, name, 0, "warm", args, Path("d"))[len(bed.settings[name][1]):])
+              for name in bed.settings}
+    (common,) = shared
+    assert "'--iterations', '12'" in common and "'--prompts-per-iter', '8'" in common
+    assert (args.output, args.lr, args.warmup_steps, len(args.seeds), args.eval_questions) == (
+        "outputs/budget_table", 2e-5, 0, 10, 300)
+    assert bench_budget.parse_args(["--lr", "1e-4"]).output == "outputs/budget_table_lr_0.0001"  # a design of its own
+    # the fifth design's start (the same cached warm start)
+    fifth = bench_branching.parse_args(["--start-misroute", "0.85", "--start-misroute-role", "chair"])
+    fifth_bed = bench_branching.testbed(fifth)
+    assert bench_branching.start_recipes(args, bed) == bench_branching.start_recipes(fifth, fifth_bed)
+
+
+def test_the_report_gives_each_settings_share_of_prompts_with_a_signal(tmp_path, monkeypatch):
+    monkeypatch.setattr(learning_report, "plot_runs", lambda runs, path, metrics: Path(path))
+    args = bench_learning.parse_args(["--output", str(tmp_path)])
+    runs, finals = two_seed_runs()
+    table, _ = learning_report.write_results(TESTBED, runs, finals, scores(1, 1, 0, 0), args, "W", 1.0, tmp_path)
+    assert "non-zero advantage" not in table  # metrics from before the key: nothing to report
+    for rows, shares in zip(runs["tree (2,2,1)"], ((0.5, 1.0), (0.25, None)), strict=True):
+        for row, share in zip(rows, shares, strict=True):
+            row["nonzero_advantage_share"] = share
+    summary = summarize(TESTBED, runs, finals, before=scores(0, 0, 1, 0))
+    assert summary["tree (2,2,1)"]["nonzero_advantage_share"] == pytest.approx((0.5 + 1.0 + 0.25) / 3)
+    table, _ = learning_report.write_results(TESTBED, runs, finals, scores(1, 1, 0, 0), args, "W", 1.0, tmp_path)
+    assert "mean over iterations and seeds): tree (2,2,1) 0.583." in table

@@ -7,13 +7,19 @@ import pytest
 
 from experiments.confidence import (
     Interval,
+    SignTest,
     bootstrap_interval,
+    censored_order,
+    censored_sign_test,
     detectable_difference,
+    holm_adjusted,
     mean_interval,
     paired_bootstrap_interval,
     paired_cells_for_power,
     paired_difference_interval,
     seeds_for_power,
+    sign_flip_p_value,
+    t_test_p_value,
 )
 
 
@@ -101,3 +107,54 @@ def test_the_cells_and_seeds_a_paired_test_needs():
             paired_cells_for_power(**bad)
     with pytest.raises(ValueError, match="questions"):
         seeds_for_power(0.4, 0.03, questions=0)
+
+
+def test_t_test_p_value_by_hand():
+    # [1, 2, 3]: mean 2, sd 1, t = 2 / (1 / sqrt 3) = 2 sqrt 3 on 2 degrees of freedom, whose CDF is
+    # 1/2 + t / (2 sqrt(2 + t^2)); p = 2 (1 - F(t)) = 1 - t / sqrt(2 + t^2) = 1 - sqrt(12 / 14)
+    assert t_test_p_value([1, 2, 3]) == pytest.approx(1 - np.sqrt(12 / 14))
+    assert t_test_p_value([-1, -2, -3]) == pytest.approx(1 - np.sqrt(12 / 14))
+    assert t_test_p_value([0.5, 0.5]) == 0.0  # no spread, not zero: the sign is certain
+    assert t_test_p_value([0, 0, 0]) == 1.0
+    assert t_test_p_value([4.0]) == 1.0
+
+
+def test_sign_flip_p_value_counts_every_sign_assignment():
+    # [1, 2, 3]: the 8 signed sums are +-6, +-4, +-2, 0, 0; |sum| >= 6 in 2 of them
+    assert sign_flip_p_value([1, 2, 3]) == 0.25
+    # [3, 1, 1]: sums 5, 3, 3, 1, -1, -3, -3, -5; |sum| >= 5 in 2 of 8
+    assert sign_flip_p_value([3, 1, 1]) == 0.25
+    # [3, 1, -1] has the same |values|, so the same null sums, and |observed sum| 3: 6 of the 8 are that far out
+    assert sign_flip_p_value([3, 1, -1]) == 0.75
+    assert sign_flip_p_value([1, -1]) == 1.0  # observed sum 0: every assignment is as extreme
+    assert sign_flip_p_value([0.1] * 6) == 2 / 64  # the smallest p 6 seeds can give
+    with pytest.raises(ValueError):
+        sign_flip_p_value([])
+
+
+def test_holm_adjusted_by_hand():
+    # sorted 0.01, 0.03, 0.04 times 3, 2, 1: 0.03, 0.06, 0.04 -> running max 0.03, 0.06, 0.06; back in input order
+    assert holm_adjusted([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert holm_adjusted([0.5, 0.4]) == pytest.approx([0.8, 0.8])  # 0.4 x 2, then max(0.5 x 1, 0.8)
+    assert holm_adjusted([0.6, 0.7]) == pytest.approx([1.0, 1.0])  # 0.6 x 2 capped at 1
+    assert holm_adjusted([0.02]) == pytest.approx([0.02])  # one comparison: nothing to correct
+
+
+def test_censored_order_orders_only_what_is_known():
+    assert censored_order(3, 10, 5, 10) == -1  # both reached: a sooner
+    assert censored_order(5, 10, 3, 10) == 1
+    assert censored_order(4, 10, 4, 10) == 0  # a tie
+    assert censored_order(8, 10, None, 9) == -1  # b never reached it by 9: later than a's 8
+    assert censored_order(9, 10, None, 9) == -1  # a at b's end: still no later
+    assert censored_order(12, 13, None, 9) == 0  # b stopped at 9, before a's 12: b might have reached it at 10
+    assert censored_order(None, 9, 8, 10) == 1
+    assert censored_order(None, 9, 12, 13) == 0
+    assert censored_order(None, 9, None, 13) == 0  # both never reached it
+
+
+def test_censored_sign_test_by_hand():
+    # 5 ordered pairs, all a sooner: p = 2 / 2^5; the unordered pair is left out
+    assert censored_sign_test([-1, -1, -1, -1, -1, 0]) == SignTest(5, 0, 1, 2 / 32)
+    # 4 sooner, 1 later of 5: P(X <= 1) = 6 / 32, two-sided 12 / 32
+    assert censored_sign_test([-1, -1, 1, -1, -1]).p == pytest.approx(12 / 32)
+    assert censored_sign_test([0, 0]) == SignTest(0, 0, 2, 1.0)

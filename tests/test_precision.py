@@ -12,9 +12,9 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from test_learner import ADVANTAGES, build_learner, synthetic_records, tree_records, update, weights
 
-from algos.batch import pad_batch
+from algos.batch import pad_batch, prompt_advantages
 from algos.tree_grpo import metrics as metric_keys
-from algos.tree_grpo.tree_grpo import rewarded_alike
+from algos.tree_grpo.tree_grpo import nonzero_advantage_share, rewarded_alike
 from envs.search_qa import UnicodeText
 from policies.activation_checkpointing import enable_gradient_checkpointing
 from policies.logprobs import ENTROPY, GENERATED_MASK, LOGPROBS
@@ -218,3 +218,16 @@ def test_rewarded_alike_means_every_prompts_leaves_share_one_reward():
     one = [dataclasses.replace(record, prompt_index=1, reward=1.0) for record in records]
     assert rewarded_alike(zero) and rewarded_alike(zero + one)  # alike within each prompt, whatever across prompts
     assert not rewarded_alike(zero + one[:-1] + [dataclasses.replace(one[-1], reward=0.0)])
+
+
+def test_nonzero_advantage_share_counts_the_prompts_the_update_learns_from():
+    records = synthetic_records()  # 5 leaves of prompt 0
+    mixed = [dataclasses.replace(record, prompt_index=1) for record in records]
+    alike = [dataclasses.replace(record, prompt_index=2, reward=1.0) for record in records]
+    batch = records + mixed + alike
+    # prompts 0 and 1 have mixed rewards (non-zero advantages), prompt 2 all 1.0 (every advantage 0): 2 of 3
+    assert nonzero_advantage_share(batch, prompt_advantages(batch)) == pytest.approx(2 / 3)
+    assert nonzero_advantage_share(alike, prompt_advantages(alike)) == 0.0
+    # one non-zero leaf is enough for its prompt; the advantages are read as given, one per record
+    assert nonzero_advantage_share(alike, np.array([0, 0, 0, 0, 0.5])) == 1.0
+    assert nonzero_advantage_share([], np.zeros(0)) == 0.0

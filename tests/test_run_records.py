@@ -12,7 +12,7 @@ import pytest
 import benchmarks.bench_learning as bench_learning
 import benchmarks.learning_runs as learning_runs
 from benchmarks.bench_learning import TESTBED
-from benchmarks.run_records import record_files, restore, save
+from benchmarks.run_records import RECORDS, record_files, restore, save
 
 SETTING = "chain G=4"
 
@@ -88,3 +88,13 @@ def test_missing_records_and_half_written_runs_are_named(tmp_path):
     (run / "held_out.json").write_text("{}", encoding="utf-8")
     with pytest.raises(FileNotFoundError, match=r"holds held_out\.json but not metrics\.jsonl"):
         record_files(tmp_path / "bench")
+
+
+def test_records_live_outside_the_code() -> None:
+    """The kept records are the repository's top-level results/, and benchmarks/ holds code and its README only."""
+    root = Path(__file__).resolve().parent.parent
+    assert root / "results" == RECORDS
+    assert any(RECORDS.rglob("metrics.jsonl"))
+    code = {".py", ".sh", ".md"}
+    assert [path for path in (root / "benchmarks").rglob("*")
+            if path.is_file() and path.suffix not in code and "__pycache__" not in path.parts] == []

@@ -57,4 +57,5 @@ SYNC_TIME_S = "sync_time_s"  # the weight sync to the env runners
 UPDATE_SKIPPED = "update_skipped"  # 1: every prompt's leaves rewarded alike, no learner update (skip_uniform_rewards)
 UPDATES_SKIPPED_TOTAL = "updates_skipped_total"  # iterations without an update so far (resumes too)
 UNIFORM_STREAK = "uniform_streak"  # iterations in a row, this one last, whose prompts' leaves were each rewarded alike
+NONZERO_ADVANTAGE_SHARE = "nonzero_advantage_share"  # share of the prompts with a non-zero advantage on a leaf
 DEV_PREFIX = "dev_"  # metrics.jsonl: the greedy evaluation's columns (dev_em, dev_f1, ...) on evaluating iterations

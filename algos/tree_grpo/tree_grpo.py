@@ -122,6 +122,8 @@ class TreeGRPO(Algorithm):
 
         advantages = prompt_advantages(records, mode=self.config.advantage_mode)
         self.exported_trees = annotated_trees(results, advantages, trees_count) if export else []
+        self.metrics.log_value(metric_keys.NONZERO_ADVANTAGE_SHARE, nonzero_advantage_share(records, advantages),
+                               window=1)
         alike = rewarded_alike(records)
         # kept as a lifetime sum of steps (+1, or back to 0), checkpointed with the algorithm's metrics, so that a
         # resumed run counts on (a window-1 value is cleared between iterations)
@@ -316,6 +318,15 @@ def rewarded_alike(records: Sequence) -> bool:
     for record in records:
         rewards.setdefault(record.prompt_index, set()).add(float(record.reward))
     return all(len(seen) == 1 for seen in rewards.values())
+
+
+def nonzero_advantage_share(records: Sequence, advantages: np.ndarray) -> float:
+    """The share of the prompts in ``records`` with a non-zero advantage on at least one leaf (``advantages``: one
+    per record): the prompts the update learns from (a group whose leaves were rewarded alike gives each 0)."""
+    signal: dict[int, bool] = {}
+    for record, advantage in zip(records, advantages, strict=True):
+        signal[record.prompt_index] = signal.get(record.prompt_index, False) or bool(advantage != 0)
+    return sum(signal.values()) / len(signal) if signal else 0.0
 
 
 GRAD_CLIP_MODES = ("value", "norm", "global_norm")  # what RLlib's Learner.postprocess_gradients understands
