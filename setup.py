@@ -19,9 +19,12 @@ setup(
         "scipy>=1.10",
         "rank-bm25>=0.2.2",
         "tqdm>=4.60",
-        "torch>=2.1",
-        "transformers>=4.45",
-        "ray[rllib]>=2.50",
+        # the oldest releases with what the code imports: torch's public FSDP2 (fully_shard, MixedPrecisionPolicy,
+        # CPUOffloadPolicy in torch.distributed.fsdp) and DTensor; transformers' PreTrainedConfig and from_pretrained's
+        # dtype=; the Ray release whose private APIs docs/private_apis.md checked. An older one present is upgraded.
+        "torch>=2.6",
+        "transformers>=5.0",
+        "ray[rllib]>=2.60",
         "mlflow>=2.10",
         "pyyaml>=6",
         "pydantic>=2",

@@ -5,15 +5,16 @@
     python -m benchmarks.bench_learner_sharding --gpu                        # one GPU: Qwen2.5-1.5B's shape, world 1
 
 No Ray: each configuration (sharding, world size, activation checkpointing) runs in ``world`` fresh processes that
-this script starts (``torch.multiprocessing``, a file-store process group: gloo on the CPU, nccl on GPUs), so it runs
-where only torch and transformers are installed. Each rank builds a model of the shape with random weights (Llama;
-Qwen2 for shapes with q/k/v biases), wraps it as the learner does (DDP over the whole model, or
-``policies.fsdp.shard_model`` with the learner's mixed precision), and takes ``--steps`` optimizer steps, each of
-``--micro-batches`` micro-batches of its own: rows sharing a prompt (about ``--tokens`` unique tokens), forwarded
-with shared prefixes through ``policies.logprobs.sequence_logprobs`` (log-probs and entropies), the token-mean loss
-backpropagated as the learner reduces it (DDP: all-reduced after the step's last micro-batch, ``no_sync`` before;
-FSDP: reduce-scattered after every micro-batch), the gradient norm over all ranks, AdamW. Each rank's micro-batches
-are the same at every world size: a step at world 2 does twice the work of one at world 1, on twice the processes.
+this script starts (``torch.multiprocessing``, a file-store process group: gloo on the CPU, nccl on GPUs), so it
+runs where only torch and transformers are installed. Each rank builds a model of the shape with random weights
+(Llama; Qwen2 for shapes with q/k/v biases), wraps it as the learner does (DDP over the whole model at world 2 and
+more, nothing at world 1; or ``policies.fsdp.shard_model`` with the learner's mixed precision), and takes
+``--steps`` optimizer steps, each of ``--micro-batches`` micro-batches of its own: rows sharing a prompt (about
+``--tokens`` unique tokens), forwarded with shared prefixes through ``policies.logprobs.sequence_logprobs``
+(log-probs and entropies), the token-mean loss backpropagated as the learner reduces it (DDP: all-reduced after the
+step's last micro-batch, ``no_sync`` before; FSDP: reduce-scattered after every micro-batch), the gradient norm over
+all ranks, AdamW. Each rank's micro-batches are the same at every world size: a step at world 2 does twice the work
+of one at world 1, on twice the processes.
 
 Measured per rank: the median step time after the first step (the first builds AdamW's state), the peak memory
 of the steps (GPU: peak allocated; CPU: the process's peak resident set minus its resident set before the model
@@ -98,8 +99,10 @@ def rank_main(rank: int, world: int, store: str, args: argparse.Namespace, confi
     if sharding == "fsdp":
         root = shard_model(model, mp_policy=mixed_precision(precision.compute, precision.master))
         autocast = contextlib.nullcontext  # the units gather in the compute dtype (the learner's way)
-    else:
-        root = DistributedDataParallel(ShardedRoot(model), device_ids=[rank] if cuda else None)
+    else:  # as RLlib wraps a learner: DDP only over several (one learner keeps no reducer buckets)
+        root = ShardedRoot(model)
+        if world > 1:
+            root = DistributedDataParallel(root, device_ids=[rank] if cuda else None)
         autocast = functools.partial(precision.autocast, device)
     for batch in batches:
         for key, value in list(batch.items()):
@@ -123,7 +126,7 @@ def rank_main(rank: int, world: int, store: str, args: argparse.Namespace, confi
         start = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
         for i, batch in enumerate(batches):
-            replicas_wait = sharding == "ddp" and i < len(batches) - 1
+            replicas_wait = sharding == "ddp" and world > 1 and i < len(batches) - 1
             with root.no_sync() if replicas_wait else contextlib.nullcontext():
                 (root(loss_of, batch) / len(batches)).backward()
         norm = global_norm([p.grad for p in model.parameters() if p.grad is not None])

@@ -2,7 +2,10 @@
 # The GPU check of issue 25 on the lent machine, in two device calls one right after the other
 # (benchmarks/device_kit.py packs what they carry; its docstring gives the two calls):
 #   bash benchmarks/device_check.sh 1   carry .device/call1: small wheels, data, tokenizer; runs bench_device.py
-#   bash benchmarks/device_check.sh 2   carry .device/call2: the rest of Ray's wheel; runs run.py for 2 iterations
+#   bash benchmarks/device_check.sh 2   carry .device/call2: the rest of Ray's wheel; runs the mission's command
+#       (run.py --algo tree_grpo --env HotpotQA-v0, every GPU default, Qwen2.5-1.5B's shape with random weights) for 2
+#       iterations and gpu_run_summary.py on it (learner device, seconds per phase, busy share, peak), then FSDP at
+#       world 1 with 2 micro-batches a step against its plan (bench_learner_sharding.py --gpu)
 #   bash benchmarks/device_check.sh precision   carry .device/call1/wheels and .device/call1/models (no Ray): one call,
 #       gpu_check.py (a Qwen2.5-1.5B-shape bf16-over-float32 learner step with checkpointing against its memory
 #       plan, checkpointing under flex_attention, the offloaded reference), then bench_device.py for SmolLM2-135M's
@@ -19,7 +22,7 @@
 #       of the baseline and of this tree on the same machine, per temperature (this tree's with a host profile)
 # Arguments after the call's number go to bench_device.py / run.py, after the defaults (so they override them).
 # What comes back lies in $OUT (the device tool's folder): bench_device_MODEL.md / .log, run_metrics.jsonl, run.log,
-# gpu_check.md / .log.
+# run_summary.md, gpu_samples.csv, fsdp_k2.md / .json, gpu_check.md / .log.
 # Sized to the session's device time by MODELS (call 1's columns, one bench each), BENCH_TIMEOUT (seconds per bench)
 # and RUN_TIMEOUT (seconds of run.py in call 2).
 set -uo pipefail
@@ -58,18 +61,31 @@ case "$call" in
   cat "$KIT/ray.whl.0" .device/call2/ray.whl.1 > "$wheel"
   echo "$(cat .device/call2/ray.whl.sha256)  $wheel" | sha256sum -c - || exit 1
   install "$wheel" || exit 1
-  # SmolLM2-135M's architecture with random weights (the real weights do not fit a call), saved as a model dir.
-  python3 -c "
-import sys, torch
-from benchmarks.bench_device import build_policy
-model, tokenizer = build_policy('smollm2-135m-random', torch.bfloat16, 'cpu')
-model.save_pretrained(sys.argv[1]); tokenizer.save_pretrained(sys.argv[1])" "$KIT/smollm2-135m-random" || exit 1
+  # The mission's command as a GPU user runs it, every GPU default and no option added (issue 62): Qwen2.5-1.5B's
+  # shape with random weights (the real weights do not fit a call; SmolLM2's tokenizer, the one the kit carries, so
+  # the vocabulary is its 49,152 rows), saved as a model dir; nvidia-smi sampled beside it.
+  python3 - "$KIT/qwen2.5-1.5b-random" <<'PY' || exit 1
+import dataclasses, sys, torch
+from benchmarks.bench_learner_sharding import build_model
+from policies.model_shape import PRESETS
+from policies.models import model_cache_dir, smollm2_tokenizer
+tokenizer = smollm2_tokenizer(model_cache_dir())
+model = build_model(dataclasses.replace(PRESETS["qwen2.5-1.5b-instruct"], vocab=len(tokenizer)), seed=0)
+model.config.bos_token_id, model.config.eos_token_id = tokenizer.bos_token_id, tokenizer.eos_token_id
+model.to(torch.bfloat16).save_pretrained(sys.argv[1]); tokenizer.save_pretrained(sys.argv[1])
+PY
   rm -rf "$KIT/run"
-  timeout "$RUN_TIMEOUT" python3 experiments/run.py --algo tree_grpo --env HotpotQA-v0 --model "$KIT/smollm2-135m-random" \
-    --dtype bfloat16 --num-learners 1 --num-gpus-per-learner 1 --iterations 2 --max-step-tokens 128 --no-mlflow \
-    --output "$KIT/run" "$@" 2>&1 | tee "$OUT/run.log"
+  nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader,nounits -lms 500 > "$OUT/gpu_samples.csv" &
+  sampler=$!
+  timeout "$RUN_TIMEOUT" python3 experiments/run.py --algo tree_grpo --env HotpotQA-v0 --model "$KIT/qwen2.5-1.5b-random" \
+    --iterations 2 --no-mlflow --output "$KIT/run" "$@" 2>&1 | tee "$OUT/run.log"
+  kill "$sampler"
   cp "$KIT/run/metrics.jsonl" "$OUT/run_metrics.jsonl"
   cp "$KIT/run/config.yaml" "$OUT/run_config.yaml"
+  python3 benchmarks/gpu_run_summary.py "$KIT/run" "$OUT/run.log" "$OUT/gpu_samples.csv" --output "$OUT/run_summary.md"
+  # FSDP at world 1 with K = 2 micro-batches a step: its peak against the plan
+  timeout "$CHECK_TIMEOUT" python3 -m benchmarks.bench_learner_sharding --gpu --shardings fsdp --micro-batches 2 \
+    --json "$OUT/fsdp_k2.json" --report "$OUT/fsdp_k2.md" 2>&1 | tee "$OUT/fsdp_k2.log"
   ;;
 precision)
   install .device/call1/wheels/*.whl || exit 1

@@ -45,7 +45,7 @@ LEARNER_KEYS = (metric_keys.POLICY_LOSS, metric_keys.KL, metric_keys.ENTROPY, me
                 metric_keys.SAMPLER_LOGPROB_GAP, metric_keys.TRAINED_TOKENS, metric_keys.OPTIMIZER_STEPS,
                 metric_keys.OLD_LOGPROBS_RECOMPUTED, metric_keys.SAMPLER_RATIO_MEAN, metric_keys.SAMPLER_RATIO_P99,
                 metric_keys.SAMPLER_RATIO_OUTSIDE, metric_keys.TIS_WEIGHT_MEAN, metric_keys.UNIQUE_TOKEN_SHARE,
-                metric_keys.FORWARDED_TOKEN_SHARE, metric_keys.LEARNER_PEAK_MEMORY_GIB)
+                metric_keys.FORWARDED_TOKEN_SHARE, metric_keys.LEARNER_PEAK_MEMORY_GIB, metric_keys.SCORING_TIME_S)
 TOP_LEVEL_KEYS = (metric_keys.PROMPTS, metric_keys.TOKENS_GENERATED_TOTAL, metric_keys.ITERATION_TIME_S,
                   metric_keys.UPDATE_TIME_S, metric_keys.SYNC_TIME_S, metric_keys.UPDATE_SKIPPED,
                   metric_keys.UPDATES_SKIPPED_TOTAL, metric_keys.UNIFORM_STREAK, metric_keys.ENV_RUNNER_RESTARTS,

@@ -727,3 +727,29 @@ def test_the_report_gives_each_settings_share_of_prompts_with_a_signal(tmp_path,
     assert summary["tree (2,2,1)"]["nonzero_advantage_share"] == pytest.approx((0.5 + 1.0 + 0.25) / 3)
     table, _ = learning_report.write_results(TESTBED, runs, finals, scores(1, 1, 0, 0), args, "W", 1.0, tmp_path)
     assert "mean over iterations and seeds): tree (2,2,1) 0.583." in table
+
+
+def test_the_gpu_run_summary_reads_a_runs_records(tmp_path):
+    """device_check.sh 2's summary of the mission's run: where the learner ran (the log's lines), the seconds per
+    phase from metrics.jsonl, the busy share and memory from nvidia-smi's samples (a header or a blank line is
+    skipped)."""
+    from benchmarks.gpu_run_summary import gpu_samples, main
+
+    rows = [{"sample_time_s": 30.0, "scoring_time_s": 2.0, "update_time_s": 9.5, "sync_time_s": 0.5, "time_s": 41.0,
+             "learner_peak_memory_gib": 31.2},
+            {"sample_time_s": 20.0, "scoring_time_s": 1.5, "update_time_s": 8.0, "sync_time_s": 0.4, "time_s": 29.0,
+             "learner_peak_memory_gib": 31.4}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    log = tmp_path / "run.log"
+    log.write_text("noise\nplacement: learner: in this process, on a GPU (1 each); rollouts: ...\n"
+                   "learner: cuda:0, 1 learner(s) (ddp), torch.bfloat16 compute over torch.float32 weights\n"
+                   "memory plan: Qwen ... 37.1 GiB per GPU of 80 GiB (72 usable): fits\n")
+    samples = tmp_path / "gpu.csv"
+    samples.write_text("utilization.gpu, memory.used\n50, 20480\n\n100, 40960\n")
+    assert gpu_samples(samples.read_text()) == [(50.0, 20480.0), (100.0, 40960.0)]
+    text = main([str(tmp_path), str(log), str(samples), "--output", str(tmp_path / "summary.md")])
+    assert "`learner: cuda:0, 1 learner(s) (ddp)" in text and "`memory plan: Qwen" in text and "noise" not in text
+    assert "| rollout | 30.0, 20.0 |" in text and "| old + reference log-probs | 2.0, 1.5 |" in text
+    assert "busy share (nvidia-smi utilization, mean of 2 samples): 75%" in text and "at most" in text
+    assert "40.0 GiB" in text and "31.2, 31.4" in text
+    assert (tmp_path / "summary.md").read_text() == text

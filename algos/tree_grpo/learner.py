@@ -43,6 +43,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -118,6 +120,9 @@ class TreeGRPOTorchLearner(LearnerState, TorchLearner):
         self._warmup_steps, self._total_steps = settings.warmup_optimizer_steps, settings.total_optimizer_steps
         self._old_source = old_logprobs_source(self.config.old_logprobs, module.precision.compute,
                                                settings.generator_backend)
+        if not dist.is_initialized() or dist.get_rank() == 0:  # where the update runs, as RLlib placed it
+            print(f"learner: {self._device}, {self._world} learner(s) ({self.config.learner_sharding}), "
+                  f"{module.precision.compute} compute over {module.precision.master} weights", file=sys.stderr)
         if settings.learner_attention is not None:  # this learner's copy only: the env runners keep theirs
             base = model.get_base_model() if self._uses_lora else model
             base.set_attn_implementation(settings.learner_attention)
@@ -204,7 +209,11 @@ class TreeGRPOTorchLearner(LearnerState, TorchLearner):
         in_order = [piece for mini in pieces for piece in mini]  # the same micro-batches in every pass
         step_passes, scoring_passes = self._pass_counts(pieces)
         packings = self._packings(data, in_order)
+        scoring_start = time.perf_counter()
         mismatch = self._fix_old_logprobs(data, in_order, packings, scoring_passes)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # the passes' kernels, not their launches
+        scoring_s = time.perf_counter() - scoring_start
         steps = [self._optimizer_step({k: v[rows] for k, v in data.items()},
                                       [micro_batch(data, piece, packings) for piece in mini_pieces], passes,
                                       measure_mismatch=not i and not mismatch)
@@ -218,7 +227,7 @@ class TreeGRPOTorchLearner(LearnerState, TorchLearner):
         metrics = {**mismatch, **update_metrics(steps)}
         metrics.update({metric_keys.TRAINED_TOKENS: trained_tokens, metric_keys.OPTIMIZER_STEPS: self._optimizer_steps,
                         metric_keys.OLD_LOGPROBS_RECOMPUTED: float(self._old_source == "recompute"),
-                        metric_keys.LEARNER_PEAK_MEMORY_GIB: peak_memory})
+                        metric_keys.LEARNER_PEAK_MEMORY_GIB: peak_memory, metric_keys.SCORING_TIME_S: scoring_s})
         for key, value in metrics.items():
             self.metrics.log_value((DEFAULT_MODULE_ID, key), value, window=1)
         return {}, {DEFAULT_MODULE_ID: torch.tensor(loss)}, {}  # logged by RLlib as total_loss (mean over steps)

@@ -47,6 +47,7 @@ UNIQUE_TOKEN_SHARE, FORWARDED_TOKEN_SHARE = "unique_token_share", "forwarded_tok
 # the update's peak memory: CUDA, the learner device's tensors (max_memory_allocated); CPU, the process's peak
 # resident set (VmHWM, reset at the update's start; see policies.memory)
 LEARNER_PEAK_MEMORY_GIB = "learner_peak_memory_gib"
+SCORING_TIME_S = "scoring_time_s"  # the update's no-gradient passes (old and reference log-probs), seconds
 TIS_WEIGHT_MEAN = "tis_weight_mean"  # mean truncated importance weight (1 when the sampler's are the old ones)
 
 # per iteration, from the algorithm
