@@ -32,13 +32,13 @@ def machine_description(packages: tuple[str, ...] = ("torch", "transformers", "n
     return f"{cpu}, {os.cpu_count()} cores{memory}; {', '.join(versions)}; {datetime.date.today().isoformat()}"
 
 
-def replace_section(path: str | os.PathLike, key: str, title: str, body: str) -> None:
-    """Write ``body`` under ``## title`` between ``<!-- key:begin -->`` / ``<!-- key:end -->`` markers,
-    replacing an earlier version of the section and keeping the rest of the file."""
+def replace_section(path: str | os.PathLike, key: str, title: str, body: str, level: int = 2) -> None:
+    """Write ``body`` under a ``level`` heading ``title`` (``## title``) between ``<!-- key:begin -->`` /
+    ``<!-- key:end -->`` markers, replacing an earlier version of the section and keeping the rest of the file."""
     path = Path(path)
     text = path.read_text(encoding="utf-8") if path.is_file() else "# Benchmarks\n"
     begin, end = f"<!-- {key}:begin -->", f"<!-- {key}:end -->"
-    block = f"{begin}\n## {title}\n\n{body.rstrip()}\n{end}"
+    block = f"{begin}\n{'#' * level} {title}\n\n{body.rstrip()}\n{end}"
     if begin in text and end in text:
         text = text[: text.index(begin)] + block + text[text.index(end) + len(end) :]
     else:
