@@ -85,8 +85,8 @@ def placement_line(settings: RunSettings) -> str:
 
 def check_memory(settings: RunSettings) -> None:
     """Print the run's memory plan (one line, stderr) and refuse a run planned above its GPU's memory: before any
-    weights load. A model whose shape cannot be found (a hub id not yet downloaded) is planned after its first
-    download; the run goes on."""
+    weights load (a learner on the CPU, ``--num-gpus-per-learner 0``, is planned without a verdict). A model whose
+    shape cannot be found (a hub id not yet downloaded) is planned after its first download; the run goes on."""
     import torch
 
     from policies.memory import GIB
@@ -99,7 +99,8 @@ def check_memory(settings: RunSettings) -> None:
     except ModelShapeError as error:
         print(f"memory plan: not made ({error})", file=sys.stderr)
         return
-    gpu = torch.cuda.get_device_properties(0).total_memory / GIB if torch.cuda.is_available() else None
+    on_gpu = torch.cuda.is_available() and settings.num_gpus_per_learner > 0  # a CPU learner: nothing to judge
+    gpu = torch.cuda.get_device_properties(0).total_memory / GIB if on_gpu else None
     plan = plan_memory(shape, memory_options(settings, gpu))
     print(plan_line(plan), file=sys.stderr)
     if plan.fits is False:

@@ -34,6 +34,9 @@ from tests.test_learner_ddp import (
 
 CORE_CASE = "even_rows"  # one-row micro-batches: several per optimizer step (K >= 2)
 SHARDED_EQUALS_DDP = 1e-5  # float32: the same sums reduced in another order (the issue's target)
+# bf16: FSDP gathers bf16 weights and runs without autocast (a bf16 residual stream), DDP runs float32 masters under
+# autocast (a float32 one), so they agree to bf16's precision (2**-8 = 4e-3 a rounding), not to float32's
+SHARDED_BF16_EQUALS_DDP = 3e-2
 BYTES_RATIO = 0.55  # per-rank parameters + gradients + AdamW state at world 2 against world 1 (the target)
 # the learner's other paths under sharding: name -> (model_config, training) over the core case's
 VARIANTS: dict[str, tuple[dict, dict]] = {
@@ -138,13 +141,14 @@ def test_one_sharded_learner_and_every_uneven_case_equal_one_learner(tmp_path, i
 @pytest.mark.slow
 def test_lora_mixed_precision_checkpointing_and_an_offloaded_reference_shard_as_ddp_replicates(tmp_path):
     """LoRA adapters (sharded with their layers) over a frozen bf16 base, bf16 compute, activation checkpointing,
-    and a whole offloaded KL reference: the same steps as DDP's, and half the trained state per rank."""
+    and an offloaded KL reference (its shards in host memory): the same steps as DDP's to bf16's precision, and half
+    the trained state per rank."""
     variants = ["lora_bf16_checkpointing", "offloaded_reference_bf16"]
     results = spawn_plan(tmp_path, WORLD, [(CORE_CASE, sharding, variant) for variant in variants
                                       for sharding in ("ddp", "fsdp")])
     for variant in variants:
         fsdp, ddp = results[CORE_CASE, "fsdp", variant], results[CORE_CASE, "ddp", variant]
-        assert_same_steps(fsdp, ddp, SHARDED_EQUALS_DDP)
+        assert_same_steps(fsdp, ddp, SHARDED_BF16_EQUALS_DDP)
         assert all(rank["trained_bytes"] <= BYTES_RATIO * ddp[0]["trained_bytes"] for rank in fsdp)
 
 

@@ -37,7 +37,8 @@ def test_a_cpu_run_prints_its_plan_without_a_verdict(tmp_path, capsys):
 
 def test_a_run_planned_above_the_gpu_is_refused_before_anything_loads(tmp_path, capsys, gpu_of):
     gpu_of(20.0)
-    settings = settings_of("--model", "smollm2-135m", "--dtype", "bfloat16", tmp_path=tmp_path)
+    settings = settings_of("--model", "smollm2-135m", "--dtype", "bfloat16", "--num-gpus-per-learner", "1",
+                           tmp_path=tmp_path)
     with pytest.raises(SettingsError, match=r"over the 18\.0 GiB usable of the GPU's 20\.0 GiB \(activations the "
                                             r"largest part.*it would fit with --gradient-checkpointing \(.*"
                                             r"--no-memory-check goes on"):
@@ -84,3 +85,11 @@ def test_the_object_store_holds_one_weight_sync(tmp_path):
     with pytest.raises(SettingsError, match=r"weight sync of qwen2.5-7b-instruct needs 17\.7 GiB of Ray's object "
                                             r"store, over half of this host's 24\.0 GiB"):
         object_store_bytes(remote, host_bytes=24 * GIB)
+
+
+def test_a_learner_asked_onto_the_cpu_is_not_judged_against_the_gpu(tmp_path, capsys, gpu_of):
+    gpu_of(20.0)  # the plan above the GPU's memory, but the learner does not train there
+    check_memory(settings_of("--model", "smollm2-135m", "--dtype", "bfloat16", "--num-gpus-per-learner", "0",
+                             tmp_path=tmp_path))
+    line = capsys.readouterr().err
+    assert line.startswith("memory plan:") and "fits" not in line and "DOES NOT FIT" not in line
