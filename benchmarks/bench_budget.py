@@ -21,14 +21,12 @@ Writes OUTPUT/budget-table.md, .json, .png and, with --report, section ``budget-
 from __future__ import annotations
 
 import argparse
-import functools
 from pathlib import Path
 
 import yaml
 
-from benchmarks.bench_branching import TOPK, WORLD, start_recipes
+from benchmarks.bench_branching import TOPK, WORLD, run_from_start
 from benchmarks.learning_options import add_run_options, check_eval_questions, design_output, with_design
-from benchmarks.learning_runs import run_benchmark
 from benchmarks.learning_testbed import Testbed
 from benchmarks.plateau_exit import PLATEAU_THRESHOLD
 
@@ -93,13 +91,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> Path:
-    from experiments.warmstart import cached_warm_start
-
-    args = parse_args(argv)
-    bed = testbed(args)
-    recipe, first_stage = start_recipes(args, bed)
-    start = functools.partial(cached_warm_start, bed.world, recipe, topk=TOPK, continues=first_stage)
-    return run_benchmark(bed, args, start, argv, "benchmarks/bench_budget.py")
+    return run_from_start(parse_args(argv), argv, "benchmarks/bench_budget.py")
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ SHARDED_EQUALS_DDP = 1e-5  # float32: the same sums reduced in another order (th
 # bf16: FSDP gathers bf16 weights and runs without autocast (a bf16 residual stream), DDP runs float32 masters under
 # autocast (a float32 one), so they agree to bf16's precision (2**-8 = 4e-3 a rounding), not to float32's
 SHARDED_BF16_EQUALS_DDP = 3e-2
+BF16_KL_NOISE = 1e-5  # the KL of policy and reference after a step at lr 1e-6 is bf16 noise (measured 1.8e-6, 2.5e-6)
 BYTES_RATIO = 0.55  # per-rank parameters + gradients + AdamW state at world 2 against world 1 (the target)
 # the learner's other paths under sharding: name -> (model_config, training) over the core case's
 VARIANTS: dict[str, tuple[dict, dict]] = {
@@ -82,14 +83,14 @@ def initial_weights() -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in learner.module[DEFAULT_MODULE_ID].model.state_dict().items()}
 
 
-def assert_same_steps(ranks: list[dict], others: list[dict], tolerance: float) -> None:
+def assert_same_steps(ranks: list[dict], others: list[dict], tolerance: float, absolute: float = 1e-9) -> None:
     """Every logged metric, each step's gradient norm and the weights of ``ranks`` equal ``others``' to
-    ``tolerance`` (relative)."""
+    ``tolerance`` (relative; metrics near 0, such as a first step's KL, to ``absolute``)."""
     for rank, other in zip(ranks, others, strict=True):
         assert "error" not in rank, rank["error"]
         assert "error" not in other, other["error"]
         for key in COMPARED:
-            assert rank["metrics"][key] == pytest.approx(other["metrics"][key], rel=tolerance, abs=1e-9), key
+            assert rank["metrics"][key] == pytest.approx(other["metrics"][key], rel=tolerance, abs=absolute), key
         assert rank["step_grad_norms"] == pytest.approx(other["step_grad_norms"], rel=tolerance)
         assert relative(rank["weights"], other["weights"]) < tolerance
 
@@ -148,7 +149,7 @@ def test_lora_mixed_precision_checkpointing_and_an_offloaded_reference_shard_as_
                                       for sharding in ("ddp", "fsdp")])
     for variant in variants:
         fsdp, ddp = results[CORE_CASE, "fsdp", variant], results[CORE_CASE, "ddp", variant]
-        assert_same_steps(fsdp, ddp, SHARDED_BF16_EQUALS_DDP)
+        assert_same_steps(fsdp, ddp, SHARDED_BF16_EQUALS_DDP, absolute=BF16_KL_NOISE)
         assert all(rank["trained_bytes"] <= BYTES_RATIO * ddp[0]["trained_bytes"] for rank in fsdp)
 
 
