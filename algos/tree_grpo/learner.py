@@ -28,11 +28,11 @@ the others wait for; every learner takes the same steps.
 With ``learner_sharding="fsdp"`` the learners hold the policy sharded (:mod:`policies.fsdp`) instead of as DDP
 replicas: the same steps (FSDP averages the gradients as DDP does, so the loss scale is the same), the passes run
 through the shards' root, every micro-batch's gradients are reduce-scattered into the shards (no whole-model
-gradient is kept), the gradient norm and its clipping are over the whole sharded gradient, AdamW steps on the shards.
-In bf16 the units gather their parameters in bf16 (FSDP's mixed precision) and the passes run without autocast. The
-KL reference is sharded the same way, its shards in host memory when offloaded; LoRA adapters are sharded with the
-layers that hold them. The weights and the
-optimizer state are then shards (``algos/tree_grpo/learner_state.py``: how they are saved and gathered).
+gradient is kept), the gradient norm and its clipping are over the whole sharded gradient, AdamW steps on the
+shards. In bf16 the units gather their parameters in bf16 (FSDP's mixed precision) and the passes run without
+autocast. The KL reference is sharded the same way, its shards in host memory when offloaded; LoRA adapters are
+sharded with the layers that hold them. The weights and the optimizer state are then shards
+(``algos/tree_grpo/learner_state.py``: how they are saved and gathered).
 
 The schedule position (``OPTIMIZER_STEPS``, optimizer steps taken) is part of the learner's state next to
 the optimizer state, so a resumed run continues its warm-up and decay instead of restarting them.
