@@ -245,7 +245,7 @@ def test_the_block_mask_skips_exactly_the_blocks_without_a_visible_pair():
 
 @pytest.fixture(scope="module")
 def module() -> LLMRLModule:
-    return build(logprob_chunk=3)  # small chunks: several head chunks on both paths
+    return build(logprob_chunk=24)  # small chunks (of positions, whatever the rows): several head chunks on both paths
 
 
 @pytest.fixture(params=["model's", "one segment", "a segment per leaf"])
