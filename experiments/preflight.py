@@ -42,11 +42,11 @@ def check_before_ray(settings: RunSettings) -> None:
     the actors' resources.)"""
     check_data(settings)
     check_learner_device(settings)
-    print(placement_line(settings), file=sys.stderr)
     try:
         build_config(settings).validate()
     except ValueError as error:
         raise SettingsError(str(error)) from None
+    print(placement_line(settings), file=sys.stderr)  # a run that is refused says only why
     if settings.memory_check:
         check_memory(settings)
 

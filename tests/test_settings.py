@@ -421,28 +421,26 @@ def test_the_gpu_defaults_are_the_papers_smallest_model_in_bf16_that_skips_idle_
 
 
 def test_learner_on_gpu_by_default(monkeypatch, tmp_path):
-    """With a GPU visible, the run's resolved RLlib config puts the learner (here the local one) on a GPU, as RLlib
-    resolves a learner's device; without one, on the CPU."""
-    import ray.air._internal.torch_utils as ray_torch_utils
+    """With a GPU visible, the run's resolved RLlib config puts every learner on a GPU: RLlib's learner takes a GPU
+    device when its config requests more than 0 GPUs per learner (``TorchLearner.build``: ``get_device(config,
+    config.num_gpus_per_learner)``), the local learner in the driver, and Ray gives each remote one a GPU; without a
+    GPU, on the CPU."""
     import torch
-    from ray._private import worker
     from ray.rllib.utils.framework import get_device
 
     import algos.tree_grpo.settings as algorithm_settings
+    from experiments.preflight import actor_demands
 
-    # what a learner actor given one GPU sees (Ray hides the others); no CUDA call is made
-    monkeypatch.setattr(ray_torch_utils, "get_devices", lambda: [torch.device("cuda:0")])
-    monkeypatch.setattr(worker, "_mode", lambda: worker.WORKER_MODE)
     monkeypatch.setattr(algorithm_settings, "gpu_visible", lambda: True)
-    for learners in ([], ["--num-learners", "2"]):
-        config = build_config(settings_of([*learners, "--output", str(tmp_path)]))
-        assert config.num_gpus_per_learner == 1
-        assert get_device(config, config.num_gpus_per_learner) == torch.device("cuda:0")  # TorchLearner.build's call
+    local = build_config(settings_of(["--output", str(tmp_path)]))
+    assert local.num_learners == 0 and local.num_gpus_per_learner == 1
+    remote = settings_of(["--num-learners", "2", "--output", str(tmp_path)])
+    assert build_config(remote).num_gpus_per_learner == 1
+    assert ("learner", 2, {"GPU": 1.0}) in [demand[:3] for demand in actor_demands(remote)]
     monkeypatch.setattr(algorithm_settings, "gpu_visible", lambda: False)
     config = build_config(settings_of(["--output", str(tmp_path)]))
-    assert config.num_gpus_per_learner == 0 and get_device(config, config.num_gpus_per_learner).type == "cpu"
-    assert "GPUs per learner" in run_parser().format_help() and "default: 1 with a GPU visible" in (
-        " ".join(run_parser().format_help().split()))
+    assert config.num_gpus_per_learner == 0 and get_device(config, config.num_gpus_per_learner) == torch.device("cpu")
+    assert "default: 1 with a GPU visible" in " ".join(run_parser().format_help().split())
 
 
 def test_a_gpu_learner_without_a_gpu_is_refused_before_ray_starts(monkeypatch, tmp_path):
