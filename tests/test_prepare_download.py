@@ -167,8 +167,11 @@ def test_a_run_interrupted_mid_file_resumes_when_run_again(publisher, tmp_path):
     publisher.faults[train] = ["ok", "stall"]  # the size probe, then the transfer
     out = tmp_path / "out"
     command = ["hotpotqa", "--corpus", "none", "--source", publisher.url(), "--data-dir", str(out)]
+    # SIGINT at its default in the child, whatever this process inherited (a SIGINT ignored here would be ignored
+    # there too, and Python installs no KeyboardInterrupt handler for an ignored signal)
     first = subprocess.Popen([sys.executable, "-m", "envs.prepare", *command], cwd=ROOT, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+                             stderr=subprocess.PIPE, text=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     part = part_path(out / train)
     try:
         wait_for(lambda: part.exists() and part.stat().st_size == len(DATA) // 2)
