@@ -23,7 +23,7 @@ import envs.search_qa
 from algos.tree_grpo import TreeGRPOConfig, weight_transport
 from algos.tree_grpo import metrics as metric_keys
 from algos.tree_grpo.env_runner import TreeSearchEnvRunner, module_device
-from algos.tree_grpo.sharding import run_sharded, shard
+from algos.tree_grpo.sharding import Started, run_sharded, shard
 from algos.tree_grpo.weight_transport import sync_env_runners, weights_seq_no
 
 LEAVES_PER_PROMPT = 6  # the default shape (2, 2, 1)
@@ -101,6 +101,15 @@ def test_items_without_a_result_after_the_attempts_are_an_error_naming_runners_a
     nobody = FlakyWorkers([], dies=set())
     with pytest.raises(RuntimeError, match="no env runner was healthy"):
         run_sharded([1], healthy=nobody.healthy, dispatch=nobody.dispatch, recover=nobody.recover, what="x")
+
+
+def test_a_started_rounds_answers_are_collected_and_its_dead_workers_items_dispatched_again():
+    workers = FlakyWorkers([1, 2], dies=set())
+    started = Started({1: [10, 11], 2: [12]}, answers=lambda: {2: [24]})  # worker 1 died meanwhile
+    results = run_sharded([10, 11, 12], healthy=workers.healthy, dispatch=workers.dispatch,
+                          recover=workers.recover, what="sampling", started=started)
+    assert workers.dispatched == [{1: [10], 2: [11]}]  # the started round is not sent again: only the lost items
+    assert results == [[24], [20], [22]]
 
 
 # -- the number of questions, without building the retriever ------------------------------------------------

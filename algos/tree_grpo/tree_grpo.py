@@ -194,8 +194,9 @@ class TreeGRPO(Algorithm):
         """Wait for the next iteration's sample started ahead (None: none started) and keep it for that iteration;
         the seconds waited (``SAMPLE_WAIT_TIME_S``)."""
         start = time.perf_counter()
-        self._sampled_ahead = ahead() if ahead is not None else None
-        waited = time.perf_counter() - start
+        taken = ahead() if ahead is not None else None
+        waited = time.perf_counter() - start if ahead is not None else 0.0
+        self._sampled_ahead = taken  # only now: a stop while waiting keeps this iteration's own for the checkpoint
         self.metrics.log_value(metric_keys.SAMPLE_WAIT_TIME_S, waited, window=1)
         return waited
 
