@@ -298,6 +298,34 @@ def test_a_runner_that_dies_mid_sample_is_restarted_with_current_weights(ray_ses
 
 
 @pytest.mark.slow
+def test_a_runner_that_dies_sampling_ahead_is_restarted_and_samples_again_with_the_new_weights(ray_session, data_dir,
+                                                                                          tmp_path, monkeypatch):
+    """max_staleness 1: the lone runner dies in the sample of iteration 2, taken during the first update; the
+    iteration waits for its restart, and the restored runner samples those prompts with the update's weights."""
+    prompts, batches = 2, []
+    real_pad_batch = tree_grpo_module.pad_batch
+    monkeypatch.setattr(tree_grpo_module, "pad_batch", lambda records, *a, **k: (
+        batches.append(records), real_pad_batch(records, *a, **k))[1])
+    config = tiny_config(data_dir, prompts, lr=1e-3, max_staleness=1).env_runners(
+        num_env_runners=1, num_cpus_per_env_runner=0.5, create_local_env_runner=False,
+        env_runner_cls=runner_dying_once(tmp_path / "died", die_in_iteration=1))
+    algo = config.build_algo()
+    learner_model = algo.learner_group._learner.module["default_policy"].model
+    try:
+        results = [algo.train()]  # the runner dies in the sample taken ahead
+        updated = weights_checksum(learner_model)
+        results += [algo.train(), algo.train()]
+    finally:
+        algo.stop()
+    assert (tmp_path / "died").exists()
+    assert [result[metric_keys.ENV_RUNNER_RESTARTS] for result in results] == [1, 0, 0]
+    assert [len(records) for records in batches] == [prompts * LEAVES_PER_PROMPT] * 3
+    # sampled again after the update, with its weights: on-policy once, then one update behind again
+    assert [r.info["weights_checksum"] for r in batches[1]] == pytest.approx([updated] * len(batches[1]), rel=1e-12)
+    assert [result[metric_keys.STALENESS] for result in results] == [0, 0, 1]
+
+
+@pytest.mark.slow
 def test_a_runner_killed_between_iterations_is_counted_and_samples_again_with_current_weights(ray_session, data_dir,
                                                                                               tmp_path, monkeypatch):
     """Ray restarts a runner killed while idle before the next call reaches it, so no call fails: RLlib alone
