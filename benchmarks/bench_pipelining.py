@@ -56,6 +56,8 @@ ARMS = {
     "ahead-1-1": Arm("K = 1, runner 1 thread, learner 1", 1, 1, 1),
     "ahead-1-2": Arm("K = 1, runner 1 thread, learner 2 (run.py's defaults)", 1, 1, 2),
 }
+START_TEXT = {"demo": "the demo's start policy",
+              "scratch": "the demo's start architecture with random weights (every step runs to the 48-token cap)"}
 TIMES = ("sample_time_s", "update_time_s", "sync_time_s", "sample_wait_time_s")  # per-iteration means reported
 
 
@@ -65,6 +67,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--iterations", type=int, default=6)
     p.add_argument("--warmup", type=int, default=1, help="first iterations left out of the figures")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--start", choices=("demo", "scratch"), default="demo",
+                   help="the start policy: demo (the demo's, trained once and cached: about 13 minutes on 2 idle "
+                        "cores the first time) or scratch (its architecture with random weights: every step runs to "
+                        "the token cap, so the iterations are longer than the demo's)")
     p.add_argument("--output", default="outputs/bench_pipelining")
     p.add_argument("--report", action="store_true", help="write the pipelining section of docs/benchmarks.md")
     p.add_argument("--arm", choices=list(ARMS), help=argparse.SUPPRESS)  # internal: run one arm in this process
@@ -74,23 +80,41 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def run_arm(arm: Arm, iterations: int, seed: int, output: Path) -> list[dict[str, Any]]:
-    """The demo's training run under ``arm`` in this process: per iteration the wall-clock seconds of ``train()``
-    and the row's tokens, times and staleness (``output``: the run's directory, where nothing is written)."""
+def start_model(start: str, output: Path) -> Path:
+    """The start policy's directory: the demo's (cached), or its architecture with random weights (written once
+    into ``output``)."""
+    from envs.cache import default_cache_dir
+    from experiments.demo import start_policy
+    from experiments.warmstart import build_model
+    from experiments.warmstart import parse_args as warm_start_args
+
+    if start == "demo":
+        return start_policy(0, default_cache_dir())
+    directory = output / "scratch_model"
+    if not (directory / "config.json").exists():
+        model, tokenizer = build_model(warm_start_args([]))
+        model.save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
+    return directory
+
+
+def run_arm(arm: Arm, iterations: int, seed: int, model: Path, output: Path) -> list[dict[str, Any]]:
+    """The demo's training run from ``model`` under ``arm`` in this process: per iteration the wall-clock seconds
+    of ``train()`` and the row's tokens, times and staleness (``output``: the run's directory, where nothing is
+    written)."""
     import torch
     from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS
 
     from algos.tree_grpo import metrics as metric_keys
     from envs.cache import default_cache_dir
     from envs.synthetic import world_data_dir
-    from experiments.demo import WORLD, start_policy, task_options
+    from experiments.demo import WORLD, task_options
     from experiments.preflight import check_before_ray, start_ray
     from experiments.run import plan
     from experiments.settings import build_config
 
     torch.set_num_threads(arm.learner_threads)
-    cache_dir = default_cache_dir()
-    options = [*task_options(world_data_dir(WORLD, cache_dir), start_policy(0, cache_dir), seed),
+    options = [*task_options(world_data_dir(WORLD, default_cache_dir()), model, seed),
                "--num-env-runners", "1", "--num-cpus-per-env-runner", str(arm.runner_threads),
                "--max-staleness", str(arm.max_staleness), "--iterations", str(iterations), "--quiet", "--no-mlflow",
                "--trees-every", "0", "--output", str(output)]
@@ -129,10 +153,11 @@ def report(args: argparse.Namespace, figures: dict[str, dict[str, float]]) -> st
     synchronous = [figures[name]["iterations_per_hour"] for name in figures if ARMS[name].max_staleness == 0]
     baseline = max(synchronous) if synchronous else None
     lines = [f"Command: `python benchmarks/bench_pipelining.py --arms {' '.join(args.arms)} --iterations "
-             f"{args.iterations} --warmup {args.warmup} --seed {args.seed}`  ",
+             f"{args.iterations} --warmup {args.warmup} --seed {args.seed} --start {args.start}`  ",
              f"Machine: {machine_description()}", "",
-             "The CPU demo's training run (`experiments/demo.py`: SynthHop, the cached start policy, Tree-GRPO "
-             f"(2,2,1), 8 prompts per iteration), seed {args.seed}, one remote env runner, the learner in the driver; "
+             "The CPU demo's training run (`experiments/demo.py`: SynthHop, Tree-GRPO (2,2,1), 8 prompts per "
+             f"iteration) from {START_TEXT[args.start]}, seed {args.seed}, one remote env runner, the learner in the "
+             "driver; "
              f"{args.iterations} iterations per arm, the first {args.warmup} left out. Seconds are the wall clock "
              f"of `Algorithm.train()`; tokens per second are the trained batches' generated tokens over them.", "",
              "| arm | setting | s / iteration | iterations / hour | tokens / s | x the faster K = 0 | sampling s | "
@@ -153,13 +178,15 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)
     if args.arm:  # a child: one arm, its rows to stdout's last line
-        print(json.dumps(run_arm(ARMS[args.arm], args.iterations, args.seed, output / args.arm)))
+        model = start_model(args.start, output)
+        print(json.dumps(run_arm(ARMS[args.arm], args.iterations, args.seed, model, output / args.arm)))
         return {}
+    start_model(args.start, output)  # trained or written once, before the arms
     figures, rows = {}, {}
     for name in args.arms:
         print(f"{name}: {ARMS[name].label} ...", flush=True)
         child = subprocess.run([sys.executable, __file__, "--arm", name, "--iterations", str(args.iterations),
-                                "--seed", str(args.seed), "--output", str(output)],
+                                "--seed", str(args.seed), "--start", args.start, "--output", str(output)],
                                check=True, stdout=subprocess.PIPE, text=True)
         rows[name] = json.loads(child.stdout.strip().splitlines()[-1])
         figures[name] = summary(rows[name], args.warmup)
