@@ -119,6 +119,10 @@ class TreeGRPO(Algorithm):
         n = min(self.config.prompts_per_iteration, self._num_questions)
         return sorted(rng.choice(self._num_questions, size=n, replace=False).tolist())
 
+    def _exports_trees(self, iteration: int) -> bool:
+        """Whether ``iteration`` keeps sampled trees for the trackers (every ``trees_every`` iterations)."""
+        return bool(self.config.trees_every) and (iteration + 1) % self.config.trees_every == 0
+
     @override(Algorithm)
     def get_state(self, components=None, *, not_components=None, **kwargs) -> dict[str, Any]:
         state = super().get_state(components, not_components=not_components, **kwargs)
@@ -151,7 +155,7 @@ class TreeGRPO(Algorithm):
         self.metrics.log_value(NUM_ENV_STEPS_SAMPLED_LIFETIME, len(records), reduce="sum")
 
         advantages = prompt_advantages(records, mode=self.config.advantage_mode)
-        export = bool(self.config.trees_every) and (iteration + 1) % self.config.trees_every == 0
+        export = self._exports_trees(iteration)
         self.exported_trees = annotated_trees(results, advantages, self.config.trees_count) if export else []
         alike = rewarded_alike(records)
         # kept as a lifetime sum of steps (+1, or back to 0), checkpointed with the algorithm's metrics, so that a
@@ -179,9 +183,8 @@ class TreeGRPO(Algorithm):
         (and samples again the prompts of a runner that died meanwhile, on the runners healthy then); else the call
         does it all."""
         prompts = self._prompts_of(iteration)
-        export = bool(self.config.trees_every) and (iteration + 1) % self.config.trees_every == 0
         runners = max(1, self.env_runner_group.num_healthy_remote_env_runners())
-        per_runner = math.ceil(self.config.trees_count / runners) if export else 0
+        per_runner = math.ceil(self.config.trees_count / runners) if self._exports_trees(iteration) else 0
 
         def sample(runner: TreeSearchEnvRunner, shard: list[int]) -> RunnerResult:
             return runner.sample_prompts(shard, iteration=iteration, export_trees=per_runner)
