@@ -85,6 +85,7 @@ START_BAND = (0.25, 0.50)
 # the share of held-out questions the start answers before their last hop (the flaw Tree-GRPO is to repair): the
 # 2-hop questions, about half of them
 SHORT_BAND = (0.35, 0.50)
+DEFAULT_LR = 2e-4
 HELD_OUT_CURVE = "held_out_curve.png"
 SUMMARY_METRICS = {"em": "exact match", "answered": "answer rate", "reward": "reward", "tool_calls": "tool calls"}
 
@@ -101,6 +102,14 @@ def start_policy(seed: int, cache_dir: Path) -> Path:
     (each stage trained once and cached)."""
     return cached_warm_start(WORLD, recipe_with_seed(ONE_HOP_SHORT, seed), topk=TOPK, cache_dir=cache_dir,
                              continues=recipe_with_seed(WARM_START, seed))
+
+
+def task_options(data_dir: Path, model: Path, seed: int, lr: float = DEFAULT_LR) -> list[str]:
+    """The demo's training run as run.py options: the world, the start policy ``model``, the tree shape and the
+    update (without the run's length, checkpoints and tracking)."""
+    return ["--env", "SynthHop-v0", "--data-dir", str(data_dir), "--topk", str(TOPK), "--model", str(model),
+            "--max-step-tokens", str(MAX_STEP_TOKENS), "--seed", str(seed), "--M", "2", "--N", "2", "--L", "1",
+            "--prompts-per-iter", "8", "--lr", str(lr), "--micro-batch-size", "16"]
 
 
 def compare(before: Sequence[Mapping[str, float]], after: Sequence[Mapping[str, float]]) -> dict[str, Any]:
@@ -148,7 +157,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--output", default="outputs/demo", help="the run's directory (replaced if it holds a demo run)")
     p.add_argument("--iterations", type=int, default=8)
-    p.add_argument("--lr", type=float, default=2e-4)
+    p.add_argument("--lr", type=float, default=DEFAULT_LR)
     p.add_argument("--seed", type=int, default=0, help="the training run's seed")
     p.add_argument("--start-seed", type=int, default=0,
                    help="the warm start's seed (each seed's start is trained once and cached)")
@@ -226,10 +235,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if (output / "demo.json").exists() or (output / METRICS_FILE).exists():
         shutil.rmtree(output)  # a demo's own earlier run: the demo always starts fresh
     points = curve_iterations(args.iterations, args.curve_every)
-    latest = run(["--env", "SynthHop-v0", "--data-dir", str(data_dir), "--topk", str(TOPK), "--model", str(model),
-                  "--max-step-tokens", str(MAX_STEP_TOKENS), "--seed", str(args.seed), "--M", "2", "--N", "2",
-                  "--L", "1", "--iterations", str(args.iterations), "--prompts-per-iter", "8", "--lr", str(args.lr),
-                  "--micro-batch-size", "16", "--eval-every", "0", "--checkpoint-every", str(args.curve_every),
+    latest = run([*task_options(data_dir, model, args.seed, args.lr), "--iterations", str(args.iterations),
+                  "--eval-every", "0", "--checkpoint-every", str(args.curve_every),
                   "--keep-checkpoints", str(len(points)), "--trees-every", str(args.iterations), "--trees-count", "2",
                   "--quiet", "--output", str(output), *(["--no-mlflow"] if args.no_mlflow else []), *args.run_args])
     curve = {0: before}

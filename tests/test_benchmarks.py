@@ -34,8 +34,8 @@ from policies.generation import default_max_step_tokens
 from policies.trajectory import TokenTrajectory
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = ("bench_branching", "bench_budget", "bench_device", "bench_generation", "bench_learning", "bench_retrieval",
-           "bench_rollout", "bench_update")
+SCRIPTS = ("bench_branching", "bench_budget", "bench_device", "bench_generation", "bench_learning",
+           "bench_pipelining", "bench_retrieval", "bench_rollout", "bench_update")
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
@@ -753,3 +753,21 @@ def test_the_gpu_run_summary_reads_a_runs_records(tmp_path):
     assert "busy share (nvidia-smi utilization, mean of 2 samples): 75%" in text and "at most" in text
     assert "40.0 GiB" in text and "31.2, 31.4" in text
     assert (tmp_path / "summary.md").read_text() == text
+
+
+def test_pipelining_figures_leave_out_the_warm_up_and_compare_with_the_faster_synchronous_arm():
+    from benchmarks import bench_pipelining
+
+    def row(wall: float, tokens: int, staleness: int) -> dict:
+        return {"wall_s": wall, "tokens_generated": tokens, "sample_time_s": 1.0, "update_time_s": 2.0,
+                "sync_time_s": 0.1, "sample_wait_time_s": 0.5, "staleness": staleness}
+
+    figures = bench_pipelining.summary([row(30.0, 10, 0), row(2.0, 100, 1), row(4.0, 200, 1)], warmup=1)
+    assert figures["s_per_iteration"] == 3.0 and figures["iterations_per_hour"] == 1200
+    assert figures["tokens_per_s"] == 50 and figures["staleness"] == 1
+    arms = {"sync-1-2": 1000.0, "sync-2-2": 1200.0, "ahead-1-1": 1800.0}
+    text = bench_pipelining.report(bench_pipelining.parse_args([]), {
+        name: {**figures, "iterations_per_hour": per_hour} for name, per_hour in arms.items()})
+    ratios = {line.split(" | ")[0].strip("| "): line.split(" | ")[5] for line in text.splitlines()
+              if line.startswith("| ") and line.split(" | ")[0].strip("| ") in arms}
+    assert ratios == {"sync-1-2": "0.83", "sync-2-2": "1.00", "ahead-1-1": "1.50"}

@@ -23,7 +23,7 @@ import envs.search_qa
 from algos.tree_grpo import TreeGRPOConfig, weight_transport
 from algos.tree_grpo import metrics as metric_keys
 from algos.tree_grpo.env_runner import TreeSearchEnvRunner, module_device
-from algos.tree_grpo.sharding import run_sharded, shard
+from algos.tree_grpo.sharding import Started, run_sharded, shard
 from algos.tree_grpo.weight_transport import sync_env_runners, weights_seq_no
 
 LEAVES_PER_PROMPT = 6  # the default shape (2, 2, 1)
@@ -101,6 +101,15 @@ def test_items_without_a_result_after_the_attempts_are_an_error_naming_runners_a
     nobody = FlakyWorkers([], dies=set())
     with pytest.raises(RuntimeError, match="no env runner was healthy"):
         run_sharded([1], healthy=nobody.healthy, dispatch=nobody.dispatch, recover=nobody.recover, what="x")
+
+
+def test_a_started_rounds_answers_are_collected_and_its_dead_workers_items_dispatched_again():
+    workers = FlakyWorkers([1, 2], dies=set())
+    started = Started({1: [10, 11], 2: [12]}, answers=lambda: {2: [24]})  # worker 1 died meanwhile
+    results = run_sharded([10, 11, 12], healthy=workers.healthy, dispatch=workers.dispatch,
+                          recover=workers.recover, what="sampling", started=started)
+    assert workers.dispatched == [{1: [10], 2: [11]}]  # the started round is not sent again: only the lost items
+    assert results == [[24], [20], [22]]
 
 
 # -- the number of questions, without building the retriever ------------------------------------------------
@@ -286,6 +295,34 @@ def test_a_runner_that_dies_mid_sample_is_restarted_with_current_weights(ray_ses
     # a lone runner's iteration waits for its restart; with a survivor, it takes over and the restarted runner is
     # restored before the next iteration (unless Ray had it back before the retry)
     assert restarts == [1, 0] if runners == 1 else sum(restarts) == 1
+
+
+@pytest.mark.slow
+def test_a_runner_that_dies_sampling_ahead_is_restarted_and_samples_again_with_the_new_weights(ray_session, data_dir,
+                                                                                          tmp_path, monkeypatch):
+    """max_staleness 1: the lone runner dies in the sample of iteration 2, taken during the first update; the
+    iteration waits for its restart, and the restored runner samples those prompts with the update's weights."""
+    prompts, batches = 2, []
+    real_pad_batch = tree_grpo_module.pad_batch
+    monkeypatch.setattr(tree_grpo_module, "pad_batch", lambda records, *a, **k: (
+        batches.append(records), real_pad_batch(records, *a, **k))[1])
+    config = tiny_config(data_dir, prompts, lr=1e-3, max_staleness=1).env_runners(
+        num_env_runners=1, num_cpus_per_env_runner=0.5, create_local_env_runner=False,
+        env_runner_cls=runner_dying_once(tmp_path / "died", die_in_iteration=1))
+    algo = config.build_algo()
+    learner_model = algo.learner_group._learner.module["default_policy"].model
+    try:
+        results = [algo.train()]  # the runner dies in the sample taken ahead
+        updated = weights_checksum(learner_model)
+        results += [algo.train(), algo.train()]
+    finally:
+        algo.stop()
+    assert (tmp_path / "died").exists()
+    assert [result[metric_keys.ENV_RUNNER_RESTARTS] for result in results] == [1, 0, 0]
+    assert [len(records) for records in batches] == [prompts * LEAVES_PER_PROMPT] * 3
+    # sampled again after the update, with its weights: on-policy once, then one update behind again
+    assert [r.info["weights_checksum"] for r in batches[1]] == pytest.approx([updated] * len(batches[1]), rel=1e-12)
+    assert [result[metric_keys.STALENESS] for result in results] == [0, 0, 1]
 
 
 @pytest.mark.slow

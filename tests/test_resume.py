@@ -81,10 +81,11 @@ def wait_for_rows(path: Path, count: int, process: subprocess.Popen, timeout: fl
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("first", "second", "status"), [(signal.SIGTERM, signal.SIGINT, 143),
-                                                         (signal.SIGINT, None, 130)])
-def test_a_signal_saves_once_and_exits_non_zero(data_dir, tmp_path, first, second, status):
-    command = [sys.executable, "experiments/run.py", *FAST, "--iterations", "50", "--output", str(tmp_path),
+@pytest.mark.parametrize(("first", "second", "status", "options"), [
+    (signal.SIGTERM, signal.SIGINT, 143, []), (signal.SIGINT, None, 130, []),
+    (signal.SIGINT, None, 130, ["--num-env-runners", "1", "--max-staleness", "1"])], ids=["term-int", "int", "ahead"])
+def test_a_signal_saves_once_and_exits_non_zero(data_dir, tmp_path, first, second, status, options):
+    command = [sys.executable, "experiments/run.py", *FAST, *options, "--iterations", "50", "--output", str(tmp_path),
                "--no-mlflow"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     wait_for_rows(tmp_path / "metrics.jsonl", 1, process)

@@ -339,6 +339,32 @@ def test_auto_generator_is_vllm_only_with_vllm_and_a_gpu(monkeypatch):
         generators.resolve_generator("tgi")
 
 
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--max-staleness", "2"], "max_staleness: Input should be less than or equal to 1 (got 2)"),
+    (["--max-staleness", "-1"], "max_staleness: Input should be greater than or equal to 0 (got -1)"),
+    (["--max-staleness", "1", "--old-logprobs", "sampler", "--num-env-runners", "1"],
+     "old_logprobs: sampler takes the rollout's log-probs as the PPO ratio's old ones, but with max_staleness 1"),
+    (["--max-staleness", "1"], "max_staleness: 1 samples the next iteration on the remote env runners while the "
+                               "learner updates, but num_env_runners is 0"),
+], ids=["above-bound", "negative", "sampler-old-logprobs", "no-remote-runners"])
+def test_bad_staleness_is_one_line_naming_the_option_before_ray(argv, message, data_dir, tmp_path, capsys):
+    from experiments.run import main
+
+    with pytest.raises(SystemExit) as caught:
+        main([*argv, "--output", str(tmp_path / "run")])
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert caught.value.code == 2 and line.startswith("run.py: error: ") and message in line
+    assert not (tmp_path / "run").exists() and not ray.is_initialized()
+
+
+def test_a_staleness_of_one_with_remote_runners_is_valid():
+    config = build_config(settings_of(["--max-staleness", "1", "--num-env-runners", "1"]))
+    config.validate()
+    evaluation = config.get_evaluation_config_object()  # RLlib's copy: no runners of its own (it runs on ours)
+    assert evaluation.num_env_runners == 0 and evaluation.max_staleness == 1
+    evaluation.validate()
+
+
 def test_old_logprobs_are_recomputed_for_another_engine():
     import torch
 
@@ -349,6 +375,8 @@ def test_old_logprobs_are_recomputed_for_another_engine():
     # bf16 compute (over float32 master weights too): the sampler's numerics are not the learner's
     assert old_logprobs_source("auto", torch.bfloat16, "hf") == "recompute"
     assert old_logprobs_source("sampler", torch.float32, "vllm") == "sampler"  # asked for explicitly
+    # a batch sampled an update ago: the learner's current weights are the proximal policy
+    assert old_logprobs_source("auto", torch.float32, "hf", stale=True) == "recompute"
 
 
 def test_the_retriever_setting_reaches_the_env_and_is_checked_before_ray(tmp_path):

@@ -49,6 +49,7 @@ class RunnerResult:
     records: list[LeafRecord]  # one per leaf, in tree order
     metrics: dict[str, Any]  # the runner's reduced metrics (``get_metrics``)
     trees: list[dict[str, Any]] = field(default_factory=list)  # exported trees; leaf indices count over ``records``
+    weights_seq_no: int = 0  # the sequence number of the weights that sampled it (the learner's at their sync)
 
 
 def module_device(generator_backend: str, cuda_available: bool) -> str:
@@ -125,7 +126,8 @@ class TreeSearchEnvRunner(EnvRunner, Checkpointable):
         """``sample`` for ``prompt_indices``, with this call's metrics and its first ``export_trees`` trees."""
         records = self.sample(prompt_indices=prompt_indices, iteration=iteration)
         trees = self.export_trees(export_trees) if export_trees else []
-        return RunnerResult(self.worker_index, list(prompt_indices), records, self.get_metrics(), trees)
+        return RunnerResult(self.worker_index, list(prompt_indices), records, self.get_metrics(), trees,
+                            self._weights_seq_no)
 
     def step_generator(self, sampling: SamplingSettings) -> StepGenerator:
         """The configured backend's step generator over the module's current weights."""

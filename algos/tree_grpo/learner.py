@@ -88,13 +88,14 @@ from policies.memory import peak_memory_gib, reset_peak_memory
 from policies.reference_model import ReferenceModel
 
 MISMATCH = "mismatch"  # a step's sampler mismatch metrics (the first step's, when the old log-probs are the sampler's)
-def old_logprobs_source(choice: str, compute_dtype: torch.dtype, generator: str = "hf") -> str:
+def old_logprobs_source(choice: str, compute_dtype: torch.dtype, generator: str = "hf", stale: bool = False) -> str:
     """``sampler`` or ``recompute``: ``auto`` takes the sampler's when the HF generator computes in float32 (it
     then computes what the learner would, up to KV-cache rounding), and recomputes otherwise (bf16 compute, or
-    another engine such as vLLM, whose kernels differ)."""
+    another engine such as vLLM, whose kernels differ, or ``stale``: batches sampled by weights an update behind
+    the learner's, ``max_staleness`` 1)."""
     if choice != "auto":
         return choice
-    return "sampler" if generator == "hf" and compute_dtype == torch.float32 else "recompute"
+    return "sampler" if generator == "hf" and compute_dtype == torch.float32 and not stale else "recompute"
 
 
 def gradient_norm(gradients: list[torch.Tensor]) -> float:
@@ -119,7 +120,7 @@ class TreeGRPOTorchLearner(LearnerState, TorchLearner):
         self._mini_batches, self._epochs = settings.mini_batches, settings.ppo_epochs
         self._warmup_steps, self._total_steps = settings.warmup_optimizer_steps, settings.total_optimizer_steps
         self._old_source = old_logprobs_source(self.config.old_logprobs, module.precision.compute,
-                                               settings.generator_backend)
+                                               settings.generator_backend, stale=settings.max_staleness > 0)
         if not dist.is_initialized() or dist.get_rank() == 0:  # where the update runs, as RLlib placed it
             print(f"learner: {self._device}, {self._world} learner(s) ({self.config.learner_sharding}), "
                   f"{module.precision.compute} compute over {module.precision.master} weights", file=sys.stderr)

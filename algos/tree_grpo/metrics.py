@@ -55,6 +55,12 @@ PROMPTS = "prompts"
 ITERATION_TIME_S = "iteration_time_s"  # sampling + update + sync (evaluation not included)
 UPDATE_TIME_S = "update_time_s"  # the learner group's update, as the driver waits for it
 SYNC_TIME_S = "sync_time_s"  # the weight sync to the env runners
+# updates between the weights that sampled the iteration's batch and the learner's before its update (0: on-policy;
+# 1 with max_staleness 1 after the first iteration)
+STALENESS = "staleness"
+# max_staleness 1: how long the driver waited, after the update, for the next iteration's sample (0: the rollout
+# was done first; the update hid the rest of the rollout's time)
+SAMPLE_WAIT_TIME_S = "sample_wait_time_s"
 UPDATE_SKIPPED = "update_skipped"  # 1: every prompt's leaves rewarded alike, no learner update (skip_uniform_rewards)
 UPDATES_SKIPPED_TOTAL = "updates_skipped_total"  # iterations without an update so far (resumes too)
 UNIFORM_STREAK = "uniform_streak"  # iterations in a row, this one last, whose prompts' leaves were each rewarded alike

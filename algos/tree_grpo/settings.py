@@ -35,6 +35,7 @@ OldLogprobs = Literal["auto", "sampler", "recompute"]
 LearnerAttention = Literal[TREE_MASK_ATTENTION]  # type: ignore[valid-type]
 PAPER_WARMUP_RATIO = {"tree_grpo": 0.285, "grpo": 0.5}  # official runs: ~51 of 180 steps; GRPO half of training
 PAPER_MINI_BATCHES = 8  # official runs: 512 prompts per rollout batch, 64 per PPO mini-batch
+MAX_STALENESS = 1  # one iteration sampled ahead: the pipelining the old log-probs' recomputation corrects
 
 
 @functools.cache
@@ -102,6 +103,13 @@ class TreeGRPOSettings(BaseModel):
                     "with the learner: keep it low enough for the update)")
     vllm_sleep: bool = Field(_vllm_default("sleep"), description="free the vLLM engine's GPU memory during each "
                                                                  "learner update (one GPU for engine and learner)")
+    max_staleness: int = Field(
+        0, ge=0, le=MAX_STALENESS,
+        description="updates the rollout's weights may lag behind the learner's (0..1): 0 samples, updates and syncs "
+                    "in turn; 1 grows the next iteration's trees on the remote env runners while the learner updates "
+                    "on this iteration's, with the weights from before that update (needs num_env_runners >= 1; the "
+                    "learner then recomputes the old log-probs and corrects the sampler's lag with the truncated "
+                    "importance weights)")
     lr: float = Field(1e-6, gt=0, description="learning rate (AdamW)")
     warmup_steps: int | None = Field(
         None, ge=0, description="optimizer steps of linear learning-rate warm-up (default: --warmup-ratio of the "
@@ -190,6 +198,10 @@ class TreeGRPOSettings(BaseModel):
         self._check_generator()
         if self.reference_offload and self.kl_coef == 0:
             raise ValueError("reference_offload: kl_coef is 0, so there is no reference model to offload")
+        if self.max_staleness and self.old_logprobs == "sampler":
+            raise ValueError("old_logprobs: sampler takes the rollout's log-probs as the PPO ratio's old ones, but "
+                             "with max_staleness 1 the rollout's weights are an update behind the learner's; use auto "
+                             "or recompute (the learner's own, with the truncated importance weights)")
         if self.mini_batches > self.prompts_per_iteration:
             raise ValueError(f"ppo_mini_batches ({self.mini_batches}) must not exceed prompts_per_iteration "
                              f"({self.prompts_per_iteration}): a mini-batch holds whole prompt groups")
@@ -208,6 +220,9 @@ class TreeGRPOSettings(BaseModel):
             raise ValueError("branching: entropy ranks nodes by the entropy of the first tokens after each tool call, "
                              "which the vllm generator does not measure; use --generator hf with --branching "
                              "entropy (or another --branching)")
+        if self.vllm_sleep and self.max_staleness:
+            raise ValueError("vllm_sleep: frees the vLLM engine's GPU memory during each learner update, but "
+                             "max_staleness 1 has the engine sample during the update; use one or the other")
         if self.vllm_sleep and not (self.generator_backend == "vllm" and gpu_visible()):
             raise ValueError("vllm_sleep: frees a vLLM engine's GPU memory during updates; it needs the vllm "
                              "generator and a GPU")
@@ -284,3 +299,12 @@ def check_learner_sharding(learner_sharding: str, num_learners: int) -> None:
         raise ValueError("learner_sharding: fsdp shards the policy over the remote learners' process group, but "
                          "num_learners is 0 (learning in the driver); set --num-learners 1 or more (1: one sharded "
                          "learner at world size 1), or use --learner-sharding ddp")
+
+
+def check_staleness(max_staleness: int, num_env_runners: int) -> None:
+    """A ``ValueError`` naming the options when ``max_staleness`` cannot run with ``num_env_runners``: sampling ahead
+    runs on remote env runners while the learner updates, and the driver's own runner cannot do both at once."""
+    if max_staleness and num_env_runners < 1:
+        raise ValueError(f"max_staleness: {max_staleness} samples the next iteration on the remote env runners while "
+                         f"the learner updates, but num_env_runners is 0 (the driver samples, and cannot do both at "
+                         f"once); set --num-env-runners 1 or more, or --max-staleness 0")

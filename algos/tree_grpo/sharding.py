@@ -9,7 +9,8 @@ survivors, the restarted one if it is back). Ray-free, so that the retry logic i
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import numpy as np
 
@@ -27,30 +28,44 @@ def shard(items: Sequence[int], workers: Sequence[int]) -> dict[int, list[int]]:
     return {worker: part.tolist() for worker, part in zip(workers, parts, strict=True) if len(part)}
 
 
+@dataclass(frozen=True)
+class Started(Generic[T]):
+    """A first round already sent (the items' shards, one per worker) whose answers are still to come:
+    ``answers()`` waits for them and returns those of the workers that answered (a dead worker is missing)."""
+
+    shards: dict[int, list[int]]
+    answers: Callable[[], dict[int, T]]
+
+
 def run_sharded(items: Sequence[int], *, healthy: Callable[[], list[int]],
                 dispatch: Callable[[dict[int, list[int]]], dict[int, T]], recover: Callable[[], object],
-                what: str, attempts: int = SHARD_ATTEMPTS) -> list[T]:
+                what: str, attempts: int = SHARD_ATTEMPTS, started: Started[T] | None = None) -> list[T]:
     """Every item processed once: results in the order of the attempts, within an attempt by worker id.
 
     ``healthy()`` lists the workers to use now; ``dispatch(shards)`` runs each worker on its shard and returns
     the results of the workers that answered (a dead worker is missing); ``recover()`` tries to bring failed
-    workers back before the next attempt. After ``attempts`` rounds with items still unanswered, a
-    ``RuntimeError`` names ``what``, the workers that failed and the items left.
+    workers back before the next attempt. ``started``: the first round, sent before (its shards cover ``items``),
+    whose answers are collected instead of dispatching one. After ``attempts`` rounds with items still
+    unanswered, a ``RuntimeError`` names ``what``, the workers that failed and the items left.
     """
     pending, results, failed = list(items), [], set()
     if not pending:
         return results
     for _ in range(attempts):
-        workers = healthy()
-        if workers:
+        if started is not None:
+            shards, answers, started = started.shards, started.answers(), None
+        elif workers := healthy():
             shards = shard(pending, workers)
             answers = dispatch(shards)
-            results.extend(answers[worker] for worker in sorted(answers))
-            lost = sorted(set(shards) - set(answers))
-            failed.update(lost)
-            pending = [item for worker in lost for item in shards[worker]]
-            if not pending:
-                return results
+        else:
+            recover()
+            continue
+        results.extend(answers[worker] for worker in sorted(answers))
+        lost = sorted(set(shards) - set(answers))
+        failed.update(lost)
+        pending = [item for worker in lost for item in shards[worker]]
+        if not pending:
+            return results
         recover()
     runners = f"env runner(s) {sorted(failed)} failed" if failed else "no env runner was healthy"
     raise RuntimeError(f"{what}: {runners}, and after {attempts} attempts {len(pending)} item(s) have no result: "

@@ -90,19 +90,38 @@ def colocated(learner_group: LearnerGroup, env_runner_group: EnvRunnerGroup) -> 
     return learner_group.is_local and env_runner_group.num_remote_env_runners() == 0
 
 
+def learner_seq_no(learner_group: LearnerGroup) -> int:
+    """The sequence number of the learners' current weights (the first learner's; they step together)."""
+    return learner_results(learner_group.foreach_learner(weights_seq_no))[0]
+
+
+def published_weights(learner_group: LearnerGroup) -> SyncedWeights:
+    """The learners' current weights packed into the object store (:func:`publish_weights` in every learner
+    process), as the first learner's :class:`SyncedWeights`: what :func:`deliver_weights` hands the runners."""
+    (weights,) = [weights for weights in learner_results(learner_group.foreach_learner(publish_weights))
+                  if weights is not None]
+    return weights
+
+
+def deliver_weights(weights: SyncedWeights, env_runner_group: EnvRunnerGroup,
+                    to_worker_indices: list[int] | None = None) -> None:
+    """``weights`` into the env runners (``to_worker_indices``: those remote runners only; default every runner, the
+    driver's own included); waits until every runner has them. A runner busy with a call loads them when that call
+    returns (a runner's calls run in turn), never in the middle of it. A runner that fails is left to RLlib's fault
+    tolerance (restored with the current weights later)."""
+    state = {COMPONENT_RL_MODULE: weights, WEIGHTS_SEQ_NO: weights.seq_no}
+    remote = env_runner_group.num_remote_env_runners() > 0
+    env_runner_group.foreach_env_runner(lambda runner: runner.set_state(state), local_env_runner=not remote,
+                                        remote_worker_ids=to_worker_indices if remote else None)
+
+
 def sync_env_runners(learner_group: LearnerGroup, env_runner_group: EnvRunnerGroup,
                      to_worker_indices: list[int] | None = None) -> None:
-    """The learner's current weights into the env runners (``to_worker_indices``: those remote runners only;
-    default every runner, the driver's own included); waits until every runner has them. A runner that fails is
-    left to RLlib's fault tolerance (restored with the current weights later)."""
+    """The learner's current weights into the env runners (``to_worker_indices`` as in :func:`deliver_weights`):
+    tensor to tensor when the learner and the only runner share this process, else through the object store."""
     if colocated(learner_group, env_runner_group):
         runner = env_runner_group.local_env_runner
         learner_group.foreach_learner(lambda learner: runner.copy_weights_from(learner_module(learner),
                                                                                weights_seq_no(learner)))
         return
-    (weights,) = [weights for weights in learner_results(learner_group.foreach_learner(publish_weights))
-                  if weights is not None]
-    state = {COMPONENT_RL_MODULE: weights, WEIGHTS_SEQ_NO: weights.seq_no}
-    remote = env_runner_group.num_remote_env_runners() > 0
-    env_runner_group.foreach_env_runner(lambda runner: runner.set_state(state), local_env_runner=not remote,
-                                        remote_worker_ids=to_worker_indices if remote else None)
+    deliver_weights(published_weights(learner_group), env_runner_group, to_worker_indices)
