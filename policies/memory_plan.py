@@ -385,14 +385,14 @@ def fitting_change(plan: MemoryPlan) -> str | None:
     the micro-batch), as flags with the GiB per GPU it would need; None when the plan fits or nothing tried does."""
     if plan.fits is not False:
         return None
-    extras = _memory_options_changes(plan.options)
     for layout_flags, layout in _layout_changes(plan.options):
+        # LoRA has no separate reference to offload: that option is not offered beside it
+        extras = [(flag, extra) for flag, extra in _memory_options_changes(plan.options)
+                  if not (layout.get("lora_rank") and "reference_offload" in extra)]
         for count in range(len(extras) + 1):
             change = {**layout}
             for _, extra in extras[:count]:
                 change.update(extra)
-            if layout.get("lora_rank") is not None:
-                change["reference_offload"] = False
             candidate = plan_memory(plan.shape, replace(plan.options, **change))
             if change and candidate.fits:
                 flags = " ".join(flag for flag in (layout_flags, *(f for f, _ in extras[:count])) if flag)
