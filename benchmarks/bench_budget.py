@@ -3,7 +3,8 @@ budgets 2, 4 and 16 full-chain equivalents, the tree (M, N, L) against chain GRP
 as experiments/configs/budget/budget{B}_{tree,chain}.yaml define them, every arm with the same prompts per iteration
 and the same number of iterations (no token budget: the tree's token saving is reported beside, not equalised).
 
-    # the table as declared: 6 arms x 10 seeds, split over two processes sharing --output (the first trains the start)
+    # the table as declared: the start on every thread, then 6 arms x 10 seeds over two processes sharing --output
+    python benchmarks/bench_budget.py --resume --start-only
     OMP_NUM_THREADS=1 python benchmarks/bench_budget.py --resume --seeds 0 2 4 6 8 &
     OMP_NUM_THREADS=1 python benchmarks/bench_budget.py --resume --seeds 1 3 5 7 9 &
     wait; python benchmarks/bench_budget.py --resume --report

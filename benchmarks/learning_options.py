@@ -57,6 +57,9 @@ def add_run_options(p: argparse.ArgumentParser, settings: list[str], *, seeds: l
                    help="where the runs and results go (default: the benchmark's outputs/bench_NAME, with the design "
                         "choices set, e.g. --top-p, in its name: design_output)")
     p.add_argument("--report", action="store_true", help=f"write the {section} section of docs/benchmarks.md")
+    p.add_argument("--start-only", action="store_true",
+                   help="train (or find) the start policy and evaluate it, then stop: the start on all the machine's "
+                        "threads before one-thread workers share the output with --resume")
     p.add_argument("--resume", action="store_true",
                    help="reuse what --output holds: the start point's evaluation and the finished runs whose options "
                         "match, e.g. after an interruption, or to report on seeds run by several processes")

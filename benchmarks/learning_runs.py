@@ -155,7 +155,8 @@ def run_benchmark(testbed: Testbed, args: argparse.Namespace, warm_start: Callab
                   argv: list[str] | None, script: str) -> Path:
     """Every setting x seed of ``args`` from the start policy (``--warm``, else ``warm_start()``), seed-major (an
     interrupted benchmark still compares every setting), the results rewritten after each run; with --report, the
-    testbed's section of docs/benchmarks.md and its plot docs/NAME.png. Returns OUTPUT/NAME.md."""
+    testbed's section of docs/benchmarks.md and its plot docs/NAME.png; with --start-only, only the start policy and
+    its evaluation. Returns OUTPUT/NAME.md."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)
@@ -164,6 +165,8 @@ def run_benchmark(testbed: Testbed, args: argparse.Namespace, warm_start: Callab
         warm = str(Path(args.warm or warm_start()).resolve())
         before = start_point_scores(testbed, warm, args, output)
     print(f"start point {warm}: dev EM {np.mean([row['em'] for row in before]):.3f}")
+    if args.start_only:
+        return output / f"{testbed.name}.md"
     runs: dict[str, list[list[dict]]] = {setting: [] for setting in args.settings}
     finals: dict[str, list[list[dict]]] = {setting: [] for setting in args.settings}
     for seed in args.seeds:

@@ -330,6 +330,24 @@ def test_processes_sharing_an_output_take_the_start_lock_in_turn(tmp_path):
     assert order == ["first leaves", "second enters"]
 
 
+def test_start_only_trains_and_scores_the_start_and_runs_nothing(tmp_path, monkeypatch):
+    import benchmarks.bench_budget as bench_budget
+
+    started, scored = [], []
+
+    def no_run(*args, **kwargs):
+        raise AssertionError("--start-only trained a run")
+
+    monkeypatch.setattr(learning_runs, "finished_run", no_run)
+    monkeypatch.setattr(learning_runs, "start_point_scores",
+                        lambda testbed, warm, args, output: scored.append(warm) or scores(0.5))
+    args = bench_budget.parse_args(["--start-only", "--output", str(tmp_path)])
+    answer = learning_runs.run_benchmark(bench_budget.testbed(args), args,
+                                         lambda: started.append(1) or tmp_path / "start", [], "bench_budget.py")
+    assert answer == tmp_path / "budget-table.md" and started == [1]
+    assert scored == [str((tmp_path / "start").resolve())] and not answer.exists()
+
+
 @pytest.mark.slow
 def test_the_branching_benchmark_at_toy_size_writes_its_report_and_a_resume_reuses_its_runs(tmp_path, monkeypatch):
     # a tiny-random start on a tiny SynthBranch world, 2 settings x 1 seed, each run stopped by its token budget
