@@ -9,7 +9,7 @@ Tree-GRPO (2,2,1), 8 prompts per iteration, its learning rate and micro-batches)
 and the learner in the driver (``--num-learners 0``), each arm in a fresh process (its own Ray instance). The arms
 differ in ``--max-staleness`` and in the torch threads of the runner (its Ray CPUs: Ray sets the actor's
 ``OMP_NUM_THREADS`` to them) and of the learner (the driver's ``torch.set_num_threads``), both at the same priority
-(Ray's workers at nice 0, as the driver, instead of Ray's 15):
+(run.py starts Ray's workers at nice 0, as the driver):
 
 - ``sync-1-2``: K = 0, the runner on 1 thread, the learner on 2 (run.py's defaults on a 2-core machine);
 - ``sync-2-2``: K = 0, both on 2 threads (each phase has the machine to itself: the fair synchronous baseline);
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -60,10 +59,6 @@ ARMS = {
 }
 START_TEXT = {"demo": "the demo's start policy",
               "scratch": "the demo's start architecture with random weights (every step runs to the 48-token cap)"}
-# Ray starts its workers at nice 15 (``RAY_worker_niceness``), the driver runs at 0: on a machine shared with other
-# jobs the runner then gets what they leave, and against a learner on every core, next to nothing. Each arm's runner
-# and learner run at the same priority, so that the arms differ only in what they compare.
-CHILD_ENVIRONMENT = {**os.environ, "RAY_worker_niceness": "0"}
 TIMES = ("sample_time_s", "update_time_s", "sync_time_s", "sample_wait_time_s")  # per-iteration means reported
 
 
@@ -193,7 +188,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
         print(f"{name}: {ARMS[name].label} ...", flush=True)
         child = subprocess.run([sys.executable, __file__, "--arm", name, "--iterations", str(args.iterations),
                                 "--seed", str(args.seed), "--start", args.start, "--output", str(output)],
-                               check=True, stdout=subprocess.PIPE, text=True, env=CHILD_ENVIRONMENT)
+                               check=True, stdout=subprocess.PIPE, text=True)
         rows[name] = json.loads(child.stdout.strip().splitlines()[-1])
         figures[name] = summary(rows[name], args.warmup)
         print(f"  {figures[name]['s_per_iteration']:.1f} s per iteration, "

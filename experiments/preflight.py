@@ -142,6 +142,10 @@ def start_ray(settings: RunSettings) -> None:
     # server binds there. The constant is read at import, so set it too; spawned processes read the env.
     os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
     ray_constants.ENABLE_RAY_CLUSTER = False
+    # Ray starts its workers at nice 15 for a driver at 0: the env runners and remote learners are the driver's peers
+    # here, not background work, and at 15 a runner sampling ahead (--max-staleness 1) gets next to nothing beside a
+    # learner in the driver on every core, or beside other jobs on a shared machine
+    os.environ.setdefault(ray_constants.RAY_WORKER_NICENESS, "0")
     resources = local_resources()
     check_resources(settings, resources)
     ray.init(address="local", num_cpus=int(resources["CPU"]), num_gpus=int(resources["GPU"]),

@@ -44,10 +44,12 @@ def this_sessions_processes() -> set[int]:
 
 def test_start_ray_listens_on_loopback_only_without_a_dashboard(monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delenv(ray_constants.RAY_WORKER_NICENESS, raising=False)
     ray.shutdown()
     try:
         start_ray(RunSettings(log_rollout_steps=False))
-        ray.get(ray.remote(lambda: 1).remote())  # a worker process too
+        # a worker process too, at the driver's priority (Ray's default would be 15 above it)
+        assert ray.get(ray.remote(lambda: os.nice(0)).remote()) == os.nice(0)
         assert [node["NodeManagerAddress"] for node in ray.nodes()] == ["127.0.0.1"]
         addresses = listening_addresses(this_sessions_processes())
         assert addresses and all(ip in ("127.0.0.1", "::ffff:127.0.0.1") for ip in addresses), addresses
