@@ -78,7 +78,7 @@ def read_runs(output: Path, seeds: list[int]) -> dict[str, Any]:
              for k in ARM_STALENESS}
     reading = compare(after, held_out_em(run_directory(output, 0, seeds[0]), "before"))
     rows = {k: [metric_rows(run_directory(output, k, seed)) for seed in seeds] for k in ARM_STALENESS}
-    reading["training_minutes"] = {k: [sum(row["iteration_time_s"] for row in run) / 60 for run in runs]
+    reading["training_minutes"] = {k: [sum(row["time_s"] for row in run) / 60 for run in runs]
                                    for k, runs in rows.items()}
     reading["k1_means"] = {key: float(np.mean([row[key] for run in rows[1] for row in run])) for key in K1_MEANS}
     return reading

@@ -32,7 +32,7 @@ def test_runs_are_paired_by_seed_and_question(tmp_path):
     before = [0, 0, 1, 0]  # the start: 0.25
     after = {(0, 0): [1, 0, 1, 0], (0, 1): [1, 1, 0, 0], (1, 0): [1, 1, 1, 0], (1, 1): [1, 1, 0, 0]}
     for (k, seed), ems in after.items():
-        rows = [{"iteration_time_s": 30.0 * (k + 1), "staleness": k, "sampler_ratio_mean": 1.0 - 0.1 * k * seed,
+        rows = [{"time_s": 30.0 * (k + 1), "staleness": k, "sampler_ratio_mean": 1.0 - 0.1 * k * seed,
                  "tis_weight_mean": 1.0}] * 2
         write_run(learning.run_directory(tmp_path, k, seed), before, ems, rows)
     reading = learning.read_runs(tmp_path, [0, 1])
