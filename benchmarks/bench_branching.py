@@ -219,18 +219,19 @@ def start_recipes(args: argparse.Namespace, bed: Testbed) -> tuple[tuple[str, ..
     return (*warm_start_recipe(args), *searches), (*START_STAGE_1, *goal_option(args), *searches)
 
 
-def run_from_start(args: argparse.Namespace, argv: list[str] | None, script: str) -> Path:
-    """The design's runs (``run_benchmark``) from its cached two-stage start policy (trained first if not cached)."""
+def run_from_start(bed: Testbed, args: argparse.Namespace, argv: list[str] | None, script: str) -> Path:
+    """The runs of ``bed`` (``run_benchmark``) from the design's cached two-stage start policy (trained first if not
+    cached)."""
     from experiments.warmstart import cached_warm_start
 
-    bed = testbed(args)
     recipe, first_stage = start_recipes(args, bed)
     start = functools.partial(cached_warm_start, bed.world, recipe, topk=TOPK, continues=first_stage)
     return run_benchmark(bed, args, start, argv, script)
 
 
 def main(argv: list[str] | None = None) -> Path:
-    return run_from_start(parse_args(argv), argv, "benchmarks/bench_branching.py")
+    args = parse_args(argv)
+    return run_from_start(testbed(args), args, argv, "benchmarks/bench_branching.py")
 
 
 if __name__ == "__main__":

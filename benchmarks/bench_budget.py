@@ -92,7 +92,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> Path:
-    return run_from_start(parse_args(argv), argv, "benchmarks/bench_budget.py")
+    args = parse_args(argv)
+    return run_from_start(testbed(args), args, argv, "benchmarks/bench_budget.py")
 
 
 if __name__ == "__main__":

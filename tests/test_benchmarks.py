@@ -732,6 +732,20 @@ def test_the_budget_table_pairs_each_budgets_configs_at_equal_prompts_and_iterat
     assert bench_branching.start_recipes(args, bed) == bench_branching.start_recipes(fifth, fifth_bed)
 
 
+def test_the_budget_scripts_main_runs_its_own_testbed_from_the_fifth_designs_start(monkeypatch):
+    import benchmarks.bench_branching as bench_branching
+    import benchmarks.bench_budget as bench_budget
+
+    called = {}
+    monkeypatch.setattr(bench_branching, "run_benchmark",
+                        lambda bed, args, start, argv, script: called.update(bed=bed, start=start, script=script))
+    bench_budget.main(["--start-only"])
+    assert called["bed"].name == "budget-table" and called["script"] == "benchmarks/bench_budget.py"
+    recipe = called["start"].args[1]  # cached_warm_start(world, recipe, ...): the fifth design's second stage
+    assert recipe[recipe.index("--misroute") + 1] == "0.85" and recipe[-2:] == ("--misroute-role", "chair")
+    assert called["start"].keywords["continues"][:2] == ("--model", "scratch")  # after its first stage
+
+
 def test_the_report_gives_each_settings_share_of_prompts_with_a_signal(tmp_path, monkeypatch):
     monkeypatch.setattr(learning_report, "plot_runs", lambda runs, path, metrics: Path(path))
     args = bench_learning.parse_args(["--output", str(tmp_path)])
