@@ -115,14 +115,14 @@ def cached_warm_start(world: WorldSpec | BranchSpec, recipe: Sequence[str], *, t
     whole when done; a killed training leaves its staging directory and checkpoint, and the next call resumes it.
 
     With ``continues`` (another recipe), ``recipe`` trains on from that recipe's cached warm start (trained first if
-    missing) instead of its own ``--model``: a start in stages, cached under both recipes."""
+    missing) instead of its own ``--model``: a start in stages, cached under both recipes. A cached later stage is
+    returned without the earlier one (its key names the earlier recipe, not its path), so a cache that holds only the
+    last stage, as ``benchmarks/device_kit.py --learn`` packs the demo's for a GPU machine, trains nothing."""
     cache_dir = Path(cache_dir or default_cache_dir())
-    start: list[str] = []
     stages = [recipe]
     if continues is not None:
         if "--model" in recipe:
             raise ValueError(f"a recipe that continues another takes that one's model, not its own --model: {recipe}")
-        start = ["--model", str(cached_warm_start(world, continues, topk=topk, cache_dir=cache_dir))]
         stages = [continues, recipe]
     # the first format is left out of the key, so starts cached before it was versioned keep theirs
     oracle = "" if ORACLE_FORMAT == 1 else f"oracle-format-{ORACLE_FORMAT}-"
@@ -135,6 +135,8 @@ def cached_warm_start(world: WorldSpec | BranchSpec, recipe: Sequence[str], *, t
         if (model / "config.json").exists():
             print(f"warm start: cached at {model}")
             return model
+        start = [] if continues is None else ["--model", str(cached_warm_start(world, continues, topk=topk,
+                                                                             cache_dir=cache_dir))]
         staging = model.parent.parent / f"{key}{WARM_START_STAGING}"
         print(f"warm start: training the start policy (once; cached at {model}; staged in {staging}) ...",
               flush=True)
