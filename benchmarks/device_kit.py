@@ -32,9 +32,10 @@ back, calls 1 and 2 only installing (``INSTALL_ONLY=1``: no bench, no mission ru
     run(command="INSTALL_ONLY=1 bash benchmarks/device_check.sh 2", carry=[".device/call2"], timeout_s=180)
     run(command="bash benchmarks/device_check.sh learn", carry=[".device/learn"], timeout_s=480)
 
-The learn call runs ``experiments/demo.py --no-mlflow --iterations 8`` with every GPU default (the learner on the
-GPU, bf16 compute over float32 masters, CUDA-graph decode), sized by ``LEARN_TIMEOUT`` (``device_check.sh``), and
-``gpu_run_summary.py --compare`` on it (benchmarks/README.md, "Learning on a GPU", has the estimate).
+The learn call runs ``experiments/demo.py --no-mlflow --iterations 8 --curve-every 8`` (held-out exact match before
+and after) with every GPU default (the learner on the GPU, bf16 compute over float32 masters, CUDA-graph decode),
+sized by ``LEARN_TIMEOUT`` (``device_check.sh``), and ``gpu_run_summary.py --compare`` on it (benchmarks/README.md,
+"Learning on a GPU through RLlib", has the estimate: about 9-11 minutes of device time with the machine's start).
 """
 
 from __future__ import annotations
