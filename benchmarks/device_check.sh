@@ -20,13 +20,23 @@
 #   bash benchmarks/device_check.sh engine-ab   carry .device/call1/wheels, .device/call1/models and .device/old (a
 #       baseline's tree: git archive REV | tar -x -C .device/old): the engine's CUDA tests, then the rollout engine
 #       of the baseline and of this tree on the same machine, per temperature (this tree's with a host profile)
-# Arguments after the call's number go to bench_device.py / run.py, after the defaults (so they override them).
+#   bash benchmarks/device_check.sh learn       carry .device/learn (device_kit.py --learn: the CPU demo's cached start
+#       and world, a CPU demo's metrics.jsonl and demo.json), right after calls 1 and 2 on the same warm machine (it
+#       needs the Ray they install; INSTALL_ONLY=1 makes them install only): experiments/demo.py --no-mlflow
+#       --iterations 8 --curve-every 8 (evaluated before and after only) with every GPU default (learner on the GPU, bf16 compute over float32 masters, CUDA-graph
+#       decode; issue 63, item 3), nvidia-smi sampled beside it, then gpu_run_summary.py --compare: the run (learner
+#       device, seconds per phase, busy share, peak) and held-out exact match before and after with 95% intervals,
+#       seconds per phase beside the CPU demo's; sized by LEARN_TIMEOUT; back in $OUT/learn/: learn.md, the demo's
+#       summary.md, demo.json, metrics.jsonl, config.yaml, held_out_curve.png, learn.log, gpu_samples.csv
+# Arguments after the call's name go to bench_device.py / run.py / demo.py, after the defaults (so they override
+# them).
 # What comes back lies in $OUT (the device tool's folder): bench_device_MODEL.md / .log, run_metrics.jsonl, run.log,
-# run_summary.md, gpu_samples.csv, fsdp_k2.md / .json, gpu_check.md / .log.
-# Sized to the session's device time by MODELS (call 1's columns, one bench each), BENCH_TIMEOUT (seconds per bench)
-# and RUN_TIMEOUT (seconds of run.py in call 2).
+# run_summary.md, gpu_samples.csv, fsdp_k2.md / .json, gpu_check.md / .log, learn/.
+# Sized to the session's device time by MODELS (call 1's columns, one bench each), BENCH_TIMEOUT (seconds per bench),
+# RUN_TIMEOUT (seconds of run.py in call 2) and LEARN_TIMEOUT (seconds of demo.py in the learn call); INSTALL_ONLY=1
+# makes calls 1 and 2 install their wheels and nothing more (the learn call's sequence).
 set -uo pipefail
-KIT=/tmp/treegrpo-kit  # survives between calls while the machine stays warm
+KIT=${KIT:-/tmp/treegrpo-kit}  # survives between calls while the machine stays warm (KIT=...: a rehearsal elsewhere)
 OUT=${OUT:-$KIT/out}
 mkdir -p "$KIT" "$OUT"
 export PYTHONPATH=$KIT/site:$PWD PYTHONUNBUFFERED=1 TREEGRPO_CACHE_DIR=$KIT/cache TREEGRPO_DATA_DIR=$KIT/data \
@@ -35,6 +45,8 @@ MODELS=${MODELS:-smollm2-135m-random llama-3.2-1b-random}
 BENCH_TIMEOUT=${BENCH_TIMEOUT:-270}
 RUN_TIMEOUT=${RUN_TIMEOUT:-540}
 CHECK_TIMEOUT=${CHECK_TIMEOUT:-200}
+LEARN_TIMEOUT=${LEARN_TIMEOUT:-420}
+INSTALL_ONLY=${INSTALL_ONLY:-0}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 
@@ -50,6 +62,7 @@ case "$call" in
   install .device/call1/wheels/*.whl || exit 1
   mkdir -p "$KIT/data" "$KIT/cache/models"
   tar xzf .device/call1/data.tgz -C "$KIT/data" && cp -r .device/call1/models/. "$KIT/cache/models/" || exit 1
+  [ "$INSTALL_ONLY" = 1 ] && { echo "call 1: installed (INSTALL_ONLY=1: no bench)"; exit 0; }
   for model in $MODELS; do  # one at a time: a timeout loses only its own table
     timeout "$BENCH_TIMEOUT" python3 benchmarks/bench_device.py --model "$model" --output "$OUT/bench_device_$model.md" "$@" 2>&1 \
       | tee "$OUT/bench_device_$model.log"
@@ -61,6 +74,7 @@ case "$call" in
   cat "$KIT/ray.whl.0" .device/call2/ray.whl.1 > "$wheel"
   echo "$(cat .device/call2/ray.whl.sha256)  $wheel" | sha256sum -c - || exit 1
   install "$wheel" || exit 1
+  [ "$INSTALL_ONLY" = 1 ] && { echo "call 2: Ray installed (INSTALL_ONLY=1: no run)"; exit 0; }
   # The mission's command as a GPU user runs it, every GPU default and no option added (issue 62): Qwen2.5-1.5B's
   # shape with random weights (the real weights do not fit a call; SmolLM2's tokenizer, the one the kit carries, so
   # the vocabulary is its 49,152 rows), saved as a model dir; nvidia-smi sampled beside it.
@@ -129,7 +143,32 @@ engine-ab)
       2>&1 | tee "$OUT/engine_new_T$temperature.log"
   done
   ;;
+learn)
+  python3 -c "import ray, gymnasium, pydantic" 2>/dev/null \
+    || { echo "no Ray here: the learn call runs right after calls 1 and 2 on the same warm machine, which install it" \
+              "into $KIT/site (INSTALL_ONLY=1 bash benchmarks/device_check.sh 1, then 2; benchmarks/device_kit.py)"; exit 1; }
+  [ -d .device/learn/cache/warm_starts ] \
+    || { echo "no .device/learn/cache: python benchmarks/device_kit.py --learn packs it"; exit 1; }
+  mkdir -p "$KIT/cache" && cp -r .device/learn/cache/. "$KIT/cache/" || exit 1  # the start and the world, cached
+  rm -rf "$KIT/demo" "$OUT/learn" && mkdir -p "$OUT/learn"
+  nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader,nounits -lms 500 \
+    > "$OUT/learn/gpu_samples.csv" 2>/dev/null &
+  sampler=$!
+  # the CPU demo's task and start, as a GPU user runs it: no device option, so every GPU default applies
+  # (--curve-every 8: held-out exact match before and after only, as the issue asks: each evaluation of the 175
+  # held-out questions runs on the machine's CPU, about a minute; --iterations N below 8 needs --curve-every N too)
+  timeout "$LEARN_TIMEOUT" python3 experiments/demo.py --no-mlflow --iterations 8 --curve-every 8 \
+    --output "$KIT/demo" "$@" 2>&1 | tee "$OUT/learn/learn.log"
+  kill "$sampler" 2>/dev/null
+  for name in summary.md demo.json metrics.jsonl config.yaml held_out_curve.png; do
+    [ -f "$KIT/demo/$name" ] && cp "$KIT/demo/$name" "$OUT/learn/$name"
+  done
+  compare=()
+  [ -f .device/learn/cpu_demo/metrics.jsonl ] && compare=(--compare .device/learn/cpu_demo)
+  python3 benchmarks/gpu_run_summary.py "$KIT/demo" "$OUT/learn/learn.log" "$OUT/learn/gpu_samples.csv" \
+    ${compare[@]+"${compare[@]}"} --output "$OUT/learn/learn.md"
+  ;;
 *)
-  echo "usage: bash benchmarks/device_check.sh 1|2|precision|engine|sharding|engine-ab (see benchmarks/device_kit.py)"; exit 2
+  echo "usage: bash benchmarks/device_check.sh 1|2|precision|engine|sharding|engine-ab|learn (see benchmarks/device_kit.py)"; exit 2
   ;;
 esac

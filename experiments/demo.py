@@ -51,7 +51,7 @@ from envs.cache import default_cache_dir
 from envs.synthetic import WorldSpec, world_data_dir
 from experiments.confidence import Interval, mean_interval, paired_difference_interval
 from experiments.evaluate import world_held_out
-from experiments.warmstart import cached_warm_start
+from experiments.warmstart import cached_warm_start, warm_start_dir
 
 WORLD = WorldSpec(seed=0, people=70, companies=35, cities=12, countries=5, train_questions=175, dev_questions=175,
                   hop_mix=(0.5, 0.5, 0.0))
@@ -102,6 +102,13 @@ def start_policy(seed: int, cache_dir: Path) -> Path:
     (each stage trained once and cached)."""
     return cached_warm_start(WORLD, recipe_with_seed(ONE_HOP_SHORT, seed), topk=TOPK, cache_dir=cache_dir,
                              continues=recipe_with_seed(WARM_START, seed))
+
+
+def start_policy_dir(seed: int, cache_dir: Path) -> Path:
+    """Where ``start_policy(seed, cache_dir)`` finds its start policy in the cache (nothing trained: it may not be
+    there yet)."""
+    return warm_start_dir(WORLD, recipe_with_seed(ONE_HOP_SHORT, seed), topk=TOPK, cache_dir=cache_dir,
+                          continues=recipe_with_seed(WARM_START, seed))
 
 
 def task_options(data_dir: Path, model: Path, seed: int, lr: float = DEFAULT_LR) -> list[str]:

@@ -105,6 +105,27 @@ def warm_start_key(readable: str, limit: int = MAX_KEY_LENGTH) -> str:
     return f"{readable[:limit - len(digest) - 1]}-{digest}"
 
 
+def warm_start_recipe(world: WorldSpec | BranchSpec, recipe: Sequence[str], *, topk: int,
+                      continues: Sequence[str] | None = None) -> str:
+    """The whole key of ``cached_warm_start``'s warm start (the world, top-k, the oracle's format and each stage's
+    options), before ``warm_start_key`` shortens a long one."""
+    stages = [recipe]
+    if continues is not None:
+        if "--model" in recipe:
+            raise ValueError(f"a recipe that continues another takes that one's model, not its own --model: {recipe}")
+        stages = [continues, recipe]
+    # the first format is left out of the key, so starts cached before it was versioned keep theirs
+    oracle = "" if ORACLE_FORMAT == 1 else f"oracle-format-{ORACLE_FORMAT}-"
+    return f"{world.key}-topk{topk}-{oracle}" + "-then-".join("-".join(stage).replace("--", "") for stage in stages)
+
+
+def warm_start_dir(world: WorldSpec | BranchSpec, recipe: Sequence[str], *, topk: int,
+                   cache_dir: str | os.PathLike | None = None, continues: Sequence[str] | None = None) -> Path:
+    """Where ``cached_warm_start`` keeps that warm start's model directory (nothing trained: it may not exist)."""
+    key = warm_start_key(warm_start_recipe(world, recipe, topk=topk, continues=continues))
+    return Path(cache_dir or default_cache_dir()) / WARM_STARTS_DIR / key / "model"
+
+
 def cached_warm_start(world: WorldSpec | BranchSpec, recipe: Sequence[str], *, topk: int,
                       cache_dir: str | os.PathLike | None = None, continues: Sequence[str] | None = None) -> Path:
     """The model directory of the warm start of ``recipe`` (this script's options: model, extra worlds, epochs,
@@ -115,18 +136,11 @@ def cached_warm_start(world: WorldSpec | BranchSpec, recipe: Sequence[str], *, t
     whole when done; a killed training leaves its staging directory and checkpoint, and the next call resumes it.
 
     With ``continues`` (another recipe), ``recipe`` trains on from that recipe's cached warm start (trained first if
-    missing) instead of its own ``--model``: a start in stages, cached under both recipes."""
+    missing) instead of its own ``--model``: a start in stages, cached under both recipes. A cached later stage is
+    returned without the earlier one (its key names the earlier recipe, not its path), so a cache that holds only the
+    last stage, as ``benchmarks/device_kit.py --learn`` packs the demo's for a GPU machine, trains nothing."""
     cache_dir = Path(cache_dir or default_cache_dir())
-    start: list[str] = []
-    stages = [recipe]
-    if continues is not None:
-        if "--model" in recipe:
-            raise ValueError(f"a recipe that continues another takes that one's model, not its own --model: {recipe}")
-        start = ["--model", str(cached_warm_start(world, continues, topk=topk, cache_dir=cache_dir))]
-        stages = [continues, recipe]
-    # the first format is left out of the key, so starts cached before it was versioned keep theirs
-    oracle = "" if ORACLE_FORMAT == 1 else f"oracle-format-{ORACLE_FORMAT}-"
-    readable = f"{world.key}-topk{topk}-{oracle}" + "-then-".join("-".join(stage).replace("--", "") for stage in stages)
+    readable = warm_start_recipe(world, recipe, topk=topk, continues=continues)
     key = warm_start_key(readable)
     model = cache_dir / WARM_STARTS_DIR / key / "model"
     model.parent.parent.mkdir(parents=True, exist_ok=True)
@@ -135,6 +149,8 @@ def cached_warm_start(world: WorldSpec | BranchSpec, recipe: Sequence[str], *, t
         if (model / "config.json").exists():
             print(f"warm start: cached at {model}")
             return model
+        start = [] if continues is None else ["--model", str(cached_warm_start(world, continues, topk=topk,
+                                                                             cache_dir=cache_dir))]
         staging = model.parent.parent / f"{key}{WARM_START_STAGING}"
         print(f"warm start: training the start policy (once; cached at {model}; staged in {staging}) ...",
               flush=True)

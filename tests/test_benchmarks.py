@@ -787,6 +787,68 @@ def test_the_gpu_run_summary_reads_a_runs_records(tmp_path):
     assert (tmp_path / "summary.md").read_text() == text
 
 
+def demo_payload(before: tuple, after: tuple, change: tuple, curve: dict[int, float], questions: int) -> dict:
+    """The parts of a demo.json the learning comparison reads: exact match's intervals, the curve, the questions."""
+    def interval(values: tuple) -> dict:
+        return dict(zip(("mean", "low", "high"), values, strict=True))
+
+    return {"metrics": {"em": {"before": interval(before), "after": interval(after), "change": interval(change)}},
+            "held_out_em": {str(i): interval((em, em, em)) for i, em in curve.items()},
+            "questions": {"before": [{}] * questions, "after": [{}] * questions}}
+
+
+def test_the_learn_calls_comparison_reads_a_gpu_and_a_cpu_demo(tmp_path):
+    """device_check.sh learn's comparison (hand-computed): held-out exact match before and after with the paired
+    change for both demos, and each phase's seconds per iteration past the first, the GPU's beside the CPU's."""
+    from benchmarks.gpu_run_summary import main
+
+    keys = ("sample_time_s", "scoring_time_s", "update_time_s", "sync_time_s", "time_s")
+    gpu_rows = [dict(zip(keys, v, strict=True)) for v in ((6.0, 0.5, 3.0, 0.1, 10.0), (2.0, 0.2, 1.0, 0.1, 4.0),
+                                                           (3.0, 0.4, 2.0, 0.1, 6.0))]
+    cpu_rows = [dict(zip(keys, v, strict=True)) for v in ((4.0, 0.3, 2.0, 0.02, 7.0), (3.0, 0.4, 2.0, 0.02, 6.0),
+                                                           (5.0, 0.6, 3.0, 0.04, 9.0))]
+    gpu_demo = demo_payload((0.349, 0.277, 0.420), (0.5, 0.43, 0.57), (0.151, 0.09, 0.21), {0: 0.349, 2: 0.45, 3: 0.5},
+                            175)
+    cpu_demo = demo_payload((0.349, 0.277, 0.420), (0.4, 0.33, 0.47), (0.051, -0.01, 0.11), {0: 0.349, 3: 0.4}, 175)
+    for name, rows, demo in (("gpu", gpu_rows, gpu_demo), ("cpu", cpu_rows, cpu_demo)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+        (tmp_path / name / "demo.json").write_text(json.dumps(demo))
+    (tmp_path / "learn.log").write_text("learner: cuda:0, 1 learner(s) (ddp), torch.bfloat16 compute over "
+                                        "torch.float32 weights\n")
+    text = main([str(tmp_path / "gpu"), str(tmp_path / "learn.log"), str(tmp_path / "absent.csv"),
+                 "--compare", str(tmp_path / "cpu")])
+    assert "`learner: cuda:0, 1 learner(s) (ddp), torch.bfloat16 compute" in text  # the run's own summary first
+    assert "(175 questions; 95% intervals)" in text
+    assert "| GPU | 0.349 [0.277, 0.420] | 0.500 [0.430, 0.570] | 0.151 [0.090, 0.210] | yes |" in text
+    assert "| CPU | 0.349 [0.277, 0.420] | 0.400 [0.330, 0.470] | 0.051 [-0.010, 0.110] | no |" in text
+    assert "GPU: a gain beyond the noise; held-out exact match by iteration 0: 0.349, 2: 0.450, 3: 0.500" in text
+    assert "the start's held-out exact match is the same on both machines" in text
+    # the rest's means: GPU (2 + 3) / 2 = 2.5 s of rollout, CPU (3 + 5) / 2 = 4.0, 1.60x; iterations 5.0 and 7.5
+    assert "| rollout | 6.00 | 2.50 | 4.00 | 1.60x |" in text
+    assert "| old + reference log-probs | 0.50 | 0.30 | 0.50 | 1.67x |" in text
+    assert "| update (all of it) | 3.00 | 1.50 | 2.50 | 1.67x |" in text
+    assert "| weight sync | 0.10 | 0.10 | 0.03 | 0.30x |" in text
+    assert "| iteration | 10.00 | 5.00 | 7.50 | 1.50x |" in text and "Iterations: GPU 3, CPU 3." in text
+
+
+def test_the_learn_calls_comparison_says_when_the_gain_is_inside_the_noise_or_the_gpu_run_did_not_finish():
+    from benchmarks.gpu_run_summary import learning_comparison
+
+    inside = demo_payload((0.35, 0.28, 0.42), (0.36, 0.29, 0.43), (0.01, -0.02, 0.04), {0: 0.35, 8: 0.36}, 175)
+    cpu = demo_payload((0.349, 0.277, 0.420), (0.4, 0.33, 0.47), (0.051, -0.01, 0.11), {0: 0.349, 8: 0.4}, 175)
+    text = learning_comparison(inside, [{"time_s": 4.0}], cpu, [{"time_s": 8.0}, {"time_s": 6.0}])
+    assert "no change beyond the noise: a finding of why not is owed" in text
+    assert "is NOT the same on both machines" in text
+    assert "| iteration | 4.00 | 4.00 | 6.00 | 1.50x |" in text  # one GPU iteration: itself is the mean
+    assert "| rollout | n/a | n/a | n/a | n/a |" in text
+    timed_out = learning_comparison(None, [], cpu, [{"time_s": 8.0}])  # killed by LEARN_TIMEOUT before demo.json
+    assert "| GPU |" not in timed_out and "| CPU |" in timed_out
+    fewer = demo_payload((0.5, 0.05, 0.95), (0.5, 0.05, 0.95), (0.0, 0.0, 0.0), {0: 0.5, 1: 0.5}, 8)
+    assert "on both machines" not in learning_comparison(fewer, [], cpu, [])  # 8 questions against 175: not compared
+    assert "| iteration | n/a | n/a | 8.00 | n/a |" in timed_out
+
+
 def test_pipelining_figures_leave_out_the_warm_up_and_compare_with_the_faster_synchronous_arm():
     from benchmarks import bench_pipelining
 

@@ -173,3 +173,32 @@ def test_the_start_policy_tips_the_seeds_first_stage_with_a_second_of_the_same_s
     assert float(second["--lr"]) == pytest.approx(float(first["--lr"]) * float(first["--extra-lr"]))
     assert second["--lr-floor"] == "1.0" and float(second["--premature"]) > float(first["--premature"])
     assert second["--extra-worlds"] == first["--extra-worlds"] and "--model" not in second
+
+
+def test_the_demo_leaves_the_device_defaults_to_run_py(tmp_path, monkeypatch):
+    """device_check.sh learn runs the demo on a GPU with every GPU default: of run.py's per-device defaults the demo
+    sets only its task's (its start as the model, 8 prompts per iteration, 48-token steps), never the device's
+    (where the learner runs, the precision, checkpointing, skipping idle updates), so a GPU gets bf16 over float32
+    masters with the learner on it, and the CPU what the CPU demo always ran."""
+    import algos.tree_grpo.settings as algorithm_settings
+    from experiments.cli import given_options
+    from experiments.demo import task_options
+    from experiments.run import plan, run_parser
+    from experiments.settings import RunSettings
+
+    argv = [*task_options(tmp_path, tmp_path / "model", 0), "--output", str(tmp_path / "run")]
+    given, _ = given_options(RunSettings, run_parser().parse_args(argv))
+    settings = {}
+    for gpu in (True, False):
+        monkeypatch.setattr(algorithm_settings, "gpu_visible", lambda gpu=gpu: gpu)
+        settings[gpu] = (plan(["--output", str(tmp_path / "defaults")]).settings, plan(argv).settings)
+    (gpu_defaults, on_gpu), (cpu_defaults, on_cpu) = settings[True], settings[False]
+    per_device = {name for name in RunSettings.model_fields
+                  if getattr(gpu_defaults, name) != getattr(cpu_defaults, name)}
+    assert {"dtype", "num_gpus_per_learner", "gradient_checkpointing", "skip_uniform_rewards"} <= per_device
+    task = {"model", "prompts_per_iteration", "max_step_tokens"}  # max_step_tokens: per device by torch's own check
+    assert {"model", "prompts_per_iteration"} <= per_device & set(given) <= task
+    assert (on_gpu.dtype, on_gpu.pure_bf16, on_gpu.num_gpus_per_learner, on_gpu.gradient_checkpointing) == (
+        "bfloat16", False, 1.0, True)
+    assert (on_cpu.dtype, on_cpu.num_gpus_per_learner, on_cpu.gradient_checkpointing) == ("float32", 0.0, False)
+    assert on_gpu.prompts_per_iteration == on_cpu.prompts_per_iteration == 8

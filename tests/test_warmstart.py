@@ -7,6 +7,7 @@ import argparse
 import hashlib
 import json
 import re
+import shutil
 import threading
 import time
 from dataclasses import replace
@@ -718,6 +719,24 @@ def test_a_warm_start_in_stages_trains_on_from_the_cached_start_it_continues(tmp
     assert cached_warm_start(BRANCH, then, topk=1, cache_dir=tmp_path) != staged  # the same stage from scratch
     assert cached_warm_start(BRANCH, then, topk=1, cache_dir=tmp_path, continues=first) == staged
     assert len(trained) == 3
+
+
+def test_a_cached_later_stage_needs_no_earlier_one(tmp_path, monkeypatch):
+    """A cache holding only the last stage (the demo's start as device_kit.py --learn packs it) trains nothing."""
+    trained = []
+
+    def fake_warmstart(argv: list[str]) -> None:
+        write_empty_model(argv)
+        trained.append(argv)
+
+    monkeypatch.setattr(warmstart_module, "main", fake_warmstart)
+    first, then = ("--model", "scratch", "--epochs", "6"), ("--misroute", "0.7", "--epochs", "1")
+    staged = cached_warm_start(BRANCH, then, topk=1, cache_dir=tmp_path, continues=first)
+    assert len(trained) == 2
+    base = Path(trained[1][trained[1].index("--model") + 1])
+    shutil.rmtree(base.parent)  # the first stage gone: the second is still found, and nothing trains
+    assert cached_warm_start(BRANCH, then, topk=1, cache_dir=tmp_path, continues=first) == staged
+    assert len(trained) == 2 and not base.exists()
     with pytest.raises(ValueError, match="takes that one's model"):
         cached_warm_start(BRANCH, ("--model", "scratch"), topk=1, cache_dir=tmp_path, continues=first)
 
