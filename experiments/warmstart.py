@@ -105,7 +105,7 @@ def warm_start_key(readable: str, limit: int = MAX_KEY_LENGTH) -> str:
     return f"{readable[:limit - len(digest) - 1]}-{digest}"
 
 
-def warm_start_recipe(world: WorldSpec | BranchSpec, recipe: Sequence[str], *, topk: int,
+def readable_warm_start_key(world: WorldSpec | BranchSpec, recipe: Sequence[str], *, topk: int,
                       continues: Sequence[str] | None = None) -> str:
     """The whole key of ``cached_warm_start``'s warm start (the world, top-k, the oracle's format and each stage's
     options), before ``warm_start_key`` shortens a long one."""
@@ -122,7 +122,7 @@ def warm_start_recipe(world: WorldSpec | BranchSpec, recipe: Sequence[str], *, t
 def warm_start_dir(world: WorldSpec | BranchSpec, recipe: Sequence[str], *, topk: int,
                    cache_dir: str | os.PathLike | None = None, continues: Sequence[str] | None = None) -> Path:
     """Where ``cached_warm_start`` keeps that warm start's model directory (nothing trained: it may not exist)."""
-    key = warm_start_key(warm_start_recipe(world, recipe, topk=topk, continues=continues))
+    key = warm_start_key(readable_warm_start_key(world, recipe, topk=topk, continues=continues))
     return Path(cache_dir or default_cache_dir()) / WARM_STARTS_DIR / key / "model"
 
 
@@ -140,7 +140,7 @@ def cached_warm_start(world: WorldSpec | BranchSpec, recipe: Sequence[str], *, t
     returned without the earlier one (its key names the earlier recipe, not its path), so a cache that holds only the
     last stage, as ``benchmarks/device_kit.py --learn`` packs the demo's for a GPU machine, trains nothing."""
     cache_dir = Path(cache_dir or default_cache_dir())
-    readable = warm_start_recipe(world, recipe, topk=topk, continues=continues)
+    readable = readable_warm_start_key(world, recipe, topk=topk, continues=continues)
     key = warm_start_key(readable)
     model = cache_dir / WARM_STARTS_DIR / key / "model"
     model.parent.parent.mkdir(parents=True, exist_ok=True)
