@@ -3,6 +3,8 @@
     python benchmarks/bench_generation.py                  # smollm2-135m, HotpotQA dev question 0
     python benchmarks/bench_generation.py --model tiny-random --max-step-tokens 32   # a quick smoke run
     python benchmarks/bench_generation.py --generator hf vllm --questions 4 --json out.json   # HF against vLLM
+    python benchmarks/bench_generation.py --generator hf vllm --model smollm2-135m-random --env SynthHop-v0 \
+        --questions 32 --max-step-tokens 128 --warmup-rollouts 1       # on a GPU (device_check.sh vllm), bf16
 
 Measures, on one HotpotQA question:
 1. tokens/s of ``HFStepGenerator.generate_step`` against ``model.generate`` (same sampling, same stop strings)
@@ -17,6 +19,12 @@ tokens prefilled (vLLM: prompt tokens its prefix cache did not serve), forward p
 both warmed up on one chain first. ``--json PATH`` also writes the rows (backend, rollout, tokens_generated,
 tokens_prefilled, forward_passes, seconds, tokens_per_s).
 Results replace the ``generation-vllm`` section.
+
+``--model``: ``run.py --model`` names, or ``SHAPE-random`` (bench_device.py's: ``smollm2-135m-random``, an
+architecture with random weights and SmolLM2's tokenizer); ``--device`` and ``--dtype`` (default: cuda and bf16 when
+a GPU is visible, else the CPU and float32). ``--env SynthHop-v0`` takes bench_device.py's generated world instead of
+HotpotQA's data (needs no data directory). ``--warmup-rollouts N``: N untimed rollouts of each shape per backend
+before the timed ones (CUDA graphs captured, pools grown), beside the one-chain warm-up.
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ import torch
 
 import envs  # noqa: F401  (registers the env ids)
 from algos.rollout import TreeRollout, TreeShape
-from benchmarks.report import machine_description, replace_section
+from benchmarks.report import add_accelerator_options, machine_description, replace_section, resolve_dtype
 from policies.generation import (
     STOP_STRINGS,
     Branch,
@@ -41,8 +49,19 @@ from policies.generation import (
     prompt_ids,
 )
 from policies.hf_generation import HFStepGenerator
-from policies.models import load_model
 from policies.vllm_generation import vllm_installed
+
+ENVS = ("HotpotQA-v0", "SynthHop-v0")
+
+
+def make_env(name: str = "HotpotQA-v0") -> gym.Env:
+    """HotpotQA's dev split, or SynthHop-v0 on bench_device.py's world (generated here once, no data needed)."""
+    if name == "SynthHop-v0":
+        from benchmarks.bench_device import WORLD
+        from envs.synthetic import world_data_dir
+
+        return gym.make(name, split="train", data_dir=str(world_data_dir(WORLD)))
+    return gym.make(name, split="dev")
 
 
 def time_generate_step(model, tokenizer, batch: list[tuple[int, ...]], settings: SamplingSettings,
@@ -74,14 +93,15 @@ def time_hf_generate(model, tokenizer, batch: list[tuple[int, ...]], settings: S
 
 
 def grow_once(model, tokenizer, question: int, shape: TreeShape, settings: SamplingSettings, seed: int,
-              keep_cache: bool) -> dict:
+              keep_cache: bool, env: str = "HotpotQA-v0") -> dict:
     return grow_with(HFStepGenerator(model, tokenizer, settings, keep_cache=keep_cache), tokenizer, [question],
-                     shape, seed)
+                     shape, seed, env)
 
 
-def grow_with(generator: StepGenerator, tokenizer, questions: list[int], shape: TreeShape, seed: int) -> dict:
+def grow_with(generator: StepGenerator, tokenizer, questions: list[int], shape: TreeShape, seed: int,
+              env_name: str = "HotpotQA-v0") -> dict:
     """Trees of ``shape`` for ``questions`` grown with ``generator``: its counters, tool calls, leaves, seconds."""
-    env = gym.make("HotpotQA-v0", split="dev")
+    env = make_env(env_name)
     rollout = TreeRollout(env, generator, tokenizer, seed=seed)
     start = time.perf_counter()
     trees = rollout.grow(questions, shape)
@@ -93,8 +113,12 @@ def grow_with(generator: StepGenerator, tokenizer, questions: list[int], shape: 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--question", type=int, default=0, help="HotpotQA dev question index")
+    parser.add_argument("--model", default="smollm2-135m",
+                        help="a run.py --model name, or SHAPE-random (bench_device.py's: smollm2-135m-random)")
+    add_accelerator_options(parser)
+    parser.add_argument("--env", choices=ENVS, default="HotpotQA-v0",
+                        help="HotpotQA's dev questions, or SynthHop-v0 on bench_device.py's generated world")
+    parser.add_argument("--question", type=int, default=0, help="the first question's index")
     parser.add_argument("--max-step-tokens", type=int, default=default_max_step_tokens(),
                         help="token cap of one agent step (default: the project's, %(default)s on this machine)")
     parser.add_argument("--seed", type=int, default=0)
@@ -102,12 +126,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="hf vllm: the two backends side by side on whole rollouts (needs vLLM)")
     parser.add_argument("--json", help="with --generator hf vllm: also write the rows as a JSON list to this path")
     parser.add_argument("--questions", type=int, default=8, help="with --generator vllm: questions per rollout")
+    parser.add_argument("--warmup-rollouts", type=int, default=0,
+                        help="with --generator hf vllm: untimed rollouts of each shape per backend before the timed "
+                             "ones (beside the one-chain warm-up)")
     parser.add_argument("--output", default="docs/benchmarks.md")
-    args = parser.parse_args(argv)
+    args = resolve_dtype(parser.parse_args(argv))
     if "vllm" in args.generator and not vllm_installed():
         parser.error("--generator hf vllm: vLLM is not installed (GPU: pip install -e .[vllm]; CPU: make test-vllm)")
     if args.questions < 1:
         parser.error(f"--questions must be >= 1, got {args.questions}")
+    if args.warmup_rollouts < 0:
+        parser.error(f"--warmup-rollouts must be >= 0, got {args.warmup_rollouts}")
     return args
 
 
@@ -120,9 +149,12 @@ def vllm_against_hf(model, tokenizer, args: argparse.Namespace, settings: Sampli
     rows = {}
 
     def measure(name: str, make) -> None:
-        grow_with(make(), tokenizer, questions[:1], TreeShape(1, 0, 0), args.seed)  # warm-up
+        grow_with(make(), tokenizer, questions[:1], TreeShape(1, 0, 0), args.seed, args.env)  # warm-up
+        for _ in range(args.warmup_rollouts):
+            for shape in shapes.values():
+                grow_with(make(), tokenizer, questions, shape, args.seed, args.env)
         for shape_name, shape in shapes.items():
-            rows[name, shape_name] = grow_with(make(), tokenizer, questions, shape, args.seed)
+            rows[name, shape_name] = grow_with(make(), tokenizer, questions, shape, args.seed, args.env)
             print(name, shape_name, rows[name, shape_name], flush=True)
 
     # HF first: the in-process vLLM engine pins this process's CPU threads when it starts
@@ -133,12 +165,12 @@ def vllm_against_hf(model, tokenizer, args: argparse.Namespace, settings: Sampli
     lines = [
         f"Command: `python benchmarks/bench_generation.py --generator hf vllm --model {args.model} --question "
         f"{args.question} --questions {args.questions} --max-step-tokens {args.max_step_tokens} --seed "
-        f"{args.seed}`  ",
+        f"{args.seed}{command_options(args)}`  ",
         f"Machine: {machine_description()}; {next(model.parameters()).dtype}",
         "",
-        f"Whole rollouts of {args.questions} HotpotQA dev questions (T=1, top-p 0.95), each backend warmed up on "
-        "one chain first. Prefilled: tokens computed without a cache (HF: not covered by a node's KV cache; vLLM: "
-        "not served by its prefix cache, which works in whole blocks).",
+        f"Whole rollouts of {args.questions} {question_kind(args.env)} (T=1, top-p 0.95), each backend warmed up on "
+        f"one chain first{warmup_words(args.warmup_rollouts)}. Prefilled: tokens computed without a cache (HF: not "
+        "covered by a node's KV cache; vLLM: not served by its prefix cache, which works in whole blocks).",
         "",
         "| rollout | backend | leaves | tokens generated | tokens prefilled | LLM calls | forward passes "
         "| tokens per pass | seconds | tokens/s | HF tokens/s vs vLLM's |",
@@ -160,14 +192,35 @@ def vllm_against_hf(model, tokenizer, args: argparse.Namespace, settings: Sampli
     return "\n".join(lines)
 
 
+def command_options(args: argparse.Namespace) -> str:
+    """The options away from their CPU defaults, as the section's command line names them."""
+    options = ""
+    if args.device != "cpu" or args.dtype != "float32":
+        options += f" --device {args.device} --dtype {args.dtype}"
+    if args.env != "HotpotQA-v0":
+        options += f" --env {args.env}"
+    if args.warmup_rollouts:
+        options += f" --warmup-rollouts {args.warmup_rollouts}"
+    return options
+
+
+def question_kind(env: str) -> str:
+    return "HotpotQA dev questions" if env == "HotpotQA-v0" else f"{env} questions (bench_device.py's world)"
+
+
+def warmup_words(rollouts: int) -> str:
+    return f" and on {rollouts} untimed rollout{'s' if rollouts > 1 else ''} of each shape" if rollouts else ""
+
+
 def main(argv: list[str] | None = None) -> None:
+    from benchmarks.bench_device import build_policy
+
     args = parse_args(argv)
 
     torch.manual_seed(args.seed)
-    model, tokenizer = load_model(args.model)
-    model.eval()
+    model, tokenizer = build_policy(args.model, getattr(torch, args.dtype), args.device)
     settings = SamplingSettings(max_step_tokens=args.max_step_tokens)
-    env = gym.make("HotpotQA-v0", split="dev")
+    env = make_env(args.env)
     if "vllm" in args.generator:
         section = vllm_against_hf(model, tokenizer, args, settings)
         print(section)
@@ -179,14 +232,14 @@ def main(argv: list[str] | None = None) -> None:
     ours_tokens, ours_passes, ours_s = time_generate_step(model, tokenizer, batch, settings, args.seed)
     hf_tokens, hf_passes, hf_s = time_hf_generate(model, tokenizer, batch, settings, args.seed)
     runs = {
-        (name, reuse): grow_once(model, tokenizer, args.question, shape, settings, args.seed, reuse)
+        (name, reuse): grow_once(model, tokenizer, args.question, shape, settings, args.seed, reuse, args.env)
         for name, shape in (("tree (2,2,1)", TreeShape(2, 2, 1)), ("chain G=6", TreeShape(6, 0, 0)))
         for reuse in (True, False)
     }
 
     lines = [
         f"Command: `python benchmarks/bench_generation.py --model {args.model} --question {args.question} "
-        f"--max-step-tokens {args.max_step_tokens} --seed {args.seed}`  ",
+        f"--max-step-tokens {args.max_step_tokens} --seed {args.seed}{command_options(args)}`  ",
         f"Machine: {machine_description()}",
         "",
         "First step of 6 copies of the prompt, same sampling (T=1, top-p 0.95) and stop strings. Both run every "

@@ -28,8 +28,17 @@
 #       device, seconds per phase, busy share, peak) and held-out exact match before and after with 95% intervals,
 #       seconds per phase beside the CPU demo's; sized by LEARN_TIMEOUT; back in $OUT/learn/: learn.md, the demo's
 #       summary.md, demo.json, metrics.jsonl, config.yaml, held_out_curve.png, learn.log, gpu_samples.csv
-# Arguments after the call's name go to bench_device.py / run.py / demo.py, after the defaults (so they override
-# them).
+#   bash benchmarks/device_check.sh vllm-part K carry .device/vllmK (device_kit.py --vllm: vLLM 0.26.0's wheel in parts,
+#       the wheels it needs beyond the image, SmolLM2's tokenizer): stores it in $KIT/vllm-kit for the last call
+#   bash benchmarks/device_check.sh vllm        carry .device/vllmN, the last, right after vllm-part 1 ... N-1 on the
+#       same warm machine (issue 63, item 4): stores it, joins vLLM's wheel and checks its sha256, installs every
+#       wheel into $KIT/vllm (--no-deps), checks vLLM's requirements against what is installed (vllm_kit.py check),
+#       runs the vLLM generator's tests on the GPU (tests/test_vllm.py, -m vllm; those that need Ray skip without
+#       it), then the rollout of SmolLM2-135M's shape with random weights on the HF engine and on vLLM, same GPU,
+#       same prompts (bench_generation.py --generator hf vllm: tokens/s each); sized by VLLM_TEST_TIMEOUT and
+#       VLLM_BENCH_TIMEOUT; back in $OUT: vllm_check.log, vllm_tests.log, generation_vllm.md / .json / .log
+# Arguments after the call's name go to bench_device.py / run.py / demo.py / bench_generation.py, after the defaults
+# (so they override them).
 # What comes back lies in $OUT (the device tool's folder): bench_device_MODEL.md / .log, run_metrics.jsonl, run.log,
 # run_summary.md, gpu_samples.csv, fsdp_k2.md / .json, gpu_check.md / .log, learn/.
 # Sized to the session's device time by MODELS (call 1's columns, one bench each), BENCH_TIMEOUT (seconds per bench),
@@ -46,12 +55,25 @@ BENCH_TIMEOUT=${BENCH_TIMEOUT:-270}
 RUN_TIMEOUT=${RUN_TIMEOUT:-540}
 CHECK_TIMEOUT=${CHECK_TIMEOUT:-200}
 LEARN_TIMEOUT=${LEARN_TIMEOUT:-420}
+VLLM_TEST_TIMEOUT=${VLLM_TEST_TIMEOUT:-200}
+VLLM_BENCH_TIMEOUT=${VLLM_BENCH_TIMEOUT:-240}
 INSTALL_ONLY=${INSTALL_ONLY:-0}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 
-install() {  # wheels into $KIT/site, ahead of the image's packages
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$KIT/site" "$@"
+install_into() {  # wheels into a folder that goes ahead of the image's packages: install_into DIR WHEEL...
+  local target=$1
+  shift
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$target" "$@"
+}
+
+install() {  # wheels into $KIT/site
+  install_into "$KIT/site" "$@"
+}
+
+store_vllm() {  # a vLLM call's folder into $KIT/vllm-kit (the parts, wheels and tokenizer add up there)
+  [ -f "$1/vllm.calls" ] || { echo "$1: not a vLLM call's folder (python benchmarks/device_kit.py --vllm)"; return 1; }
+  mkdir -p "$KIT/vllm-kit" && cp -r "$1/." "$KIT/vllm-kit/" && echo "$1 stored ($(cat "$1/vllm.calls") calls in all)"
 }
 
 call=${1:-}
@@ -70,9 +92,7 @@ case "$call" in
   ;;
 2)
   [ -f "$KIT/ray.whl.0" ] || { echo "no $KIT/ray.whl.0: call 1 did not run on this machine"; exit 1; }
-  wheel="$KIT/$(cat .device/call2/ray.whl.name)"
-  cat "$KIT/ray.whl.0" .device/call2/ray.whl.1 > "$wheel"
-  echo "$(cat .device/call2/ray.whl.sha256)  $wheel" | sha256sum -c - || exit 1
+  cp .device/call2/ray.whl.* "$KIT/" && wheel=$(python3 benchmarks/device_kit.py --join "$KIT" ray) || exit 1
   install "$wheel" || exit 1
   [ "$INSTALL_ONLY" = 1 ] && { echo "call 2: Ray installed (INSTALL_ONLY=1: no run)"; exit 0; }
   # The mission's command as a GPU user runs it, every GPU default and no option added (issue 62): Qwen2.5-1.5B's
@@ -168,7 +188,36 @@ learn)
   python3 benchmarks/gpu_run_summary.py "$KIT/demo" "$OUT/learn/learn.log" "$OUT/learn/gpu_samples.csv" \
     ${compare[@]+"${compare[@]}"} --output "$OUT/learn/learn.md"
   ;;
+vllm-part)
+  store_vllm ".device/vllm${1:?usage: bash benchmarks/device_check.sh vllm-part K}" || exit 1
+  ;;
+vllm)
+  stored=0
+  for folder in .device/vllm[0-9]*; do  # the last call's, and any earlier one still in this copy of the tree
+    [ -d "$folder" ] && store_vllm "$folder" && stored=1
+  done
+  [ "$stored" = 1 ] || { echo "no .device/vllmN carried: python benchmarks/device_kit.py --vllm packs them"; exit 1; }
+  wheel=$(python3 benchmarks/device_kit.py --join "$KIT/vllm-kit" vllm) || exit 1  # names the parts not stored
+  rm -rf "$KIT/vllm"
+  install_into "$KIT/vllm" "$KIT"/vllm-kit/wheels/*.whl "$wheel" || exit 1  # one pip: namespace packages merge
+  mkdir -p "$KIT/cache/models" && cp -r "$KIT/vllm-kit/models/." "$KIT/cache/models/" || exit 1
+  if [ -f "$KIT/vllm-kit/data.tgz" ]; then mkdir -p "$KIT/data" && tar xzf "$KIT/vllm-kit/data.tgz" -C "$KIT/data"; fi
+  # vLLM ahead of the rest; FlashInfer is not carried (vllm_kit.OMITTED), so its sampler, vLLM's default, is off;
+  # no network there: no hub look-ups, no usage reports
+  export PYTHONPATH=$KIT/vllm:$PYTHONPATH VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+         VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+  python3 benchmarks/vllm_kit.py check 2>&1 | tee "$OUT/vllm_check.log"
+  python3 -c "import vllm; print('vllm', vllm.__version__, 'from', vllm.__file__)" 2>&1 | tee -a "$OUT/vllm_check.log"
+  timeout "$VLLM_TEST_TIMEOUT" python3 -m pytest -v -rs -p no:cacheprovider -m vllm tests/test_vllm.py 2>&1 \
+    | tee "$OUT/vllm_tests.log"
+  # SynthHop-v0 (bench_device.py's world, generated here), 32 prompts, 128-token steps, bf16: bench_device.py's
+  # rollout, so the HF engine's figure can be read against its earlier ones; one untimed rollout of each shape first
+  timeout "$VLLM_BENCH_TIMEOUT" python3 benchmarks/bench_generation.py --generator hf vllm \
+    --model smollm2-135m-random --env SynthHop-v0 --questions 32 --max-step-tokens 128 --warmup-rollouts 1 \
+    --json "$OUT/generation_vllm.json" --output "$OUT/generation_vllm.md" "$@" 2>&1 | tee "$OUT/generation_vllm.log"
+  ;;
 *)
-  echo "usage: bash benchmarks/device_check.sh 1|2|precision|engine|sharding|engine-ab|learn (see benchmarks/device_kit.py)"; exit 2
+  echo "usage: bash benchmarks/device_check.sh 1|2|precision|engine|sharding|engine-ab|learn|vllm-part K|vllm" \
+       "(see benchmarks/device_kit.py)"; exit 2
   ;;
 esac

@@ -36,6 +36,16 @@ The learn call runs ``experiments/demo.py --no-mlflow --iterations 8 --curve-eve
 and after) with every GPU default (the learner on the GPU, bf16 compute over float32 masters, CUDA-graph decode),
 sized by ``LEARN_TIMEOUT`` (``device_check.sh``), and ``gpu_run_summary.py --compare`` on it (benchmarks/README.md,
 "Learning on a GPU through RLlib", has the estimate: about 9-11 minutes of device time with the machine's start).
+
+vLLM on the GPU (issue 63, item 4): ``python benchmarks/device_kit.py --vllm`` writes ``.device/vllm1`` ...
+``.device/vllmN`` from the wheel list ``benchmarks/vllm_kit_wheels.txt`` (``benchmarks/vllm_kit.py resolve`` writes
+it: vLLM 0.26.0, which pins the image's torch 2.11.0, and the wheels it needs beyond the image): the dependency
+wheels and what the tests and the bench import beyond them (gymnasium, SmolLM2's tokenizer) packed whole into the
+fewest calls, vLLM's 304 MB wheel cut to fill them (``pack_calls``; each call under ``call_room()`` beside the
+working tree), with its sha256; HotpotQA's data only where a call has room left. Then, back to back on one warm
+machine, ``device_check.sh vllm-part K`` for K = 1 ... N-1 and ``device_check.sh vllm`` with the last
+(benchmarks/README.md, "vLLM on the GPU", has the calls and the estimate). The same ``write_split`` /
+``join_parts`` cut and join Ray's wheel for calls 1 and 2.
 """
 
 from __future__ import annotations
@@ -48,6 +58,8 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
@@ -63,21 +75,40 @@ SMALL_WHEELS = ("gymnasium", "farama-notifications", "pydantic", "pydantic_core"
                 "jsonschema-specifications", "referencing", "rpds-py", "tensorboardX", "rank-bm25")
 DATA = ("hotpotqa", "wiki")  # HotpotQA-v0's questions and corpus, below the data directory
 LEARN = "learn"  # the learn call's folder below the output
+VLLM_CALL = "vllm"  # the vLLM calls' folders below the output: vllm1 ... vllmN
+# What the vLLM call's tests and bench import beyond vLLM and the image, without Ray (from SMALL_WHEELS)
+VLLM_CALL_WHEELS = ("gymnasium", "farama-notifications", "rank-bm25", "typing_extensions")
 CPU_DEMO_FILES = ("metrics.jsonl", "demo.json")  # what the learn call compares the GPU's demo with
-PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
-             "manylinux2014_x86_64", "manylinux1_x86_64", "any")
+# The wheel tags pip may take for the lent machine (glibc 2.39: python3 is Ubuntu 24.04's 3.12.3); pip matches
+# each manylinux_2_N exactly, so every N a needed wheel is built for is named.
+PLATFORMS = ("manylinux_2_35_x86_64", "manylinux_2_34_x86_64", "manylinux_2_31_x86_64", "manylinux_2_28_x86_64",
+             "manylinux_2_27_x86_64", "manylinux_2_26_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
+             "manylinux2014_x86_64", "manylinux_2_12_x86_64", "manylinux2010_x86_64", "manylinux_2_5_x86_64",
+             "manylinux1_x86_64", "any")
 
 
 def download_wheels(names: tuple[str, ...], into: Path, python: str) -> list[Path]:
     """Wheels of ``names`` at the versions installed here, for Python ``python`` (e.g. "3.12") on x86-64."""
+    paths = pip_download({name: importlib.metadata.version(name) for name in names}, into, python)
+    return list(paths.values())
+
+
+def pip_download(versions: dict[str, str], into: Path, python: str) -> dict[str, Path]:
+    """The wheel of each ``name: version`` for Python ``python`` on x86-64 (pip downloads what the folder lacks)."""
     into = into / f"python{python}"  # one folder per Python: a wheel's name alone does not say which it runs on
     into.mkdir(parents=True, exist_ok=True)
-    versions = {name: importlib.metadata.version(name) for name in names}
     platforms = [arg for platform in PLATFORMS for arg in ("--platform", platform)]
     subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
                     "--python-version", python, "--implementation", "cp", *platforms, "-d", str(into),
                     *(f"{name}=={version}" for name, version in versions.items())], check=True)
-    return [find_wheel(into, name, version) for name, version in versions.items()]
+    return {name: find_wheel(into, name, version) for name, version in versions.items()}
+
+
+def default_wheel_cache() -> Path:
+    """Downloaded wheels, kept between builds: device-wheels/ in the project's cache."""
+    from envs.cache import DEVICE_WHEELS_DIR, default_cache_dir
+
+    return default_cache_dir() / DEVICE_WHEELS_DIR
 
 
 def find_wheel(folder: Path, name: str, version: str) -> Path:
@@ -101,8 +132,6 @@ def build(data_dir: Path, out: Path, cache: Path, python: str = DEVICE_PYTHON) -
     if missing:
         raise SystemExit(f"{data_dir}: no {', '.join(missing)} folder (the data directory holds hotpotqa/ and "
                          "wiki/paragraphs.jsonl; set TREEGRPO_DATA_DIR or --data-dir)")
-    from policies.models import model_cache_dir, smollm2_tokenizer
-
     call1, call2 = out / "call1", out / "call2"
     for folder in (call1, call2):  # the learn call's folder (--learn) is kept
         shutil.rmtree(folder, ignore_errors=True)
@@ -110,23 +139,173 @@ def build(data_dir: Path, out: Path, cache: Path, python: str = DEVICE_PYTHON) -
     call2.mkdir(parents=True)
     for wheel in download_wheels(SMALL_WHEELS, cache, python):
         shutil.copy2(wheel, call1 / "wheels" / wheel.name)
-    with tarfile.open(call1 / "data.tgz", "w:gz") as archive:
-        for name in DATA:
-            archive.add(data_dir / name, arcname=name)
-    smollm2_tokenizer(model_cache_dir())  # converted from the GGUF once, if not yet
-    shutil.copytree(model_cache_dir() / "smollm2-tokenizer", call1 / "models" / "smollm2-tokenizer")
+    write_data(data_dir, call1 / "data.tgz")
+    copy_tokenizer(call1)
 
     ray_wheel = download_wheels((RAY,), cache, python)[0]
-    ray = ray_wheel.read_bytes()
-    room = CALL_LIMIT - MARGIN - tracked_bytes(ROOT)  # what one call carries beside the working tree
+    size, room = ray_wheel.stat().st_size, call_room()
     first = room - folder_bytes(call1)
-    if first <= 0 or len(ray) - first > room:
-        raise SystemExit(f"Ray's wheel ({len(ray)} bytes) does not fit two calls beside the rest of the kit")
-    (call1 / "ray.whl.0").write_bytes(ray[:first])
-    (call2 / "ray.whl.1").write_bytes(ray[first:])
-    (call2 / "ray.whl.name").write_text(ray_wheel.name + "\n")
-    (call2 / "ray.whl.sha256").write_text(hashlib.sha256(ray).hexdigest() + "\n")
+    if first <= 0 or size - first > room:
+        raise SystemExit(f"Ray's wheel ({size} bytes) does not fit two calls beside the rest of the kit")
+    write_split(ray_wheel, RAY, [(call1, first), (call2, size - first)])
     return {"call1": folder_bytes(call1), "call2": folder_bytes(call2)}
+
+
+def call_room() -> int:
+    """What one call carries beside the working tree."""
+    return CALL_LIMIT - MARGIN - tracked_bytes(ROOT)
+
+
+def write_data(data_dir: Path, path: Path) -> None:
+    """HotpotQA and the wiki corpus (``DATA``), a gzip tar of the data directory's folders."""
+    with tarfile.open(path, "w:gz") as archive:
+        for name in DATA:
+            archive.add(data_dir / name, arcname=name)
+
+
+def copy_tokenizer(folder: Path) -> None:
+    """SmolLM2's tokenizer into ``folder/models`` (as the model cache holds it)."""
+    from policies.models import model_cache_dir, smollm2_tokenizer
+
+    smollm2_tokenizer(model_cache_dir())  # converted from the GGUF once, if not yet
+    shutil.copytree(model_cache_dir() / "smollm2-tokenizer", folder / "models" / "smollm2-tokenizer")
+
+
+# -- a wheel in parts ----------------------------------------------------------------------------------------------
+
+
+def write_split(wheel: Path, stem: str, parts: list[tuple[Path, int]]) -> None:
+    """``wheel`` as consecutive parts, ``STEM.whl.I`` of the given bytes in the given folders (the I-th of ``parts``),
+    and in each of those folders what ``join_parts`` checks: ``STEM.whl.name``, ``.sha256`` and ``.parts``."""
+    if sum(length for _, length in parts) != wheel.stat().st_size or any(length <= 0 for _, length in parts):
+        raise ValueError(f"{wheel.name}: parts of {[length for _, length in parts]} bytes do not cover it")
+    digest = sha256_of(wheel)
+    with wheel.open("rb") as source:
+        for index, (folder, length) in enumerate(parts):
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"{stem}.whl.{index}").write_bytes(source.read(length))
+    for folder in {folder for folder, _ in parts}:
+        (folder / f"{stem}.whl.name").write_text(wheel.name + "\n")
+        (folder / f"{stem}.whl.sha256").write_text(digest + "\n")
+        (folder / f"{stem}.whl.parts").write_text(f"{len(parts)}\n")
+
+
+def join_parts(folder: Path, stem: str) -> Path:
+    """The wheel that ``write_split`` cut, joined from the parts in ``folder`` (copied there from every call) and
+    checked against its sha256; a ``SystemExit`` naming the missing parts or the mismatch."""
+    name = (folder / f"{stem}.whl.name").read_text().strip()
+    expected = (folder / f"{stem}.whl.sha256").read_text().strip()
+    count = int((folder / f"{stem}.whl.parts").read_text())
+    missing = [index for index in range(count) if not (folder / f"{stem}.whl.{index}").is_file()]
+    if missing:
+        raise SystemExit(f"{folder}: {stem}'s parts {missing} of {count} are missing (not stored on this machine)")
+    wheel, digest = folder / name, hashlib.sha256()
+    with wheel.open("wb") as joined:
+        for index in range(count):
+            data = (folder / f"{stem}.whl.{index}").read_bytes()
+            digest.update(data)
+            joined.write(data)
+    if digest.hexdigest() != expected:
+        wheel.unlink()
+        raise SystemExit(f"{name}: sha256 {digest.hexdigest()} after joining, expected {expected}")
+    return wheel
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(2**20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# -- packing into calls --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Call:
+    """What one device call carries: whole items (by name), a piece of the split item (offset, bytes) or none."""
+
+    items: list[str] = field(default_factory=list)
+    piece: tuple[int, int] | None = None
+    used: int = 0
+
+
+def pack_calls(items: dict[str, int], split: int, room: int, optional: dict[str, int] | None = None) -> list[Call]:
+    """The fewest calls of ``room`` bytes for the whole ``items`` (name: bytes) and ``split`` bytes of one item that
+    may be cut anywhere: the whole items first fit, largest first; then the split item poured into the calls in
+    order, each filled before the next (more calls only as needed: ceil(total / room) when the whole items pack
+    without waste); then each ``optional`` item where it still fits, else nowhere (it is left out, no call added)."""
+    calls: list[Call] = []
+    for name, size in sorted(items.items(), key=lambda item: (-item[1], item[0])):
+        if size > room:
+            raise SystemExit(f"{name}: {size:,} bytes, over the {room:,} one call carries beside the working tree")
+        call = next((c for c in calls if c.used + size <= room), None)
+        if call is None:
+            call = Call()
+            calls.append(call)
+        call.items.append(name)
+        call.used += size
+    while sum(room - c.used for c in calls) < split:
+        calls.append(Call())
+    offset = 0
+    for call in calls:
+        length = min(split - offset, room - call.used)
+        if length > 0:
+            call.piece, offset, call.used = (offset, length), offset + length, call.used + length
+    for name, size in sorted((optional or {}).items(), key=lambda item: (-item[1], item[0])):
+        call = next((c for c in reversed(calls) if c.used + size <= room), None)
+        if call is not None:
+            call.items.append(name)
+            call.used += size
+    return calls
+
+
+def build_vllm(out: Path, cache: Path, data_dir: Path | None = None, python: str = DEVICE_PYTHON) -> dict[str, int]:
+    """Write ``out/vllm1`` ... ``out/vllmN`` (see the module docstring) from the kit list
+    (``benchmarks/vllm_kit_wheels.txt``); returns each folder's bytes. The wheels are downloaded into ``cache`` (once)
+    and checked against the list's sha256."""
+    from benchmarks.vllm_kit import KIT_LIST, VLLM, read_kit_list
+
+    kit = read_kit_list(KIT_LIST.read_text())
+    paths = pip_download({w.name: w.version for w in kit.wheels}, cache, python)
+    for wheel in kit.wheels:
+        if sha256_of(paths[wheel.name]) != wheel.sha256:
+            raise SystemExit(f"{paths[wheel.name]}: not the wheel the kit list names (sha256 {wheel.sha256})")
+    listed = {canonicalize_name(w.name) for w in kit.wheels}
+    extra = [name for name in VLLM_CALL_WHEELS if canonicalize_name(name) not in listed]
+    whole = {path.name: path for name, path in paths.items() if name != VLLM}
+    whole.update({path.name: path for path in download_wheels(tuple(extra), cache, python)})
+    for folder in out.glob(f"{VLLM_CALL}*"):  # an earlier build's calls, however many
+        shutil.rmtree(folder)
+    with tempfile.TemporaryDirectory(prefix="vllm-kit-") as tmp:
+        staging = Path(tmp)
+        copy_tokenizer(staging)
+        tokenizer = staging / "models"
+        optional = {}
+        if data_dir is not None and all((data_dir / name).is_dir() for name in DATA):
+            write_data(data_dir, staging / "data.tgz")
+            optional["data.tgz"] = (staging / "data.tgz").stat().st_size
+        sizes = {name: path.stat().st_size for name, path in whole.items()}
+        sizes["models"] = folder_bytes(tokenizer)
+        calls = pack_calls(sizes, kit.vllm.size, call_room(), optional)
+        folders = [out / f"{VLLM_CALL}{index}" for index in range(1, len(calls) + 1)]
+        for folder, call in zip(folders, calls, strict=True):
+            (folder / "wheels").mkdir(parents=True)
+            (folder / f"{VLLM_CALL}.calls").write_text(f"{len(calls)}\n")
+            for name in call.items:
+                if name == "models":
+                    shutil.copytree(tokenizer, folder / "models")
+                elif name == "data.tgz":
+                    shutil.copy2(staging / name, folder / name)
+                else:
+                    shutil.copy2(whole[name], folder / "wheels" / name)
+        write_split(paths[VLLM], VLLM, [(folder, call.piece[1]) for folder, call in zip(folders, calls, strict=True)
+                                        if call.piece is not None])
+        if optional and not any("data.tgz" in call.items for call in calls):
+            print(f"data.tgz ({optional['data.tgz']:,} bytes) fits no call's spare room: left out (the tree test "
+                  "skips without the data)")
+    return {folder.name: folder_bytes(folder) for folder in folders}
 
 
 def build_learn(cache: Path, out: Path, cpu_demo: Path | None = None, seed: int = 0) -> int:
@@ -165,13 +344,11 @@ def folder_bytes(folder: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from envs.cache import DEVICE_WHEELS_DIR, default_cache_dir
-
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", default=os.environ.get("TREEGRPO_DATA_DIR"),
                         help="the QA data directory (default: $TREEGRPO_DATA_DIR)")
     parser.add_argument("--output", default=str(ROOT / ".device"), help="where the call folders go")
-    parser.add_argument("--wheel-cache", default=str(default_cache_dir() / DEVICE_WHEELS_DIR),
+    parser.add_argument("--wheel-cache", default=None,
                         help="downloaded wheels, kept between builds (default: device-wheels/ in the project's cache)")
     parser.add_argument("--python-version", default=DEVICE_PYTHON,
                         help="the Python the wheels are for (default: the lent machine's; this machine's "
@@ -182,24 +359,37 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cpu-demo", default=None,
                         help="with --learn: a CPU demo run's output directory (python experiments/demo.py "
                              "--no-mlflow --output DIR), carried as the comparison's reference")
-    parser.add_argument("--cache-dir", default=str(default_cache_dir()),
+    parser.add_argument("--cache-dir", default=None,
                         help="with --learn: the project's cache that holds the demo's start (default: "
                              "$TREEGRPO_CACHE_DIR, else ~/.cache/tree-grpo)")
+    parser.add_argument("--vllm", action="store_true",
+                        help="write only the vLLM calls' folders vllm1 ... vllmN (benchmarks/vllm_kit_wheels.txt's "
+                             "wheels, vLLM's in parts; the data directory's HotpotQA where room is left)")
+    parser.add_argument("--join", nargs=2, metavar=("DIR", "STEM"),
+                        help="on the lent machine: join DIR/STEM.whl.0 ... into the wheel, check its sha256 and "
+                             "print its path")
     args = parser.parse_args(argv)
-    tree = tracked_bytes(ROOT)
-    if args.learn:
-        size = build_learn(Path(args.cache_dir), Path(args.output),
-                           Path(args.cpu_demo) if args.cpu_demo else None)
-        print(f"{args.output}/{LEARN}: {size / 2**20:.1f} MiB (+ {tree / 2**20:.1f} MiB of tracked files; "
-              f"limit {CALL_LIMIT / 2**20:.0f} MiB)")
+    if args.join:
+        print(join_parts(Path(args.join[0]), args.join[1]))
         return
-    if not args.data_dir:
+    tree = tracked_bytes(ROOT)
+    wheel_cache = Path(args.wheel_cache) if args.wheel_cache else default_wheel_cache()
+    if args.learn:
+        from envs.cache import default_cache_dir
+
+        size = build_learn(Path(args.cache_dir) if args.cache_dir else default_cache_dir(), Path(args.output),
+                           Path(args.cpu_demo) if args.cpu_demo else None)
+        sizes = {LEARN: size}
+    elif args.vllm:
+        sizes = build_vllm(Path(args.output), wheel_cache, Path(args.data_dir) if args.data_dir else None,
+                           args.python_version)
+    elif not args.data_dir:
         raise SystemExit("no data directory: set TREEGRPO_DATA_DIR or pass --data-dir")
-    sizes = build(Path(args.data_dir), Path(args.output), Path(args.wheel_cache), args.python_version)
+    else:
+        sizes = build(Path(args.data_dir), Path(args.output), wheel_cache, args.python_version)
     for call, size in sizes.items():
         print(f"{args.output}/{call}: {size / 2**20:.1f} MiB (+ {tree / 2**20:.1f} MiB of tracked files; "
               f"limit {CALL_LIMIT / 2**20:.0f} MiB)")
-
 
 if __name__ == "__main__":
     main()

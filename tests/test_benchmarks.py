@@ -55,6 +55,50 @@ def test_step_cap_defaults_to_the_projects(name):
     assert module.parse_args([]).max_step_tokens == default_max_step_tokens()
 
 
+def test_hf_against_vllm_warms_each_backend_up_and_times_both_on_the_same_shapes(tmp_path, monkeypatch):
+    import torch
+
+    import benchmarks.bench_generation as bench_generation
+    import policies.vllm_generation as vllm_generation
+    from algos.rollout import TreeShape
+    from policies.generation import SamplingSettings
+
+    grown, closed = [], []
+
+    def grow(generator, tokenizer, questions, shape, seed, env_name="HotpotQA-v0"):
+        grown.append((generator, tuple(questions), shape, env_name))
+        return {"tokens_generated": 100, "tokens_prefilled": 10, "llm_calls": 4, "forward_passes": 20,
+                "tool_calls": 0, "leaves": 6, "seconds": 2.0 if generator == "vllm" else 4.0}
+
+    class Engine:
+        def __init__(self, model, tokenizer, settings):
+            pass
+
+        def close(self):
+            closed.append(True)
+
+    monkeypatch.setattr(bench_generation, "grow_with", grow)
+    monkeypatch.setattr(bench_generation, "HFStepGenerator", lambda *args, **kwargs: "hf")
+    monkeypatch.setattr(bench_generation, "vllm_installed", lambda: True)
+    monkeypatch.setattr(vllm_generation, "VLLMEngine", Engine)
+    monkeypatch.setattr(vllm_generation, "VLLMStepGenerator", lambda *args, **kwargs: "vllm")
+    args = bench_generation.parse_args(["--generator", "hf", "vllm", "--model", "smollm2-135m-random", "--env",
+                                        "SynthHop-v0", "--questions", "3", "--warmup-rollouts", "1", "--device",
+                                        "cpu", "--dtype", "bfloat16", "--json", str(tmp_path / "rows.json")])
+    model = torch.nn.Linear(2, 2).to(torch.bfloat16)
+    section = bench_generation.vllm_against_hf(model, None, args, SamplingSettings(max_step_tokens=8))
+    tree, chain, questions = TreeShape(2, 2, 1), TreeShape(6, 0, 0), (0, 1, 2)
+    for backend in ("hf", "vllm"):  # one chain, one untimed rollout of each shape, then the timed ones
+        assert [(q, s) for g, q, s, _ in grown if g == backend] == [
+            ((0,), TreeShape(1, 0, 0)), (questions, tree), (questions, chain), (questions, tree), (questions, chain)]
+    assert {env for *_, env in grown} == {"SynthHop-v0"} and closed == [True]
+    rows = json.loads((tmp_path / "rows.json").read_text())
+    assert [(r["backend"], r["rollout"], r["tokens_per_s"]) for r in rows] == [
+        ("hf", "tree", 25.0), ("hf", "chain", 25.0), ("vllm", "tree", 50.0), ("vllm", "chain", 50.0)]
+    assert "--device cpu --dtype bfloat16 --env SynthHop-v0 --warmup-rollouts 1`" in section
+    assert "SynthHop-v0 questions (bench_device.py's world)" in section and "| 0.50x |" in section
+
+
 def test_a_script_runs_as_a_file():
     # bench_retrieval runs its measurements as subprocesses of its own file, so the file must run on its own.
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}

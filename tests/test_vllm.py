@@ -20,13 +20,17 @@ import envs  # noqa: F401  (registers the env ids)
 from algos.rollout import TreeRollout, TreeShape
 from policies.generation import Branch, SamplingSettings, observation_ids, prompt_ids
 from policies.models import LoraSettings, apply_lora, load_model
-from policies.vllm_generation import CPU_BLOCK_SIZE, VLLMEngine, VLLMStepGenerator
+from policies.vllm_generation import CPU_BLOCK_SIZE, VLLMEngine, VLLMSettings, VLLMStepGenerator
 
 pytestmark = pytest.mark.vllm
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OBSERVATION = "\n\n<information>Doc 1(Title: Hamlet) Hamlet is a tragedy by William Shakespeare.</information>\n\n"
 SAMPLING = SamplingSettings(max_step_tokens=12, max_context_tokens=1024)
 ATOL = 1e-4  # float32, another attention kernel: the gap measured is ~1e-6
+# On a GPU each engine takes this share of its memory at start, and vLLM refuses to start one when less is free: a
+# fifth each leaves room for the engines the runner and the command-line tests start beside an open one (the CPU
+# build takes no share).
+SETTINGS = VLLMSettings(gpu_memory_utilization=0.2)
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +55,7 @@ class Engines:
         """An engine for ``sampling`` serving ``model`` (a test may have loaded other weights into it)."""
         if self.sampling != sampling or VLLMEngine._open is not self.current:
             close_open_engine()
-            self.current, self.sampling = VLLMEngine(model, tokenizer, sampling), sampling
+            self.current, self.sampling = VLLMEngine(model, tokenizer, sampling, SETTINGS), sampling
         else:
             self.current.load_weights(model)
         return self.current
@@ -106,10 +110,10 @@ def test_tempered_steps_carry_the_tempered_softmax(tiny, engines):
 
 def test_one_engine_per_process_and_no_logprobs_mode_for_tempered_nucleus_sampling(tiny, engine):
     with pytest.raises(RuntimeError, match="already open"):
-        VLLMEngine(*tiny, SAMPLING)
+        VLLMEngine(*tiny, SAMPLING, SETTINGS)
     close_open_engine()
     with pytest.raises(ValueError, match="temperature 1 or top_p 1"):
-        VLLMEngine(*tiny, dataclasses.replace(SAMPLING, temperature=0.7, top_p=0.9))
+        VLLMEngine(*tiny, dataclasses.replace(SAMPLING, temperature=0.7, top_p=0.9), SETTINGS)
     assert VLLMEngine._open is None
 
 
@@ -181,8 +185,11 @@ def test_steps_from_one_context_are_one_request_with_n_samples(tiny, engine, mon
     assert len({out.token_ids for out in (outputs[0], *outputs[2:])}) == 3  # three samples, not one thrice
     assert_learner_logprobs(model, [root, other, root, root], outputs)
     assert generator.counters.llm_calls == 4
-    # the samples share the prompt's whole KV blocks; each computes only its last, partial block
-    partial = len(root.token_ids) % CPU_BLOCK_SIZE
+    # the samples share the prompt's whole KV blocks; each computes only its last, partial block (CPU_BLOCK_SIZE on
+    # the CPU build, vLLM's own default on a GPU)
+    block_size = engine.llm.llm_engine.vllm_config.cache_config.block_size
+    assert torch.cuda.is_available() or block_size == CPU_BLOCK_SIZE
+    partial = len(root.token_ids) % block_size
     assert generator.counters.tokens_prefilled == len(root.token_ids) + 2 * partial + len(other.token_ids)
 
 
@@ -290,6 +297,7 @@ def engine_gap(runner, tokens: tuple[int, ...], start: int) -> float:
 
 
 def test_env_runner_engine_follows_set_state(data_dir):
+    pytest.importorskip("ray", reason="Ray is not installed")
     from ray.rllib.core import COMPONENT_RL_MODULE
 
     from algos.tree_grpo.env_runner import TreeSearchEnvRunner
@@ -334,6 +342,8 @@ def test_remote_runner_engine_serves_the_learners_weights(ray_session, data_dir)
 
 
 def test_one_tree_grpo_iteration_from_the_command_line(tmp_path, data_dir):
+    pytest.importorskip("ray", reason="Ray is not installed")
+    close_open_engine()  # the command starts its own engine (on a GPU, beside this one's memory)
     out = tmp_path / "run"
     command = [sys.executable, "experiments/run.py", "--algo", "tree_grpo", "--env", "HotpotQA-v0",
                "--generator", "vllm", "--model", "tiny-random", "--iterations", "1", "--prompts-per-iter", "2",
@@ -348,6 +358,7 @@ def test_one_tree_grpo_iteration_from_the_command_line(tmp_path, data_dir):
 
 
 def test_evaluate_with_the_vllm_generator(tmp_path, data_dir):
+    close_open_engine()  # the command starts its own engine (on a GPU, beside this one's memory)
     command = [sys.executable, "experiments/evaluate.py", "--model", "tiny-random", "--envs", "HotpotQA-v0",
                "--limit", "3", "--max-step-tokens", "8", "--generator", "vllm", "--output", str(tmp_path), "--quiet"]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
