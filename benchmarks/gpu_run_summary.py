@@ -20,6 +20,8 @@ import re
 import statistics
 from pathlib import Path
 
+from experiments.plot import METRICS_FILE, load_metrics
+
 # the phases of an iteration, as metrics.jsonl names them: the rollout, the learner's no-gradient passes (old and
 # reference log-probs, inside the update), the whole update, the weight sync
 PHASES = (("rollout", "sample_time_s"), ("old + reference log-probs", "scoring_time_s"),
@@ -127,10 +129,9 @@ def learning_comparison(gpu_demo: dict | None, gpu_rows: list[dict], cpu_demo: d
     return "\n".join(out) + "\n"
 
 
-def read_rows(run_dir: Path) -> list[dict]:
-    """A run's ``metrics.jsonl`` rows (none when it has none)."""
-    metrics = run_dir / "metrics.jsonl"
-    return [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.exists() else []
+def run_rows(run_dir: Path) -> list[dict]:
+    """A run's metrics rows (none when it wrote none: stopped before its first iteration)."""
+    return load_metrics(run_dir) if (run_dir / METRICS_FILE).exists() else []
 
 
 def read_demo(run_dir: Path) -> dict | None:
@@ -150,13 +151,13 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--output", default=None, help="also write the summary here")
     args = p.parse_args(argv)
     run_dir, log = Path(args.run_dir), Path(args.run_log)
-    rows = read_rows(run_dir)
+    rows = run_rows(run_dir)
     samples_file = Path(args.gpu_samples)
     text = summary(rows, log.read_text(errors="replace") if log.exists() else "",
                    gpu_samples(samples_file.read_text()) if samples_file.exists() else [])
     if args.compare:
         text += "\n" + learning_comparison(read_demo(run_dir), rows, read_demo(Path(args.compare)),
-                                           read_rows(Path(args.compare)))
+                                           run_rows(Path(args.compare)))
     print(text)
     if args.output:
         Path(args.output).write_text(text)

@@ -26,6 +26,7 @@ import numpy as np
 
 from benchmarks.report import machine_description, replace_section
 from experiments.confidence import Interval, mean_interval, paired_bootstrap_interval, sign_flip_p_value
+from experiments.plot import load_metrics
 
 SECTION_KEY, SECTION_TITLE = "pipelining-learning", "Pipelining: held-out exact match, K = 1 against K = 0 (CPU demo)"
 NOT_WORSE_MARGIN = 0.05  # the protocol's: K = 1 may trail K = 0 by at most this at the interval's lower bound
@@ -53,10 +54,6 @@ def held_out_em(run: Path, when: str) -> np.ndarray:
     return np.array([row["em"] for row in payload["questions"][when]], dtype=float)
 
 
-def metric_rows(run: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text(encoding="utf-8").splitlines() if line]
-
-
 def compare(after: dict[int, np.ndarray], before: np.ndarray) -> dict[str, Any]:
     """The reading of ``after`` (K -> seeds x questions, held-out EM after training) against the start's ``before``
     (questions): each arm's mean and change from the start, and K = 1 - K = 0 with its intervals, tests and decision."""
@@ -77,7 +74,7 @@ def read_runs(output: Path, seeds: list[int]) -> dict[str, Any]:
     after = {k: np.stack([held_out_em(run_directory(output, k, seed), "after") for seed in seeds])
              for k in ARM_STALENESS}
     reading = compare(after, held_out_em(run_directory(output, 0, seeds[0]), "before"))
-    rows = {k: [metric_rows(run_directory(output, k, seed)) for seed in seeds] for k in ARM_STALENESS}
+    rows = {k: [load_metrics(run_directory(output, k, seed)) for seed in seeds] for k in ARM_STALENESS}
     reading["training_minutes"] = {k: [sum(row["time_s"] for row in run) / 60 for run in runs]
                                    for k, runs in rows.items()}
     reading["k1_means"] = {key: float(np.mean([row[key] for run in rows[1] for row in run])) for key in K1_MEANS}
