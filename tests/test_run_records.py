@@ -11,6 +11,7 @@ import pytest
 
 import benchmarks.bench_learning as bench_learning
 import benchmarks.learning_runs as learning_runs
+import benchmarks.vllm_kit as vllm_kit
 from benchmarks.bench_learning import TESTBED
 from benchmarks.run_records import RECORDS, record_files, restore, save
 
@@ -91,10 +92,14 @@ def test_missing_records_and_half_written_runs_are_named(tmp_path):
 
 
 def test_records_live_outside_the_code() -> None:
-    """The kept records are the repository's top-level results/, and benchmarks/ holds code and its README only."""
+    """The kept records are the repository's top-level results/; benchmarks/ holds code, its README and the pinned
+    input lists the code names (the lent machine's image and the vLLM kit's wheels), nothing a run wrote."""
     root = Path(__file__).resolve().parent.parent
     assert root / "results" == RECORDS
     assert any(RECORDS.rglob("metrics.jsonl"))
     code = {".py", ".sh", ".md"}
+    inputs = {vllm_kit.IMAGE_FILE, vllm_kit.KIT_LIST}
+    assert all(path.is_file() for path in inputs)
     assert [path for path in (root / "benchmarks").rglob("*")
-            if path.is_file() and path.suffix not in code and "__pycache__" not in path.parts] == []
+            if path.is_file() and path.suffix not in code and "__pycache__" not in path.parts
+            and path not in inputs] == []
