@@ -129,6 +129,11 @@ def without_output(options: list[str]) -> list[str]:
     return options[:at] + options[at + 2:]
 
 
+def comparable(key: dict[str, Any]) -> dict[str, Any]:
+    """``key`` with its run.py options (``run``) less ``--output DIR``."""
+    return {k: without_output(v) if k == "run" and v is not None else v for k, v in key.items()}
+
+
 def start_point_scores(testbed: Testbed, model_dir: str, args: argparse.Namespace,
                        output: Path) -> list[dict[str, Any]]:
     """The start point's held-out scores (reused with --resume, as ``finished_run`` does)."""
@@ -140,10 +145,11 @@ def start_point_scores(testbed: Testbed, model_dir: str, args: argparse.Namespac
 def scores_once(record: Path, key: dict, resume: bool,
                 compute: Callable[[], list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """The scores saved in ``record`` under ``key`` when ``resume`` and they exist; else ``compute()``'s, saved
-    there with their key."""
+    there with their key. A key's run.py options match less ``--output`` (the same run's folder, spelt relative or
+    absolute, or copied from another benchmark's output)."""
     if resume and record.exists():
         saved = json.loads(record.read_text(encoding="utf-8"))
-        if {k: saved.get(k) for k in key} == key:
+        if comparable({k: saved.get(k) for k in key}) == comparable(key):
             print(f"reusing {record}")
             return saved["scores"]
     scores = compute()

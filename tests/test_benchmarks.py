@@ -151,10 +151,12 @@ def test_resume_reuses_runs_evaluates_again_for_other_questions_and_retrains_on_
                                                  "--output", str(tmp_path)])
     again = learning_runs.finished_run(TESTBED, "chain G=4", 1, "warm", other_questions, tmp_path)
     assert again == ([{"iteration": 2}], scores(2)) and len(trained) == 1  # the same training, evaluated again
-    copy = tmp_path / "copy"  # a run trained under another --output (a pilot's) is evaluated, not trained again
+    copy = tmp_path / "copy"  # a run trained and evaluated under another --output (a pilot's) is reused as it is
     run = learning_runs.run_directory("chain G=4", 1, tmp_path)
     shutil.copytree(run, learning_runs.run_directory("chain G=4", 1, copy))
-    learning_runs.finished_run(TESTBED, "chain G=4", 1, "warm", args, copy)
+    assert learning_runs.finished_run(TESTBED, "chain G=4", 1, "warm", other_questions, copy) == again
+    assert len(trained) == 1 and len(evaluated) == 2
+    learning_runs.finished_run(TESTBED, "chain G=4", 1, "warm", args, copy)  # its record is for 10 questions
     assert len(trained) == 1 and len(evaluated) == 3
     longer = bench_learning.parse_args(["--resume", "--iterations", "3", "--output", str(tmp_path)])
     learning_runs.finished_run(TESTBED, "chain G=4", 1, "warm", longer, tmp_path)  # other training: a run of its own
