@@ -332,7 +332,7 @@ def build_learn(cache: Path, out: Path, cpu_demo: Path | None = None, seed: int 
         (learn / "cpu_demo").mkdir()
         for name in CPU_DEMO_FILES:
             shutil.copy2(cpu_demo / name, learn / "cpu_demo" / name)
-    size, room = folder_bytes(learn), CALL_LIMIT - MARGIN - tracked_bytes(ROOT)
+    size, room = folder_bytes(learn), call_room()
     if size > room:
         raise SystemExit(f"{learn}: {size:,} bytes, over the {room:,} one call carries beside the working tree "
                          f"(the start's float32 weights are most of it)")
