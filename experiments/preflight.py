@@ -1,7 +1,8 @@
 """What is checked and started before a run's algorithm is built, in this order: the data files and the algorithm
-config (``check_before_ray``), the memory plan against the GPU (``check_memory``), the local Ray instance or the
-cluster joined (``start_ray``), and whether the cluster holds the actors' resources (``check_resources``). Every
-problem is a ``SettingsError`` naming the option, before any weights load or anything is written."""
+config (``check_before_ray``), the start policy where it is the env's warm start (``prepare_start``), the memory
+plan against the GPU (``check_memory``), the local Ray instance or the cluster joined (``start_ray``), and whether
+the cluster holds the actors' resources (``check_resources``). Every problem is a ``SettingsError`` naming the
+option, before any weights load or anything is written."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import envs
 from algos.tree_grpo import settings as algorithm_settings
 from envs.datasets import DataError, MissingDataError
 from experiments.cli import SettingsError
+from experiments.qa_start import WARM_START_MODEL, qa_warm_start
 from experiments.settings import RunSettings, build_config, env_config, memory_options
 
 
@@ -49,6 +51,13 @@ def check_before_ray(settings: RunSettings) -> None:
     print(placement_line(settings), file=sys.stderr)  # a run that is refused says only why
     if settings.memory_check:
         check_memory(settings)
+
+
+def prepare_start(settings: RunSettings) -> None:
+    """Build the run's start policy where it is the env's warm start and not yet cached (once; minutes, said before
+    it starts), so that every actor finds it."""
+    if settings.model == WARM_START_MODEL:
+        qa_warm_start(settings.env, settings.data_dir)
 
 
 def cluster_address(settings: RunSettings) -> str | None:

@@ -50,7 +50,7 @@ from experiments.checkpoints import (
 from experiments.cli import SettingsError, build_parser, dump_yaml, given_options, read_yaml, validate
 from experiments.evaluate import write_results
 from experiments.plot import load_metrics, plot_runs
-from experiments.preflight import check_before_ray, check_resources, node_resources, start_ray
+from experiments.preflight import check_before_ray, check_resources, node_resources, prepare_start, start_ray
 from experiments.settings import (
     CLI_ALIASES,
     RunSettings,
@@ -243,6 +243,7 @@ def train(run: RunPlan) -> tuple[Path | None, int]:
     if settings.contaminated:
         print(f"warning: training on {settings.env}'s evaluation split ({settings.training_split}); its "
               f"evaluations score questions the policy trained on", file=sys.stderr)
+    prepare_start(settings)
     start_ray(settings)
     check_resources(settings, ray.cluster_resources(), node_resources())  # again: a joined cluster has its own
     output.mkdir(parents=True, exist_ok=True)

@@ -8,6 +8,7 @@ into the RLlib config. Validation is strict and happens before Ray starts (see `
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from typing import Any, Literal
 
@@ -15,12 +16,13 @@ from pydantic import Field, field_validator, model_validator
 
 import envs
 from algos.tree_grpo import TreeGRPOConfig
-from algos.tree_grpo.settings import ALGORITHM_FIELDS, TreeGRPOSettings, per_device
+from algos.tree_grpo.settings import ALGORITHM_FIELDS, TreeGRPOSettings, gpu_visible, per_device
 from envs.datasets import resolve_data_dir
 from envs.retrieval import check_retriever_spec
+from experiments.qa_start import CPU_QA_DEFAULTS, QA_START_ENVS, WARM_START_MODEL, warm_start_model
 from policies.logprobs import FLEX_ATTENTION
 from policies.memory_plan import CUDA_OVERHEAD_GIB, MemoryOptions
-from policies.models import LoraSettings
+from policies.models import LORA_TARGETS, LoraSettings
 
 EnvId = Literal[tuple(envs.ENV_IDS)]  # type: ignore[valid-type]
 GPU_DEFAULT_MODEL = "Qwen/Qwen2.5-1.5B-Instruct"  # the paper's smallest model: SmolLM2 earns nothing on HotpotQA
@@ -87,6 +89,8 @@ class RunSettings(TreeGRPOSettings):
     max_turns: int = Field(_default_of(envs.SearchQAEnv, "max_turns"), ge=1,
                            description="search-capable steps before the final answer-only step")
     topk: int = Field(_default_of(envs.SearchQAEnv, "topk"), ge=1, description="passages per search")
+    passage_words: int | None = Field(_default_of(envs.SearchQAEnv, "passage_words"), ge=1,
+                                      description="each retrieved passage cut to its first k words (default: whole)")
     retriever: str = Field(_default_of(envs.SearchQAEnv, "retriever"),
                            description="retrieval backend (bm25, rank_bm25, dense) or the URL of a retrieval server "
                                        "in Search-R1's protocol (http://HOST:PORT/retrieve; python -m "
@@ -95,10 +99,14 @@ class RunSettings(TreeGRPOSettings):
     model: str = Field(
         default_factory=per_device(cpu="smollm2-135m", gpu=GPU_DEFAULT_MODEL),
         description=f"tiny-random (tiny-random-qwen2, tiny-random-llama3: the same in the paper's Qwen2.5 / "
-                    f"Llama-3.2 architectures and chat formats), smollm2-135m, a Hugging Face hub id or a model "
-                    f"directory (e.g. one written by "
-                    f"experiments/export.py) (default: smollm2-135m on CPU; with a GPU the paper's smallest model, "
-                    f"{GPU_DEFAULT_MODEL}, downloaded from the hub on first use, about 3 GB)")
+                    f"Llama-3.2 architectures and chat formats), smollm2-135m, a Hugging Face hub id, a model "
+                    f"directory (e.g. one written by experiments/export.py), or {WARM_START_MODEL} (the env's "
+                    f"oracle warm start: SmolLM2-135M-Instruct fine-tuned on the retrieval oracle's search "
+                    f"trajectories of the env's train split, built once, about 30 minutes on 2 cores, and cached; "
+                    f"experiments/qa_start.py) (default: on CPU {WARM_START_MODEL} for "
+                    f"{', '.join(QA_START_ENVS)} and smollm2-135m for the others; with a GPU the paper's smallest "
+                    f"model, {GPU_DEFAULT_MODEL}, downloaded from the hub on first use, about 3 GB). On CPU "
+                    f"{', '.join(QA_START_ENVS)} trained from {WARM_START_MODEL} also default to {CPU_QA_DEFAULTS}")
     dtype: Literal["float32", "bfloat16"] = Field(
         default_factory=per_device(cpu="float32", gpu="bfloat16"),
         description="compute dtype: bfloat16 runs the learner's passes under autocast over float32 master weights, "
@@ -115,6 +123,11 @@ class RunSettings(TreeGRPOSettings):
     lora_rank: int | None = Field(None, ge=1, description="train LoRA adapters of this rank (default: full "
                                                           "fine-tuning)")
     lora_alpha: int = Field(LoraSettings.alpha, ge=1, description="LoRA alpha (with --lora-rank)")
+    lora_layers: int | None = Field(None, ge=1, description="with --lora-rank: adapters on the top k decoder layers "
+                                                             "only (default: all); the backward pass stops below them")
+    lora_targets: Literal[tuple(LORA_TARGETS)] = Field(  # type: ignore[valid-type]
+        "attention", description="with --lora-rank: the projections that get adapters: attention (q, k, v, o) or "
+                                 "all (with the MLP's)")
     # resources
     seed: int = Field(0, ge=0, description="seed of prompts, sampling and model initialisation")
     num_env_runners: int = Field(0, ge=0, description="remote Ray env runners (0: sample in this process)")
@@ -171,6 +184,22 @@ class RunSettings(TreeGRPOSettings):
 
     @model_validator(mode="before")
     @classmethod
+    def _cpu_defaults_of_real_questions(cls, data: Any) -> Any:
+        """On a CPU, a real QA env with a warm start, trained from it (no --model, or --model warm-start), takes
+        ``CPU_QA_DEFAULTS`` for every option not given (the LoRA options as one: a given ``lora_rank``, None
+        included, keeps the others at their own defaults). Another --model keeps the generic defaults."""
+        if not isinstance(data, dict) or gpu_visible():
+            return data
+        if data.get("env", cls.model_fields["env"].default) not in QA_START_ENVS:
+            return data
+        if data.get("model", WARM_START_MODEL) != WARM_START_MODEL:
+            return data
+        profile = {name: value for name, value in CPU_QA_DEFAULTS.items()
+                   if not (name.startswith("lora_") and "lora_rank" in data)}
+        return {**profile, **data}
+
+    @model_validator(mode="before")
+    @classmethod
     def _schedule_spans_the_run(cls, data: Any) -> Any:
         """A run's learning-rate schedule spans its --iterations unless total_iterations says otherwise."""
         if isinstance(data, dict) and data.get("total_iterations") is None:
@@ -196,6 +225,9 @@ class RunSettings(TreeGRPOSettings):
     def _precision_and_reference(self) -> RunSettings:
         if self.pure_bf16 and self.dtype != "bfloat16":
             raise ValueError("pure_bf16: needs --dtype bfloat16 (bf16 master weights)")
+        if self.lora_rank is None and (self.lora_layers is not None or self.lora_targets != "attention"):
+            raise ValueError("lora_layers, lora_targets: place LoRA adapters, but lora_rank is None (full "
+                             "fine-tuning); set --lora-rank, or drop them")
         if self.reference_offload and self.lora_rank is not None:
             raise ValueError("reference_offload: with LoRA the reference is the base model with its adapters off, "
                              "which the policy holds anyway: nothing to offload; drop --reference-offload")
@@ -280,13 +312,24 @@ def tracked_params(settings: RunSettings) -> dict[str, Any]:
 
 def env_config(settings: RunSettings) -> dict[str, Any]:
     return {"data_dir": str(resolve_data_dir(settings.data_dir).resolve()), "split": settings.training_split,
-            "max_turns": settings.max_turns, "topk": settings.topk, "retriever": settings.retriever}
+            "max_turns": settings.max_turns, "topk": settings.topk, "passage_words": settings.passage_words,
+            "retriever": settings.retriever}
+
+
+def lora_settings(settings: RunSettings) -> LoraSettings | None:
+    """The run's LoRA adapters, or None for full fine-tuning."""
+    if settings.lora_rank is None:
+        return None
+    return LoraSettings(rank=settings.lora_rank, alpha=settings.lora_alpha,
+                        target_modules=LORA_TARGETS[settings.lora_targets], layers=settings.lora_layers)
 
 
 def model_config(settings: RunSettings) -> dict[str, Any]:
-    lora = None if settings.lora_rank is None else {"rank": settings.lora_rank, "alpha": settings.lora_alpha}
-    return {"model": settings.model, "dtype": settings.dtype, "pure_bf16": settings.pure_bf16,
-            "gradient_checkpointing": settings.gradient_checkpointing, "seed": settings.seed, "lora": lora}
+    lora = lora_settings(settings)
+    lora = None if lora is None else dataclasses.asdict(lora)
+    return {"model": warm_start_model(settings.model, settings.env, settings.data_dir), "dtype": settings.dtype,
+            "pure_bf16": settings.pure_bf16, "gradient_checkpointing": settings.gradient_checkpointing,
+            "seed": settings.seed, "lora": lora}
 
 
 def memory_options(settings: RunSettings, gpu_memory_gib: float | None) -> MemoryOptions:

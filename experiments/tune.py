@@ -34,7 +34,7 @@ from algos.tree_grpo import TreeGRPO
 from algos.tree_grpo import metrics as metric_keys
 from algos.tree_grpo.settings import ALGORITHM_FIELDS
 from experiments.cli import SettingsError, build_parser, given_options, validate, yaml_scalar
-from experiments.preflight import check_before_ray, check_resources, node_resources, start_ray
+from experiments.preflight import check_before_ray, check_resources, node_resources, prepare_start, start_ray
 from experiments.settings import CLI_ALIASES, RunSettings, build_config, help_sections, tracked_params
 from experiments.tracking import METRICS_FILE, RunTracker, default_tracking_uri, ensure_experiment, read_rows
 
@@ -240,6 +240,7 @@ def main(argv: list[str] | None = None) -> Path:
         base, trials, options = plan(argv)
         for trial in trials:  # as run.py checks a run
             check_before_ray(trial)
+            prepare_start(trial)
         start_ray(base)
         check_resources(base, ray.cluster_resources(), node_resources())
     except SettingsError as error:

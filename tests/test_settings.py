@@ -40,7 +40,8 @@ def test_command_line_overrides_the_file_which_overrides_the_defaults(tmp_path):
     s = settings_of(["--config", str(config), "--iterations", "2", "--output", str(tmp_path / "run")])
     assert (s.algo, s.group_size, s.lr, s.iterations, s.kl_coef) == ("grpo", 6, 3e-6, 2, 0.01)
     assert (s.M, s.N, s.L, s.advantage_mode) == (6, 0, 0, "inter")  # chain GRPO's one spelling
-    assert s.topk == 3  # the env's own default, not repeated
+    assert s.topk == 2  # HotpotQA-v0 from its warm start on a CPU: CPU_QA_DEFAULTS (tests/test_qa_start.py)
+    assert settings_of(["--model", "tiny-random", "--output", str(tmp_path / "run")]).topk == 3  # the env's own
 
 
 def test_base_files_are_read_first(tmp_path):

@@ -779,3 +779,41 @@ def test_concurrent_cached_warm_starts_train_a_recipe_once(tmp_path, monkeypatch
     for thread in threads:
         thread.join()
     assert len(trained) == 1 and len(models) == 2 and models[0] == models[1]
+
+
+def test_a_training_killed_within_an_epoch_resumes_there_and_ends_as_an_uninterrupted_one(setup, tmp_path,
+                                                                                          monkeypatch):
+    import experiments.sft as sft_module
+
+    env, tokenizer, _ = setup
+    data = [oracle_trajectory(env, tokenizer, i, 3, tokenizer.eos_token_id) for i in range(10)]
+    settings = {"epochs": 2, "lr": 3e-3, "batch_size": 2, "seed": 0, "pad_id": tokenizer.pad_token_id,
+                "token_weights": TokenWeights(0.5, 0.5), "log": lambda _: None}
+
+    def fresh_model():
+        torch.manual_seed(0)
+        return build_tiny_random(tokenizer, hidden_size=32, layers=1, heads=2)
+
+    whole = fresh_model()
+    whole_curve = train(whole, data, **settings)
+    calls, real_loss = [], sft_module.sft_loss
+
+    def killed_at_the_eighth_batch(*args, **kwargs):  # batch 3 of the second epoch: saved after every batch before
+        calls.append(1)
+        if len(calls) == 8:
+            raise KeyboardInterrupt
+        return real_loss(*args, **kwargs)
+
+    checkpoint = tmp_path / "checkpoint.pt"
+    monkeypatch.setattr(sft_module, "sft_loss", killed_at_the_eighth_batch)
+    with pytest.raises(KeyboardInterrupt):
+        train(fresh_model(), data, **settings, checkpoint=checkpoint, checkpoint_minutes=0)
+    monkeypatch.setattr(sft_module, "sft_loss", real_loss)
+    resumed, lines = fresh_model(), []
+    torch.manual_seed(123)
+    resumed_curve = train(resumed, data, **{**settings, "log": lines.append}, checkpoint=checkpoint,
+                          checkpoint_minutes=0)
+    assert lines[0].startswith("resuming after batch 2 of epoch 2")
+    assert resumed_curve == whole_curve
+    for a, b in zip(whole.parameters(), resumed.parameters(), strict=True):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
