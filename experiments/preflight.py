@@ -90,7 +90,8 @@ def check_memory(settings: RunSettings) -> None:
     import torch
 
     from policies.memory import GIB
-    from policies.memory_plan import fitting_change, plan_memory
+    from policies.memory_fit import fitting_change
+    from policies.memory_plan import plan_memory
     from policies.memory_report import plan_line
     from policies.model_shape import ModelShapeError, model_shape
 
