@@ -25,6 +25,11 @@ from policies.models import LoraSettings
 
 EnvId = Literal[tuple(envs.ENV_IDS)]  # type: ignore[valid-type]
 GPU_DEFAULT_MODEL = "Qwen/Qwen2.5-1.5B-Instruct"  # the paper's smallest model: SmolLM2 earns nothing on HotpotQA
+# The options whose defaults follow whether this process sees a GPU (decided when the settings are built, before
+# Ray starts): a cluster joined with other devices than this process's refuses them unless given
+# (experiments.preflight.check_device_defaults)
+DEVICE_DEFAULTS = ("model", "dtype", "gradient_checkpointing", "num_gpus_per_learner", "prompts_per_iteration",
+                   "max_step_tokens", "skip_uniform_rewards")
 
 
 def dashboard_dependency_error() -> ImportError | None:

@@ -464,7 +464,7 @@ def test_learner_on_gpu_by_default(monkeypatch, tmp_path):
     assert local.num_learners == 0 and local.num_gpus_per_learner == 1
     remote = settings_of(["--num-learners", "2", "--output", str(tmp_path)])
     assert build_config(remote).num_gpus_per_learner == 1
-    assert ("learner", 2, {"GPU": 1.0}) in [demand[:3] for demand in actor_demands(remote)]
+    assert ("learner", 2, {"CPU": 1.0, "GPU": 1.0}) in [demand[:3] for demand in actor_demands(remote)]
     monkeypatch.setattr(algorithm_settings, "gpu_visible", lambda: False)
     config = build_config(settings_of(["--output", str(tmp_path)]))
     assert config.num_gpus_per_learner == 0 and get_device(config, config.num_gpus_per_learner) == torch.device("cpu")
