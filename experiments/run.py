@@ -243,9 +243,9 @@ def train(run: RunPlan) -> tuple[Path | None, int]:
     if settings.contaminated:
         print(f"warning: training on {settings.env}'s evaluation split ({settings.training_split}); its "
               f"evaluations score questions the policy trained on", file=sys.stderr)
-    prepare_start(settings)
     start_ray(settings)
     check_resources(settings, ray.cluster_resources(), node_resources())  # again: a joined cluster has its own
+    prepare_start(settings)  # last: minutes the first time, spent only on a run that every check let start
     output.mkdir(parents=True, exist_ok=True)
     algo = build_algorithm(run)
     settings_file = record_settings(run, algo.iteration + 1)

@@ -10,22 +10,31 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 import envs
 from algos.tree_grpo import TreeGRPOConfig
-from algos.tree_grpo.settings import ALGORITHM_FIELDS, TreeGRPOSettings, gpu_visible, per_device
+from algos.tree_grpo import settings as algorithm_settings
+from algos.tree_grpo.settings import ALGORITHM_FIELDS, TreeGRPOSettings, per_device
 from envs.datasets import resolve_data_dir
 from envs.retrieval import check_retriever_spec
 from experiments.qa_start import CPU_QA_DEFAULTS, QA_START_ENVS, WARM_START_MODEL, warm_start_model
 from policies.logprobs import FLEX_ATTENTION
-from policies.memory_plan import CUDA_OVERHEAD_GIB, MemoryOptions
+from policies.memory_plan import CUDA_OVERHEAD_GIB, MemoryOptions, rollout_sequences
 from policies.models import LORA_TARGETS, LoraSettings
 
 EnvId = Literal[tuple(envs.ENV_IDS)]  # type: ignore[valid-type]
 GPU_DEFAULT_MODEL = "Qwen/Qwen2.5-1.5B-Instruct"  # the paper's smallest model: SmolLM2 earns nothing on HotpotQA
+# The options whose defaults follow whether this process sees a GPU (decided when the settings are built, before
+# Ray starts): a cluster joined with other devices than this process's refuses them unless given
+# (experiments.preflight.check_device_defaults)
+# (A real QA env's CPU defaults, CPU_QA_DEFAULTS, follow the device too, but only with the default model: giving
+# --model, which this list asks for, leaves them at their generic defaults.)
+DEVICE_DEFAULTS = ("model", "dtype", "gradient_checkpointing", "num_gpus_per_learner", "prompts_per_iteration",
+                   "max_step_tokens", "skip_uniform_rewards")
 
 
 def dashboard_dependency_error() -> ImportError | None:
@@ -187,15 +196,17 @@ class RunSettings(TreeGRPOSettings):
     def _cpu_defaults_of_real_questions(cls, data: Any) -> Any:
         """On a CPU, a real QA env with a warm start, trained from it (no --model, or --model warm-start), takes
         ``CPU_QA_DEFAULTS`` for every option not given (the LoRA options as one: a given ``lora_rank``, None
-        included, keeps the others at their own defaults). Another --model keeps the generic defaults."""
-        if not isinstance(data, dict) or gpu_visible():
+        included, or an offloaded reference, which only full fine-tuning has, keeps them all at their own defaults).
+        Another --model keeps the generic defaults."""
+        if not isinstance(data, dict) or algorithm_settings.gpu_visible():  # looked up: tests stand in for it
             return data
         if data.get("env", cls.model_fields["env"].default) not in QA_START_ENVS:
             return data
         if data.get("model", WARM_START_MODEL) != WARM_START_MODEL:
             return data
+        full_fine_tuning = "lora_rank" in data or data.get("reference_offload", False)
         profile = {name: value for name, value in CPU_QA_DEFAULTS.items()
-                   if not (name.startswith("lora_") and "lora_rank" in data)}
+                   if not (name.startswith("lora_") and full_fine_tuning)}
         return {**profile, **data}
 
     @model_validator(mode="before")
@@ -332,13 +343,29 @@ def model_config(settings: RunSettings) -> dict[str, Any]:
             "seed": settings.seed, "lora": lora}
 
 
+def engines_beside_a_learner(settings: RunSettings) -> int:
+    """How many rollout engines can land on a learner's GPU: the driver's own when it samples (on GPU 0, where the
+    local learner trains and Ray puts its first remote one); else as many remote env runners' shares of a GPU as
+    fit beside a learner, which Ray decides: all of the local learner's GPU (Ray does not count it as taken), 1 -
+    the share of a remote one. 0 with the learners on the CPU."""
+    if not settings.num_gpus_per_learner:
+        return 0
+    if not settings.num_env_runners:
+        return 1
+    if not settings.num_gpus_per_env_runner:
+        return 0
+    free = max(0.0, 1.0 - (settings.num_gpus_per_learner if settings.num_learners else 0.0))
+    return min(settings.num_env_runners, math.floor(round(free / settings.num_gpus_per_env_runner, 6)))
+
+
 def memory_options(settings: RunSettings, gpu_memory_gib: float | None) -> MemoryOptions:
     """The memory plan's options of a run: its learners, precision and memory options; a colocated rollout engine
-    when the driver's env runner samples on the visible GPU or the runners take a share of one. Without
+    when one can land on a learner's GPU (:func:`engines_beside_a_learner`; more than one is refused before Ray
+    starts), its KV cache sized by the branches it decodes at once (its runner's prompts, M, N, L). Without
     ``--micro-batch-tokens`` the plan assumes its default micro-batch (a (2,2,1) prompt group at 500-token
     steps)."""
-    colocated = gpu_memory_gib is not None and (settings.num_env_runners == 0
-                                                or 0 < settings.num_gpus_per_env_runner < 1)
+    colocated = gpu_memory_gib is not None and engines_beside_a_learner(settings) > 0
+    prompts = math.ceil(settings.prompts_per_iteration / max(1, settings.num_env_runners))  # one runner's share
     tokens = {} if settings.micro_batch_tokens is None else {"micro_batch_tokens": settings.micro_batch_tokens}
     return MemoryOptions(
         learners=max(1, settings.num_learners), sharding=settings.learner_sharding, dtype=settings.dtype,
@@ -348,6 +375,8 @@ def memory_options(settings: RunSettings, gpu_memory_gib: float | None) -> Memor
         learner_attention="flex_attention" if settings.learner_attention == FLEX_ATTENTION else "sdpa",
         generator=settings.generator_backend, colocated=colocated,
         vllm_gpu_memory_utilization=settings.vllm_gpu_memory_utilization, vllm_sleep=settings.vllm_sleep,
+        rollout_sequences=rollout_sequences(prompts, (settings.M, settings.N, settings.L)),
+        rollout_context=settings.max_context_tokens,
         overhead_gib=CUDA_OVERHEAD_GIB if gpu_memory_gib is not None else 0.0, gpu_memory_gib=gpu_memory_gib,
         **tokens)
 

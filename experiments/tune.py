@@ -240,9 +240,10 @@ def main(argv: list[str] | None = None) -> Path:
         base, trials, options = plan(argv)
         for trial in trials:  # as run.py checks a run
             check_before_ray(trial)
-            prepare_start(trial)
         start_ray(base)
         check_resources(base, ray.cluster_resources(), node_resources())
+        for trial in trials:  # last: minutes the first time, spent only on a sweep that every check let start
+            prepare_start(trial)
     except SettingsError as error:
         tune_parser().exit(2, f"tune.py: error: {error}\n")
     from ray import tune
