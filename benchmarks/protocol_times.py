@@ -32,17 +32,18 @@ class Commit:
 
 def section(text: str, title: str) -> str | None:
     """The section of markdown ``text`` whose heading starts with ``title`` (to the next heading of its level or
-    higher, code blocks included as text); None without one."""
+    higher, code blocks included as text; the blank lines before that heading left out, so that a section added
+    after it changes nothing in it); None without one."""
     lines, found, level = text.splitlines(), None, 0
     for index, line in enumerate(lines):
         match = HEADING.match(line)
         if not match:
             continue
         if found is not None and len(match.group(1)) <= level:
-            return "\n".join(lines[found:index])
+            return "\n".join(lines[found:index]).rstrip()
         if found is None and match.group(2).startswith(title):
             found, level = index, len(match.group(1))
-    return "\n".join(lines[found:]) if found is not None else None
+    return "\n".join(lines[found:]).rstrip() if found is not None else None
 
 
 def git(*args: str, root: Path = ROOT) -> str:

@@ -6,10 +6,11 @@ For each benchmark output the study keeps (``benchmarks/studies.py``), the comma
 (its settings x seeds) and each run's run.py options; the records (``records.tar.gz``) must hold exactly those runs,
 made with those options (less ``--output``, ``--model`` and ``--data-dir``, which say where a machine kept things)
 and the start point: a run missing, one not declared or one made otherwise is named, and no table is printed
-(``SystemExit``). Each output whose section the study's README holds then gets it rewritten from the records (the
-benchmark's own table and plot, ``learning_report``), under the protocol's line (``protocol_times``: whether the
-protocol was committed before the first record and left alone since). The other outputs (pilots kept beside) are
-only checked. A script that is not a learning benchmark (no ``testbed``) is left to its own command.
+(``SystemExit``). The first output whose section the study's README holds then gets it rewritten from the records
+(the benchmark's own table and plot, ``learning_report``), under the protocol's line (``protocol_times``: whether the
+protocol was committed before the first record and left alone since). The other outputs (pilots kept beside, whose
+testbed may share the section's name) are only checked. A script that is not a learning benchmark (no ``testbed``)
+is left to its own command.
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ def rewrite_section(entry: Study, output: Output, files: dict[Path, bytes], args
     with tempfile.TemporaryDirectory(prefix="study-report-") as tmp:
         table, plot = write_results(bed, runs, finals, start["scores"], args, start["model"], 0.0, Path(tmp))
         count = sum(len(seeds) for seeds in runs.values())
-        header = (f"Rebuilt from the records ({count} runs of `outputs/{output.name}` in `{ARCHIVE}`) by `python "
+        header = (f"Rebuilt from the records (`outputs/{output.name}` in `{ARCHIVE}`: {count} runs) by `python "
                   f"benchmarks/study_report.py {entry.folder}`; trained by `python {shlex.join(output.command)}` "
                   f"(with --resume, then --report). {protocol}")
         return write_docs_section(bed, args, table, plot, header)
@@ -130,9 +131,12 @@ def report(folder: str, records: Path = RECORDS) -> list[Path]:
     if problems:
         raise IncompleteRecords(f"results/{folder}/{ARCHIVE} is not the study's declared runs; no table printed:\n"
                                 + "\n".join(f"  {problem}" for problem in problems))
-    protocol = protocol_reading(entry)
-    return [rewrite_section(entry, output, files, args, bed, protocol) for output, files, args, bed in checked
-            if bed.name in entry.sections]
+    protocol, written, readmes = protocol_reading(entry), set(), []
+    for output, files, args, bed in checked:
+        if bed.name in entry.sections and bed.name not in written:  # a pilot kept beside shares its testbed's name
+            readmes.append(rewrite_section(entry, output, files, args, bed, protocol))
+            written.add(bed.name)
+    return readmes
 
 
 def main(argv: list[str] | None = None) -> list[Path]:

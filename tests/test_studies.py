@@ -76,9 +76,31 @@ def test_complete_records_rebuild_the_studys_section_and_plot_without_training(t
     assert study_report.report("toy", kept) == [Path("results/toy/README.md")]
     readme = (tmp_path / "results" / "toy" / "README.md").read_text(encoding="utf-8")
     assert readme.startswith("# Learning: tree vs chain on SynthHop-v0") and "<!-- learning:begin -->" in readme
-    assert "Rebuilt from the records (2 runs of `outputs/bench` in `records.tar.gz`)" in readme
+    assert "Rebuilt from the records (`outputs/bench` in `records.tar.gz`: 2 runs)" in readme
     assert "No protocol was declared for this study." in readme
     assert f"| {SETTING} | 4 | 200 |" in readme and (tmp_path / "results" / "toy" / "learning.png").is_file()
+
+
+def test_a_pilot_kept_beside_the_study_is_checked_but_does_not_write_over_its_section(tmp_path, monkeypatch):
+    """A pilot's output (another --output, the same testbed) shares the section's key: the section is the study's
+    main output's, whatever order the archive holds them in."""
+    pilot = ("benchmarks/bench_learning.py", "--settings", SETTING, "--seeds", "0", "--eval-questions", "4",
+             "--curve-questions", "2", "--output", "outputs/pilot")
+    toy = Study("toy", "a toy study", None, (Output("bench", COMMAND), Output("pilot", pilot)), ("learning",))
+    monkeypatch.setattr(studies, "STUDIES", (toy,))
+    kept = records(tmp_path, (0, 1))
+    output, args = tmp_path / "outputs" / "pilot", bench_learning.parse_args(list(pilot[1:]))
+    output.mkdir()
+    (output / "start_point.json").write_bytes((tmp_path / "outputs" / "bench" / "start_point.json").read_bytes())
+    finish_run(output, 0, args)
+    save(output, kept)
+    monkeypatch.chdir(tmp_path)
+    assert study_report.report("toy", kept) == [Path("results/toy/README.md")]
+    assert "`outputs/bench` in `records.tar.gz`: 2 runs" in (tmp_path / "results" / "toy" / "README.md").read_text()
+    finish_run(output, 1, args)  # a pilot run its command does not declare: named all the same
+    save(output, kept)
+    with pytest.raises(study_report.IncompleteRecords, match="pilot: run tree_221/seed1 is not declared"):
+        study_report.report("toy", kept)
 
 
 @pytest.mark.parametrize(("seeds", "lr", "named"), [
@@ -138,6 +160,8 @@ DECLARED = "# Protocols\n## The design\nten seeds\n## Another\n"
 @pytest.mark.parametrize(("history", "reading"), [
     ([{"docs/protocol.md": DECLARED}, {"results/toy/records.tar.gz": "r"},
       {"docs/protocol.md": DECLARED + "more about another design\n"}], "and not edited since"),
+    ([{"docs/protocol.md": "# Protocols\n## The design\nten seeds\n"}, {"results/toy/records.tar.gz": "r"},
+      {"docs/protocol.md": "# Protocols\n## The design\nten seeds\n\n## A later design\n"}], "and not edited since"),
     ([{"docs/protocol.md": DECLARED}, {"results/toy/records.tar.gz": "r"},
       {"docs/protocol.md": DECLARED.replace("ten", "twelve")}], "PROTOCOL EDITED AFTER ITS FIRST RECORD, in "),
     ([{"docs/protocol.md": "# Protocols\n"}, {"results/toy/records.tar.gz": "r"}, {"docs/protocol.md": DECLARED}],
