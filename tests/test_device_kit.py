@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.device_kit import build, build_learn, find_wheel
+from benchmarks.device_kit import build, build_learn
+from benchmarks.wheels import find_wheel
 
 
 def touch(folder: Path, *names: str) -> None:
