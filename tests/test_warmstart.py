@@ -446,17 +446,23 @@ def test_sft_fits_a_few_oracle_trajectories(setup):
     assert after < 0.5 * before
 
 
-def test_a_training_killed_after_an_epoch_resumes_and_ends_as_an_uninterrupted_one(setup, tmp_path):
+def resumable_training(setup, *, questions: int, epochs: int, batch_size: int):
+    """Oracle data, train()'s settings (a drawn share of the observations: a resumed run must draw on where the
+    killed one stopped) and a maker of the same fresh tiny model, for the resume tests."""
     env, tokenizer, _ = setup
-    data = [oracle_trajectory(env, tokenizer, i, 3, tokenizer.eos_token_id) for i in range(6)]
-    # a drawn share of the observations: the resumed run must draw on where the killed one stopped
-    settings = {"epochs": 3, "lr": 3e-3, "batch_size": 4, "seed": 0, "pad_id": tokenizer.pad_token_id,
+    data = [oracle_trajectory(env, tokenizer, i, 3, tokenizer.eos_token_id) for i in range(questions)]
+    settings = {"epochs": epochs, "lr": 3e-3, "batch_size": batch_size, "seed": 0, "pad_id": tokenizer.pad_token_id,
                 "token_weights": TokenWeights(0.5, 0.5), "log": lambda _: None}
 
     def fresh_model():
         torch.manual_seed(0)
         return build_tiny_random(tokenizer, hidden_size=32, layers=1, heads=2)
 
+    return data, settings, fresh_model
+
+
+def test_a_training_killed_after_an_epoch_resumes_and_ends_as_an_uninterrupted_one(setup, tmp_path):
+    data, settings, fresh_model = resumable_training(setup, questions=6, epochs=3, batch_size=4)
     whole = fresh_model()
     whole_curve = train(whole, data, **settings)
     checkpoint = tmp_path / "checkpoint.pt"
@@ -785,15 +791,7 @@ def test_a_training_killed_within_an_epoch_resumes_there_and_ends_as_an_uninterr
                                                                                           monkeypatch):
     import experiments.sft as sft_module
 
-    env, tokenizer, _ = setup
-    data = [oracle_trajectory(env, tokenizer, i, 3, tokenizer.eos_token_id) for i in range(10)]
-    settings = {"epochs": 2, "lr": 3e-3, "batch_size": 2, "seed": 0, "pad_id": tokenizer.pad_token_id,
-                "token_weights": TokenWeights(0.5, 0.5), "log": lambda _: None}
-
-    def fresh_model():
-        torch.manual_seed(0)
-        return build_tiny_random(tokenizer, hidden_size=32, layers=1, heads=2)
-
+    data, settings, fresh_model = resumable_training(setup, questions=10, epochs=2, batch_size=2)
     whole = fresh_model()
     whole_curve = train(whole, data, **settings)
     calls, real_loss = [], sft_module.sft_loss
