@@ -16,6 +16,13 @@
   step) and from ``entropy`` only in how it chooses there: the control that tells which of the two a difference
   between ``uniform`` and ``entropy`` comes from.
 
+- ``at_depth_D`` (D = 1 .. ``MAX_BRANCH_DEPTH``): N draws, uniformly with replacement, from the non-leaf nodes at
+  depth D (after the trajectory's D-th step), so every expansion re-draws step D + 1 onwards and shares steps 1..D.
+  Where a task's one decision is step D + 1 (SynthBranch-v0's routing decision: ``BranchSpec.decision_hop``), each
+  expansion is an independent draw of it for the cost of the steps from it on; ``uniform`` re-draws it only when it
+  picks a node at depth D or above. A tree with no non-leaf node at depth D (its chains ended sooner) is drawn at the
+  deepest depth above D that has one (the root at worst): the expansions still re-draw step D + 1, if at more cost.
+
 A tree with no node after a tool call (its chains answered at once or wrote only invalid steps) has no point
 after one: ``entropy`` and ``after_tool`` draw from it as ``uniform`` does.
 """
@@ -28,9 +35,14 @@ import numpy as np
 
 from algos.tree import Node, Tree
 
+Strategy = Callable[[Tree, int, np.random.Generator], list[Node]]
+
 # Tokens after a tool call whose entropy ranks the node: ARPO measures the first 20. Past the opening "<think>"
 # of a short step (SynthBranch's oracle steps name the entity to search from their 15th token on).
 ENTROPY_TOKENS = 20
+# The deepest ``at_depth_D``: past a default episode's non-leaf depths (max_turns 3 searches, then the answer) and the
+# generated worlds' (SynthBranch's lead world: 4 searches)
+MAX_BRANCH_DEPTH = 6
 
 
 def after_tool_calls(tree: Tree) -> list[Node]:
@@ -73,12 +85,25 @@ def entropy(tree: Tree, n: int, rng: np.random.Generator) -> list[Node]:
     return [candidates[ranked[i % len(ranked)]] for i in range(n)]
 
 
+def at_depth(depth: int) -> Strategy:
+    """The strategy ``at_depth_{depth}``: ``n`` nodes drawn uniformly, with replacement, from the non-leaf nodes at
+    ``depth``, or at the deepest depth above it that has any."""
+    def pick(tree: Tree, n: int, rng: np.random.Generator) -> list[Node]:
+        by_depth: dict[int, list[Node]] = {}
+        for node in tree.expansion_candidates():  # the root is one: depth 0 always has a candidate
+            if node.depth <= depth:
+                by_depth.setdefault(node.depth, []).append(node)
+        return _draw(by_depth[max(by_depth)], n, rng)
+
+    return pick
+
+
 def _draw(candidates: list[Node], n: int, rng: np.random.Generator) -> list[Node]:
     return [candidates[i] for i in rng.integers(len(candidates), size=n)]
 
 
-Strategy = Callable[[Tree, int, np.random.Generator], list[Node]]
-STRATEGIES: dict[str, Strategy] = {"uniform": uniform, "entropy": entropy, "after_tool": after_tool}
+STRATEGIES: dict[str, Strategy] = {"uniform": uniform, "entropy": entropy, "after_tool": after_tool,
+                                   **{f"at_depth_{d}": at_depth(d) for d in range(1, MAX_BRANCH_DEPTH + 1)}}
 BRANCHING = tuple(STRATEGIES)
 
 

@@ -98,7 +98,33 @@ def test_entropy_without_measured_entropies_and_an_unknown_name_are_errors(tree)
     step(step(root, "search"), "answer", leaf=True)
     with pytest.raises(ValueError, match=r"measured none.*vllm generator does not"):
         branching_strategy("entropy")(Tree(root, 0, 0), 2, np.random.default_rng(0))
-    with pytest.raises(ValueError, match="unknown branching 'widest'; known: uniform, entropy, after_tool"):
+    with pytest.raises(ValueError, match=r"unknown branching 'widest'; known: uniform, entropy, after_tool, at_dep"):
         branching_strategy("widest")
-    assert BRANCHING == ("uniform", "entropy", "after_tool")
-    assert [entropy_tokens(name) for name in BRANCHING] == [0, ENTROPY_TOKENS, 0]
+    assert BRANCHING[:3] == ("uniform", "entropy", "after_tool")
+    assert [entropy_tokens(name) for name in BRANCHING[:3]] == [0, ENTROPY_TOKENS, 0]
+
+
+def test_at_depth_branches_at_the_non_leaf_nodes_of_its_depth(tree):
+    tree, nodes = tree
+    rng = np.random.default_rng(0)
+    # depth 1 holds s1 and the root's answer (a leaf): every expansion grows from s1
+    assert names(branching_strategy("at_depth_1")(tree, 3, rng), nodes) == ["s1", "s1", "s1"]
+    # depth 2 holds s2 and x, drawn uniformly with replacement (the draws uniform makes over them)
+    expected = [[nodes["s2"], nodes["x"]][i] for i in np.random.default_rng(7).integers(2, size=5)]
+    assert branching_strategy("at_depth_2")(tree, 5, np.random.default_rng(7)) == expected
+    counts = Counter(names(branching_strategy("at_depth_2")(tree, 20_000, np.random.default_rng(0)), nodes))
+    assert set(counts) == {"s2", "x"} and abs(counts["s2"] / 20_000 - 0.5) < 0.015
+
+
+def test_at_depth_falls_back_to_the_deepest_non_leaf_depth_above_it(tree):
+    tree, nodes = tree
+    # depth 3 holds answers only: the nodes at depth 2, the last before it
+    assert set(names(branching_strategy("at_depth_3")(tree, 50, np.random.default_rng(0)), nodes)) == {"s2", "x"}
+    root = Node(EMPTY, None)
+    step(root, "answer", leaf=True)  # a chain that answered at once: only the root is left to branch at
+    assert branching_strategy("at_depth_2")(Tree(root, 0, 0), 2, np.random.default_rng(0)) == [root, root]
+
+
+def test_at_depth_names_cover_the_depths_of_an_episode():
+    assert [name for name in BRANCHING if name.startswith("at_depth_")] == [f"at_depth_{d}" for d in range(1, 7)]
+    assert all(entropy_tokens(name) == 0 for name in BRANCHING if name.startswith("at_depth_"))

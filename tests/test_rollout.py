@@ -257,6 +257,17 @@ def test_an_entropy_rollout_expands_after_the_uncertain_tool_call(tiny, data_dir
         TreeRollout(env, UncertainAfterFirstSearch(tokenizer, 0, entropy_tokens=0), tokenizer, branching="entropy")
 
 
+def test_an_at_depth_rollout_expands_the_step_after_the_first_search(tiny, data_dir):
+    _, tokenizer = tiny
+    env = gym.make("HotpotQA-v0", split="dev")
+    trees = TreeRollout(env, ScriptedGenerator(tokenizer, 0), tokenizer, seed=0, branching="at_depth_1").grow(
+        [0, 1], TreeShape(1, 2, 1))
+    for tree in trees:  # the chain searched twice, then answered: both expansions re-draw its second step
+        (first_search,) = tree.root.children
+        assert len(first_search.children) == 3 and len(tree.leaves()) == 3
+        assert sum(node.depth == 2 for node in tree.nodes()) == 3
+
+
 class SlowPromptGenerator(ScriptedGenerator):
     """The scripted policy, but a step of prompt 1's trees takes 6 polls (prompt 0's: one); records when each
     step was submitted."""

@@ -321,7 +321,7 @@ def test_branching_is_checked_before_ray_starts_and_reaches_the_sampler(tmp_path
     with pytest.raises(SystemExit):
         run_parser().parse_args(["--branching", "widest"])
     assert "--branching: invalid choice: 'widest'" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="branching: Input should be 'uniform', 'entropy' or 'after_tool'"):
+    with pytest.raises(ValueError, match="branching: Input should be 'uniform', 'entropy', 'after_tool', 'at_dept"):
         TreeGRPOConfig().training(branching="widest")
     monkeypatch.setattr(algo_settings, "vllm_installed", lambda: True)
     message = error_of(["--branching", "entropy", "--generator", "vllm", "--top-p", "1.0", *out])

@@ -79,7 +79,8 @@ class TreeGRPOSettings(BaseModel):
                                "paper's: root and non-leaf nodes, uniformly with replacement), entropy (ARPO's: the "
                                "nodes after tool calls whose next step's first 20 tokens had the highest mean "
                                "entropy, distinct; needs the hf generator), after_tool (the nodes after tool calls, "
-                               "uniformly with replacement)")
+                               "uniformly with replacement), at_depth_D (the non-leaf nodes at depth D, uniformly with "
+                               "replacement: at_depth_1 re-draws every step after the first)")
     prompts_per_iteration: int = Field(
         default_factory=per_device(cpu=4, gpu=32), ge=1,
         description="prompts sampled from the training split per iteration (default: 4 on CPU, 32 with a GPU)")
