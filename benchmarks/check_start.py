@@ -169,14 +169,22 @@ def chain_routes(args: argparse.Namespace) -> dict[str, float]:
 
 
 def decision_probabilities(args: argparse.Namespace) -> dict[str, float]:
-    """The teacher-forced probabilities at the decision (``name_token_probabilities``), averaged, per asked role."""
-    model, tokenizer = load_policy(args.model)
-    env = gym.make("SynthBranch-v0", data_dir=str(args.data_dir), split=args.split, topk=TOPK,
-                   max_turns=args.max_turns)
-    indices = list(range(min(args.questions, len(env.unwrapped.records))))
-    restate, goal = thought_format(args.model)
-    probabilities = np.array(name_token_probabilities(model, tokenizer, env, indices, restate=restate, top_p=args.top_p,
-                                                      decision_hop=args.world.decision_hop, goal=goal))
+    """The teacher-forced probabilities at the decision of the command line's policy (``policy_decision``)."""
+    return policy_decision(args.model, args.data_dir, args.split, args.questions, args.max_turns, args.top_p,
+                           args.world.decision_hop)
+
+
+def policy_decision(policy: str, data_dir: Path, split: str, questions: int, max_turns: int, top_p: float,
+                    decision_hop: int) -> dict[str, float]:
+    """The teacher-forced probabilities at the decision (``name_token_probabilities``) of ``policy`` (a model
+    directory or a training checkpoint, read in its start's thought format) on the first ``questions`` of ``split``
+    of the SynthBranch world in ``data_dir``, averaged, per asked role (``decision_summary``)."""
+    model, tokenizer = load_policy(policy)
+    env = gym.make("SynthBranch-v0", data_dir=str(data_dir), split=split, topk=TOPK, max_turns=max_turns)
+    indices = list(range(min(questions, len(env.unwrapped.records))))
+    restate, goal = thought_format(policy)
+    probabilities = np.array(name_token_probabilities(model, tokenizer, env, indices, restate=restate, top_p=top_p,
+                                                      decision_hop=decision_hop, goal=goal))
     return decision_summary(probabilities, [asked_role(env.unwrapped.records[i].question) for i in indices])
 
 

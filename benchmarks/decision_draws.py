@@ -21,10 +21,11 @@ import gymnasium as gym
 import torch
 
 import envs  # noqa: F401  (registers the env ids)
-from algos.rollout import TreeRollout
+from algos.rollout import RolloutCounters, TreeRollout
 from algos.tree import Tree
 from benchmarks import bench_branching
 from experiments.run import plan
+from experiments.settings import RunSettings
 from experiments.warmstart import cached_warm_start
 from policies.generators import step_generator
 from policies.models import load_model
@@ -38,6 +39,22 @@ NINTH_DESIGN = ["--lead", "--eval-questions", "200", "--start-goal", "--start-mi
 def draws_at_depth(trees: Sequence[Tree], depth: int) -> int:
     """The nodes at ``depth`` (the root is 0) over ``trees``: the independent samples of that step."""
     return sum(node.depth == depth for tree in trees for node in tree.nodes())
+
+
+def arm_settings(options: Sequence[str]) -> RunSettings:
+    """The settings run.py would train with under ``options`` (its command line, less ``--output``)."""
+    with tempfile.TemporaryDirectory() as output:
+        return plan([*options, "--output", output]).settings
+
+
+def grow_arm(env: gym.Env, model, tokenizer, run: RunSettings, prompts: list[int],
+             seed: int) -> tuple[list[Tree], RolloutCounters]:
+    """The trees an iteration of ``run`` (its shape, branching and sampling) grows from ``model`` for ``prompts``,
+    seeded, with what they cost; no update."""
+    torch.manual_seed(seed)
+    generator = step_generator("hf", model, tokenizer, run.sampling)
+    rollout = TreeRollout(env, generator, tokenizer, seed=seed, branching=run.branching)
+    return rollout.grow(prompts, run.tree_shape), rollout.counters
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -54,14 +71,9 @@ def main(argv: list[str] | None = None) -> None:
     env = gym.make(bed.env, split="train", data_dir=str(bed.data_dir), max_turns=bed.max_turns, topk=bed.topk)
     prompts = list(range(args.prompts))
     for name in bench.settings:
-        with tempfile.TemporaryDirectory() as output:
-            run = plan([*bed.settings[name][1], "--top-p", str(bench.top_p), "--max-turns", str(bed.max_turns),
-                        "--output", output]).settings
-        torch.manual_seed(args.seed)
-        generator = step_generator("hf", model, tokenizer, run.sampling)
-        trees = TreeRollout(env, generator, tokenizer, seed=args.seed, branching=run.branching).grow(prompts,
-                                                                                                     run.tree_shape)
-        tokens = generator.counters.tokens_generated
+        run = arm_settings([*bed.settings[name][1], "--top-p", str(bench.top_p), "--max-turns", str(bed.max_turns)])
+        trees, counters = grow_arm(env, model, tokenizer, run, prompts, args.seed)
+        tokens = counters.total_tokens
         draws, leaves = draws_at_depth(trees, bed.world.decision_hop + 1), sum(len(tree.leaves()) for tree in trees)
         print(f"{name}: per prompt {draws / len(prompts):.2f} decision draws, {leaves / len(prompts):.1f} leaves, "
               f"{tokens / len(prompts):.0f} tokens; {1000 * draws / tokens:.2f} draws per 1,000 tokens", flush=True)

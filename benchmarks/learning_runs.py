@@ -75,18 +75,22 @@ def run_options(testbed: Testbed, setting: str, seed: int, model_dir: str, args:
             *design_options(args),
             "--max-step-tokens", str(args.max_step_tokens), "--eval-every", str(args.eval_every),
             "--eval-questions", str(args.curve_questions), "--micro-batch-size", "16", "--checkpoint-every", "0",
-            "--trees-every", "0", "--no-mlflow", "--quiet", "--output", str(directory)]
+            "--trees-every", "0", "--no-mlflow", "--quiet", "--output", str(directory),
+            *(testbed.probe.options if testbed.probe else ())]
 
 
 def train_run(testbed: Testbed, setting: str, seed: int, model_dir: str, args: argparse.Namespace,
               output: Path) -> Path:
-    """One training run from ``model_dir``; its metrics.jsonl. The final checkpoint is what gets evaluated."""
+    """One training run from ``model_dir`` (then the testbed's probe, if any); its metrics.jsonl. The final checkpoint
+    is what gets evaluated."""
     from experiments.run import main as run
 
     directory = run_directory(setting, seed, output)
     if directory.exists():
         shutil.rmtree(directory)  # a fresh run: run.py refuses a directory that already holds one
     run(run_options(testbed, setting, seed, model_dir, args, directory))
+    if testbed.probe is not None:
+        testbed.probe.measure(directory)
     return directory / METRICS_FILE
 
 

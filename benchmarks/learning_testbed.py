@@ -3,7 +3,7 @@ trained on it (each a run.py command line) and the comparisons between them."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +21,16 @@ def max_turns_for(env_id: str, data_dir: Path) -> int:
 
 
 @dataclass(frozen=True)
+class RunProbe:
+    """A measurement of every run's policy beside its metrics (``bench_decision``'s probe of the decision):
+    ``options``, run.py options given after the benchmark's shared ones (so they win: e.g. the checkpoints it reads),
+    and ``measure``, called with the run's directory once its training has ended, before its final evaluation."""
+
+    options: tuple[str, ...]
+    measure: Callable[[Path], None]
+
+
+@dataclass(frozen=True)
 class Testbed:
     """One benchmark's task and settings. ``settings``: name -> (nominal budget in full chains, run.py options);
     ``comparisons``: (a, b) pairs whose paired difference a - b is reported (a >= b: the direction expected)."""
@@ -34,6 +44,7 @@ class Testbed:
     comparisons: tuple[tuple[str, str], ...]
     # dev EM above which a run's curve has left the plateau for good (benchmarks/plateau_exit.py); None: not reported
     plateau_threshold: float | None = None
+    probe: RunProbe | None = None  # measured on every run (None: none)
 
     @property
     def data_dir(self) -> Path:

@@ -34,7 +34,7 @@ from policies.generation import default_max_step_tokens
 from policies.trajectory import TokenTrajectory
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = ("bench_branching", "bench_budget", "bench_device", "bench_generation", "bench_learning",
+SCRIPTS = ("bench_branching", "bench_budget", "bench_decision", "bench_device", "bench_generation", "bench_learning",
            "bench_pipelining", "bench_retrieval", "bench_rollout", "bench_update")
 
 

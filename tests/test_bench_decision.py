@@ -1,0 +1,149 @@
+"""The decision test (benchmarks/bench_decision.py) and its start-policy check (benchmarks/decision_check.py): the
+arms, the probe recorded beside each run's metrics, its comparisons, and the check's shares and ratios, on hand-built
+runs and trees."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from algos.tree import Node, Tree
+from benchmarks import bench_budget, bench_decision, decision_check, learning_runs
+from benchmarks.bench_decision import AT_DECISION, CHAIN_2, CHAIN_3, PROBE, UNIFORM
+from experiments.checkpoints import checkpoint_iteration
+from policies.trajectory import TokenTrajectory
+
+
+def test_the_arms_are_the_budget_tables_budget_2_the_tree_at_the_decision_and_chain_g3():
+    args = bench_decision.parse_args([])
+    bed = bench_decision.testbed(args)
+    budget = bench_budget.settings()
+    assert bed.settings[CHAIN_2] == budget["chain G=2 budget 2"]
+    assert bed.settings[UNIFORM] == budget["tree (1,2,1) budget 2"]
+    assert bed.settings[AT_DECISION] == (2, ["--algo", "tree_grpo", "--M", "1", "--N", "2", "--L", "1",
+                                             "--branching", "at_depth_1"])  # the decision is the world's step 2
+    assert bed.settings[CHAIN_3] == (3, ["--algo", "grpo", "--group-size", "3"])
+    assert bed.comparisons[0] == (AT_DECISION, CHAIN_2) and (CHAIN_3, CHAIN_2) in bed.comparisons
+    # the budget table's start, world and schedule; 20 seeds of 20 iterations; records under a "decision" folder
+    budget_args = bench_budget.parse_args([])
+    assert bench_decision.start_recipes(args, bed) == bench_decision.start_recipes(budget_args,
+                                                                                   bench_budget.testbed(budget_args))
+    assert (bed.world, args.lr, args.warmup_steps, args.iterations, len(args.seeds), args.output) == (
+        bench_budget.WORLD, 2e-5, 0, 20, 20, "outputs/decision_test")
+
+
+def test_every_run_saves_a_checkpoint_an_iteration_for_the_probe_and_other_benchmarks_keep_their_options():
+    args = bench_decision.parse_args(["--iterations", "7"])
+    options = learning_runs.run_options(bench_decision.testbed(args), CHAIN_3, 0, "warm", args, Path("d"))
+    # given after the shared "--checkpoint-every 0", so they win (argparse keeps the last)
+    assert options[-4:] == ["--checkpoint-every", "1", "--keep-checkpoints", "7"]
+    assert options.index("--checkpoint-every") < len(options) - 4
+    budget_args = bench_budget.parse_args([])
+    budget_options = learning_runs.run_options(bench_budget.testbed(budget_args), "chain G=2 budget 2", 0, "warm",
+                                               budget_args, Path("d"))
+    assert budget_options[-2:] == ["--output", "d"]  # unchanged: the budget table's records still resume
+
+
+def test_more_seeds_than_the_exact_sign_flip_takes_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        bench_decision.parse_args(["--seeds", *map(str, range(21))])
+    assert "--seeds takes 1 to 20 seeds, got 21" in capsys.readouterr().err
+
+
+def fake_run(directory: Path, iterations: int, saved: list[int]) -> Path:
+    """A finished run's folder: metrics rows, checkpoints of ``saved`` iterations, latest at the last."""
+    directory.mkdir(parents=True)
+    rows = [{"iteration": i, "tokens_generated": 100 * i, "dev_em": 0.5} for i in range(1, iterations + 1)]
+    (directory / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    for i in saved:
+        (directory / "checkpoints" / f"iter_{i:06d}").mkdir(parents=True)
+    (directory / "checkpoints" / "latest").symlink_to(f"iter_{saved[-1]:06d}")
+    return directory
+
+
+def by_iteration(policy: str) -> dict[str, float]:
+    """A probe reading the iteration from the checkpoint's name: what was measured where shows in the rows."""
+    return {PROBE: checkpoint_iteration(policy) / 10}
+
+
+def test_the_probe_goes_into_each_iterations_row_and_only_the_last_checkpoint_stays(tmp_path):
+    run = fake_run(tmp_path / "run", 3, [1, 2, 3])
+    bench_decision.record_probe(run, by_iteration)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [(row["iteration"], row[PROBE], row["dev_em"]) for row in rows] == [(1, 0.1, 0.5), (2, 0.2, 0.5),
+                                                                                (3, 0.3, 0.5)]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["iter_000003", "latest"]
+    assert not list(run.glob("*.probed"))
+
+
+def test_a_run_without_every_iterations_checkpoint_is_named_and_left_as_it_was(tmp_path):
+    run = fake_run(tmp_path / "run", 3, [2, 3])
+    before = (run / "metrics.jsonl").read_text()
+    with pytest.raises(FileNotFoundError, match=r"no checkpoint of iterations \[1\] to probe.*--checkpoint-every 1"):
+        bench_decision.record_probe(run, by_iteration)
+    assert (run / "metrics.jsonl").read_text() == before and (run / "checkpoints" / "iter_000002").is_dir()
+
+
+def rows_of(probes: list[float]) -> list[dict]:
+    return [{"iteration": i + 1, "tokens_generated": 10, PROBE: p} for i, p in enumerate(probes)]
+
+
+def test_the_probe_comparison_pairs_each_seeds_mean_over_the_iterations():
+    runs = {AT_DECISION: [rows_of([0.2, 0.4]), rows_of([0.5, 0.7]), rows_of([0.1, 0.5])],
+            CHAIN_2: [rows_of([0.2, 0.2]), rows_of([0.4, 0.6]), rows_of([0.1, 0.2])]}
+    (name, d), = bench_decision.probe_comparisons(runs, ((AT_DECISION, CHAIN_2), (CHAIN_3, CHAIN_2))).items()
+    # per seed: 0.3 - 0.2, 0.6 - 0.5, 0.3 - 0.15; all positive, so 2 of the 8 sign assignments reach |sum|
+    assert name == f"{AT_DECISION} - {CHAIN_2}" and d["mean"] == pytest.approx((0.1 + 0.1 + 0.15) / 3)
+    assert d["sign_flip_p"] == pytest.approx(0.25) and d["p_holm"] == pytest.approx(0.25)
+    means = bench_decision.mean_rows(runs[CHAIN_2], start=0.15)
+    assert [(r["iteration"], round(r[PROBE], 6)) for r in means] == [(0, 0.15), (1, round(0.7 / 3, 6)),
+                                                                   (2, round(1 / 3, 6))]
+
+
+def test_the_probe_report_names_every_missing_run_and_reads_nothing(tmp_path):
+    args = bench_decision.parse_args(["--output", str(tmp_path), "--seeds", "0", "1", "--settings", CHAIN_2])
+    done = fake_run(learning_runs.run_directory(CHAIN_2, 0, tmp_path), 2, [2])
+    (done / learning_runs.FINAL_EVALUATION).write_text("{}", encoding="utf-8")
+    with pytest.raises(FileNotFoundError, match=r"probed run of chain G=2 seed 0, chain G=2 seed 1; every run"):
+        bench_decision.probed_runs(args)  # seed 0 finished without its probe, seed 1 not at all
+
+
+def step(parent: Node, reward: float = 0.0, leaf: bool = False) -> Node:
+    return parent.add_child(Node(TokenTrajectory.from_prompt(()), None, reward=reward, is_leaf=leaf))
+
+
+def chain(prompt: int, tree_id: int, reward: float) -> Tree:
+    root = Node(TokenTrajectory.from_prompt(()), None)
+    step(step(root), reward, leaf=True)
+    return Tree(root, prompt, tree_id)
+
+
+def test_a_prompt_is_mixed_when_its_leaves_rewards_differ_across_its_trees_or_inside_one():
+    tree = chain(2, 0, 1.0)
+    step(tree.root.children[0], 0.0, leaf=True)  # an expansion of prompt 2's only tree, rewarded otherwise
+    trees = [chain(0, 0, 1.0), chain(0, 1, 0.0), chain(1, 0, 0.2), chain(1, 1, 0.2), tree]
+    assert decision_check.mixed_rewards(trees, [0, 1, 2]).tolist() == [True, False, True]
+
+
+def test_the_ratio_to_the_baseline_and_its_paired_interval():
+    base = np.array([0.5, 0.0, 0.5, 0.0])
+    ratio, low, high = decision_check.ratio_interval(2 * base, base)
+    assert (ratio, low, high) == (2.0, 2.0, 2.0)  # twice as mixed on every question: every resample says 2
+    ratio, low, high = decision_check.ratio_interval(np.array([0.5, 0.5, 0.0, 0.0]), base)
+    assert ratio == 1.0 and low < 1.0 < high
+    with pytest.raises(ValueError, match="baseline arm had no prompt with mixed rewards"):
+        decision_check.ratio_interval(base, np.zeros(4))
+
+
+def test_the_checks_table_reads_every_arm_against_chain_g2_beside_the_prediction():
+    arms = {CHAIN_2: {"mixed": np.array([0.5, 0.0]), "draws": 2.0, "leaves": 2.0, "chains": 2.0},
+            AT_DECISION: {"mixed": np.array([0.75, 0.0]), "draws": 3.0, "leaves": 3.0, "chains": 2.5}}
+    table, figures = decision_check.check_table(arms, ["chair", "founder"])
+    assert figures[AT_DECISION]["ratio"][0] == 1.5 and figures[AT_DECISION]["predicted_ratio"] == 1.5
+    assert figures[AT_DECISION]["mixed_by_role"] == {"chair": 0.75, "founder": 0.0}
+    assert f"| {AT_DECISION} | 3.00 | 3.00 | 2.50 | 0.375 | 0.000 | 0.750 | 1.500 [" in table
+    with pytest.raises(ValueError, match="ratios are against 'chain G=2': include it in --settings"):
+        decision_check.check_table({AT_DECISION: arms[AT_DECISION]}, ["chair", "founder"])
