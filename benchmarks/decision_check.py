@@ -87,7 +87,8 @@ def grow_arms(args: argparse.Namespace, prompt_count: int, repeats: int) -> tupl
 
 
 def check_table(arms: dict[str, dict], roles: list[str]) -> tuple[str, dict[str, dict]]:
-    """The check's markdown table and its figures per arm, ratios against chain G=2's."""
+    """The check's markdown table and its figures per arm, ratios against chain G=2's (none where no chain G=2
+    prompt was mixed)."""
     if bench_decision.CHAIN_2 not in arms:
         raise ValueError(f"the check's ratios are against {bench_decision.CHAIN_2!r}: include it in --settings")
     base, asked = arms[bench_decision.CHAIN_2]["mixed"], np.array(roles)
@@ -96,7 +97,7 @@ def check_table(arms: dict[str, dict], roles: list[str]) -> tuple[str, dict[str,
              + " | ratio to chain G=2 [95%] | predicted |", "|---|---|---|---|---|---|---|---|---|"]
     figures = {}
     for name, arm in arms.items():
-        ratio = ratio_interval(arm["mixed"], base)
+        ratio = ratio_interval(arm["mixed"], base) if base.any() else None  # no mixed baseline prompt: no ratio
         by_role = {role: float(arm["mixed"][asked == role].mean()) for role in BRANCH_ROLES if (asked == role).any()}
         figures[name] = {"draws": arm["draws"], "leaves": arm["leaves"], "chains": arm["chains"],
                          "mixed": float(arm["mixed"].mean()), "mixed_by_role": by_role, "ratio": ratio,
@@ -105,7 +106,7 @@ def check_table(arms: dict[str, dict], roles: list[str]) -> tuple[str, dict[str,
         lines.append(f"| {name} | {arm['draws']:.2f} | {arm['leaves']:.2f} | {arm['chains']:.2f} | "
                      f"{arm['mixed'].mean():.3f} | " + " | ".join(f"{by_role.get(role, float('nan')):.3f}"
                                                                   for role in BRANCH_ROLES)
-                     + f" | {ratio[0]:.3f} [{ratio[1]:.3f}, {ratio[2]:.3f}] | "
+                     + (" | - | " if ratio is None else f" | {ratio[0]:.3f} [{ratio[1]:.3f}, {ratio[2]:.3f}] | ")
                      + ("-" if predicted is None else f"{predicted:g}") + " |")
     return "\n".join(lines) + "\n", figures
 

@@ -145,5 +145,8 @@ def test_the_checks_table_reads_every_arm_against_chain_g2_beside_the_prediction
     assert figures[AT_DECISION]["ratio"][0] == 1.5 and figures[AT_DECISION]["predicted_ratio"] == 1.5
     assert figures[AT_DECISION]["mixed_by_role"] == {"chair": 0.75, "founder": 0.0}
     assert f"| {AT_DECISION} | 3.00 | 3.00 | 2.50 | 0.375 | 0.000 | 0.750 | 1.500 [" in table
+    unmixed = {name: {**arm, "mixed": np.zeros(2)} for name, arm in arms.items()}
+    table, figures = decision_check.check_table(unmixed, ["chair", "founder"])  # the figures, with no ratio
+    assert figures[AT_DECISION]["ratio"] is None and f"| {AT_DECISION} | 3.00 | 3.00 | 2.50 | 0.000 |" in table
     with pytest.raises(ValueError, match="ratios are against 'chain G=2': include it in --settings"):
         decision_check.check_table({AT_DECISION: arms[AT_DECISION]}, ["chair", "founder"])
