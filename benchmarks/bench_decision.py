@@ -16,8 +16,8 @@ Four arms, 8 prompts an iteration, 20 iterations each (none censored at 0.7 by d
     python benchmarks/bench_decision.py --resume --start-only
     OMP_NUM_THREADS=1 python benchmarks/bench_decision.py --resume --seeds 0 2 4 6 8 10 12 14 16 18 &
     OMP_NUM_THREADS=1 python benchmarks/bench_decision.py --resume --seeds 1 3 5 7 9 11 13 15 17 19 &
-    wait; python benchmarks/bench_decision.py --resume
-    python benchmarks/run_records.py save outputs/decision_test    # the records: results/decision_test/
+    wait; python benchmarks/bench_decision.py --resume --report    # both sections: results/decision_test/README.md
+    python benchmarks/run_records.py save outputs/decision_test    # results/decision_test/records.tar.gz
 
 Outcomes (the learning benchmarks' report, ``learning_runs``): the final dev EM on the 300 held-out questions, the
 iterations (and tokens) to first reach dev EM 0.7 on the 50-question curve, a run that never reaches it censored at
@@ -26,7 +26,10 @@ iteration, the teacher-forced probability of the right role at the decision (``c
 ``role_p``) on the first ``PROBE_QUESTIONS`` held-out questions, in the run's metrics.jsonl (``probe_role_p``, and
 per asked role); it is measured on a checkpoint saved every iteration, and those checkpoints, the last aside, are
 then removed. Each run's probe is read as its mean over the iterations; the arms are compared on it seed by seed
-(Student-t, exact sign-flip, Holm over the comparisons): OUTPUT/decision-probe.md, .json and .png.
+(Student-t, exact sign-flip, Holm over the comparisons): OUTPUT/decision-probe.md, .json and .png, and with
+--report section ``decision-probe`` of the study's README beside the testbed's ``decision-test``
+(``studies.section_file``). A probe section is rebuilt from the records by ``run_records.py restore`` and this
+script's ``--resume --report`` (every run finished: nothing trains).
 """
 
 from __future__ import annotations
@@ -68,7 +71,8 @@ PREDICTED_MIXED_RATIO = {CHAIN_2: 1.0, UNIFORM: 0.875, AT_DECISION: 1.5, CHAIN_3
 SEEDS = list(range(20))
 ITERATIONS = 20
 PROBE = "probe_role_p"  # metrics.jsonl: p(the right role's word) at the decision, mean over the probe questions
-PROBE_QUESTIONS = 50  # the first held-out questions: the curve's, about half of them asking the chair
+PROBE_QUESTIONS = 50  # the first held-out questions: the curve's, 30 of them asking the chair
+PROBE_SECTION = "decision-probe"  # its section's key in the study's README (beside the testbed's, decision-test)
 
 
 def settings() -> dict[str, tuple[int, list[str]]]:
@@ -213,9 +217,25 @@ def probe_report(bed: Testbed, args: argparse.Namespace, start: float) -> str:
     curves = {setting: [[row[PROBE] for row in rows] for rows in seeds] for setting, seeds in runs.items()}
     (output / "decision-probe.json").write_text(json.dumps({"start": start, "curves": curves,
                                                             "differences": differences}, indent=1), encoding="utf-8")
-    plot_runs({setting: mean_rows(seeds, start) for setting, seeds in runs.items()}, output / "decision-probe.png",
-              metrics=(PROBE,))
+    plot = plot_runs({setting: mean_rows(seeds, start) for setting, seeds in runs.items()},
+                     output / "decision-probe.png", metrics=(PROBE,))
+    if args.report:
+        write_probe_section(bed, args, table, plot)
     return table
+
+
+def write_probe_section(bed: Testbed, args: argparse.Namespace, table: str, plot: Path) -> Path:
+    """Section ``PROBE_SECTION`` of the study's README (the one ``learning_runs`` writes the testbed's section into)
+    and its plot's compact copy beside it; the README's path."""
+    from benchmarks.report import compact_plot_copy, replace_section
+    from benchmarks.studies import section_file
+
+    readme = section_file(bed.name, args.output)
+    copy = compact_plot_copy(plot, readme.parent / plot.name)
+    replace_section(readme, PROBE_SECTION, "The probe: p(the right role) at the decision, each iteration",
+                    f"{table}\n![the probe, mean over seeds]({copy.name})\n\nPlot: `{copy.name}`: the probe, mean "
+                    f"over seeds (a band of one std), against iterations and tokens generated; the start's at 0.\n")
+    return readme
 
 
 def start_policy(bed: Testbed, args: argparse.Namespace) -> str:

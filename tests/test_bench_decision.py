@@ -150,3 +150,22 @@ def test_the_checks_table_reads_every_arm_against_chain_g2_beside_the_prediction
     assert figures[AT_DECISION]["ratio"] is None and f"| {AT_DECISION} | 3.00 | 3.00 | 2.50 | 0.000 |" in table
     with pytest.raises(ValueError, match="ratios are against 'chain G=2': include it in --settings"):
         decision_check.check_table({AT_DECISION: arms[AT_DECISION]}, ["chair", "founder"])
+
+
+def test_the_probe_report_writes_its_table_and_with_report_its_section_beside_the_studys(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the study's README: results/<output's name>/README.md, relative to the root
+    args = bench_decision.parse_args(["--output", "out", "--seeds", "0", "1", "--settings", CHAIN_2, AT_DECISION,
+                                      "--report"])
+    for setting, probes in ((CHAIN_2, [0.2, 0.3]), (AT_DECISION, [0.3, 0.6])):
+        for seed in (0, 1):
+            run = learning_runs.run_directory(setting, seed, Path("out"))
+            run.mkdir(parents=True)
+            (run / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows_of(probes)))
+            (run / learning_runs.FINAL_EVALUATION).write_text("{}", encoding="utf-8")
+    table = bench_decision.probe_report(bench_decision.testbed(args), args, start=0.1)
+    assert f"| {AT_DECISION} | 2 | 0.450 (0.000) | 0.600 |" in table and "the start's 0.100" in table
+    assert f"| {AT_DECISION} - {CHAIN_2} | +0.200 |" in table
+    assert (Path("out") / "decision-probe.md").read_text() == table
+    readme = (Path("results") / "out" / "README.md").read_text(encoding="utf-8")
+    assert "<!-- decision-probe:begin -->" in readme and table in readme
+    assert (Path("results") / "out" / "decision-probe.png").is_file()
