@@ -1,5 +1,5 @@
 """Independent draws of a decision per generated token, by arm (the ninth design's reading:
-results/branching_rare_decision/).
+results/branching_rare_route/).
 
     python benchmarks/decision_draws.py --prompts 24
 

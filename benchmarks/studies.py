@@ -75,7 +75,7 @@ STUDIES: tuple[Study, ...] = (
            Output("bench_branching_start_misroute_0.85_chair_stop_after_uniform_3",
                   (BRANCHING, *FOURTH_DESIGN, "--stop-after-uniform", "3"))),
           ("saturation-guard", "branching-start-misroute-0.85-chair-stop-after-uniform-3")),
-    Study("branching_rare_decision", "A rare decision mid-trajectory: the sixth to ninth designs (issue 47)",
+    Study("branching_rare_route", "A rare decision mid-trajectory: the sixth to ninth designs (issue 47)",
           Protocol(BRANCHING_PROTOCOL, "The ninth design's pilot at lr 5e-5"),
           (Output(NINTH_DESIGN, (BRANCHING, *LEAD, *NINTH_START, "--chain-group-size", "4",
                                  "--seeds", "0", "1", "2", "3", "4", "5")),
