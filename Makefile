@@ -26,7 +26,7 @@ TREEGRPO_DATA_DIR ?= $(firstword $(call with_corpus,$(CURDIR)/data) $(call with_
 export TREEGRPO_DATA_DIR
 export RAY_AUTH_MODE ?= disabled
 
-.PHONY: setup setup-vllm data run-data run run-hotpotqa run-demo baselines test test-slow test-vllm lint bench-retrieval bench-generation bench-rollout bench-prefix-sharing bench-update bench-learning bench-branching check-data
+.PHONY: setup setup-vllm data run-data run run-hotpotqa run-demo baselines test test-slow test-learning test-vllm lint bench-retrieval bench-generation bench-rollout bench-prefix-sharing bench-update bench-learning bench-branching check-data
 
 setup: $(VENV)/.installed
 
@@ -97,7 +97,12 @@ test: setup check-data
 	if [ $$rc -eq 5 ]; then echo "pytest: no tests were collected"; exit 0; fi; exit $$rc
 
 test-slow: setup check-data
-	$(PY) -m pytest -m slow $(PYTEST_ARGS)
+	$(PY) -m pytest -m "slow and not learning" $(PYTEST_ARGS)
+
+# The CPU demo learning end to end from a fresh cache (tests/test_learning.py): 13 minutes on a CPU with AVX-512,
+# about 45 on one with AVX2 only, so CI (90 minutes for everything) leaves it out; run it before a release.
+test-learning: setup check-data
+	$(PY) -m pytest -m learning $(PYTEST_ARGS)
 
 # The vLLM generator's tests (tests/test_vllm.py) on the CPU build, in .venv-vllm (about 3 minutes to set up).
 test-vllm: setup-vllm check-data
