@@ -74,6 +74,23 @@ def sentence_naming(observations: Sequence[str], words: str, max_words: int = 30
     return None
 
 
+def without_qualifier(title: str) -> str:
+    """A Wikipedia title without its closing parenthetical ("Fire (film)" -> "Fire"): how a passage names it."""
+    return re.sub(r"\s*\([^)]*\)$", "", title).strip() or title
+
+
+def named_form(title: str, texts: Sequence[str]) -> str | None:
+    """How ``texts`` name ``title`` (case-insensitive): the title, else the title without its qualifier; None when
+    they name neither."""
+    read = " ".join(texts).lower()
+    return next((form for form in (title, without_qualifier(title)) if form.lower() in read), None)
+
+
+def reading_order(question: str, titles: Sequence[str]) -> list[str]:
+    """``titles`` with those the question names first (stably): a reader can search those before reading anything."""
+    return sorted(titles, key=lambda title: named_form(title, [question]) is None)
+
+
 class RandomAgent:
     def __init__(self, seed: int):
         self.rng = random.Random(seed)
@@ -108,19 +125,24 @@ class OracleAgent:
     it has one ("I need the chair of Tosafen Works": a plan that later thoughts can copy). With ``cite`` (real
     questions), the thought before each later search and before the answer quotes the passage sentence that names
     the next query or the answer, as the passage states it ("Modern Men's pilot featured Wendie Malick as the life
-    coach" before searching Wendie Malick): what the next action copies is written down first."""
+    coach" before searching Wendie Malick): what the next action copies is written down first. With ``read`` (real
+    questions), it searches first the titles the question names and writes each query as the question or a passage
+    read before names it (``named_form``); ``unread`` counts the queries and answers named nowhere before them (a
+    policy could not have read them: a trajectory to skip)."""
 
     def __init__(self, max_searches: int, restate: bool = False, goals: Mapping[int, str] | None = None,
-                 cite: bool = False):
+                 cite: bool = False, read: bool = False):
         self.max_searches = max_searches
         self.restate = restate
         self.cite = cite
+        self.read = read
         self.goals = dict(goals or {})
-        self.searched = self.found = 0
+        self.searched = self.found = self.unread = 0
 
     def start(self, prompt: str, record: QARecord) -> None:
         self.record = record
-        self.queries = list(record.supporting_titles[: self.max_searches]) or [record.question]
+        titles = list(record.supporting_titles[: self.max_searches])
+        self.queries = (reading_order(record.question, titles) if self.read else titles) or [record.question]
         self.issued = 0  # searches written so far: the next one's index in ``goals``
         self.pending: str | None = None
         self.observations: list[str] = []
@@ -133,13 +155,20 @@ class OracleAgent:
                 self.found += f"(Title: {self.pending})" in observation
         if self.queries:
             self.pending = self.queries.pop(0)
-            sentence = (sentence_ending_with(observation, self.pending) if self.restate else
-                        sentence_naming(self.observations, self.pending) if self.cite else None)
+            query = self.pending
+            if self.read:
+                named = named_form(self.pending, [self.record.question, *self.observations])
+                self.unread += named is None
+                query = named or self.pending
+            sentence = (sentence_ending_with(observation, query) if self.restate else
+                        sentence_naming(self.observations, query) if self.cite else None)
             goal = self.goals.get(self.issued)
             self.issued += 1
             thought = ". ".join(part for part in (sentence, goal) if part) or "I need this passage"
-            return in_format(thought, "search", self.pending)
+            return in_format(thought, "search", query)
         answer = self.record.answers[0]
+        if self.read and answer.lower() not in ("yes", "no"):
+            self.unread += named_form(answer, self.observations) is None
         sentence = sentence_naming(self.observations, answer) if self.cite else None
         return in_format(sentence or "I have what I need", "answer", answer)
 

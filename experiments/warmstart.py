@@ -215,7 +215,8 @@ def training_data(args: argparse.Namespace, env_kwargs: dict, tokenizer,
                   end_of_turn: int) -> list[tuple[list[int], list[int]]]:
     """The oracle's trajectories of the train split of every data directory trained on (``oracle_data_dirs``): never
     a question of the evaluation split (an env whose data has no train split is an error naming the file it needs).
-    With ``--require-gold`` the questions whose supporting passages do not all come back are skipped, and counted."""
+    With ``--require-gold`` the questions whose supporting passages do not all come back are skipped, and counted;
+    with ``--read``, those whose queries or answer no passage read before names."""
     data, skipped = [], 0
     for data_dir in oracle_data_dirs(args, env_kwargs):
         try:
@@ -238,14 +239,17 @@ def training_data(args: argparse.Namespace, env_kwargs: dict, tokenizer,
             oracle_trajectory(env, tokenizer, i, args.max_turns, end_of_turn, answer=i not in unanswered,
                               premature=i in premature, route=questions[i].decoy if i in misrouted else None,
                               restate=args.restate, goal_role=questions[i].role if args.restate_goal else None,
-                              cite=args.cite, require_gold=args.require_gold)
+                              cite=args.cite, require_gold=args.require_gold, read=args.read)
             for i in range(count)]
         skipped += sum(trajectory is None for trajectory in trajectories)
         data += [trajectory for trajectory in trajectories if trajectory is not None]
         env.close()
-    if args.require_gold:
-        print(f"{skipped} questions skipped: a supporting title's passage did not come back for its own title (the "
-              f"corpus lacks it, or ranks it below the top {args.topk})")
+    reasons = [*(["a supporting title's passage did not come back for its own title (the corpus lacks it, or ranks "
+                  f"it below the top {args.topk})"] if args.require_gold else []),
+               *(["a query or the answer is named neither in the question nor in a passage read before it"]
+                 if args.read else [])]
+    if reasons:
+        print(f"{skipped} of {skipped + len(data)} questions skipped: {'; or '.join(reasons)}")
     return data
 
 

@@ -79,6 +79,10 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
     p.add_argument("--require-gold", action="store_true",
                    help="skip (and count) the questions whose supporting passages do not all come back from the "
                         "corpus for their own titles")
+    p.add_argument("--read", action="store_true",
+                   help="real questions: the oracle searches the supporting titles the question names first and "
+                        "writes each query as the question or a passage read before names it; questions where a "
+                        "query or the answer is named nowhere before it are skipped (and counted)")
     p.add_argument("--passage-words", type=int, default=None, help="each passage cut to its first k words")
     p.add_argument("--lora-rank", type=int, default=None,
                    help="train LoRA adapters of this rank (alpha twice it), merged into the saved model (default: "

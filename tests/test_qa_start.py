@@ -17,7 +17,7 @@ import envs  # noqa: F401  (registers the env ids)
 from envs.search_qa import first_words, format_passages
 from experiments.baselines import OracleAgent, in_format, run_episode, sentence_naming
 from experiments.model_manifest import damage, structural_damage, write_manifest
-from experiments.qa_start import QA_START_RECIPE, QASource, content_digest, warm_start_model
+from experiments.qa_start import CPU_QA_DEFAULTS, QA_START_RECIPE, QASource, content_digest, warm_start_model
 from experiments.warmstart import build_model, cached_warm_start, parse_args, training_data
 from policies.models import load_model
 
@@ -136,13 +136,35 @@ def test_a_model_without_a_chat_template_is_named(tmp_path):
         build_model(args)
 
 
+def test_the_reading_oracle_searches_what_it_has_read_as_it_read_it_and_counts_what_it_had_not():
+    """The title the question names first, although listed second; the other as the passage names it (without its
+    qualifier); a query or answer named nowhere before it is counted as unread."""
+    from envs.datasets import QARecord
+
+    record = QARecord(id="q1", question="Who founded the label of the band Blue Fire?", answers=("Ann Lee",),
+                      supporting_titles=("Sunset Records (label)", "Blue Fire"))
+    agent = OracleAgent(2, cite=True, read=True)
+    agent.start("prompt", record)
+    assert "<search> Blue Fire </search>" in agent.act("prompt")
+    first = "<information>Doc 1(Title: Blue Fire) Blue Fire signed with Sunset Records in 1990.</information>"
+    assert (agent.act(first)
+            == "<think>Blue Fire signed with Sunset Records in 1990</think>\n<search> Sunset Records </search>")
+    assert "<answer> Ann Lee </answer>" in agent.act("<information>Doc 1(Title: Sunset Records (label)) It grew."
+                                                      "</information>")
+    assert agent.unread == 1  # the answer: no passage named Ann Lee
+    unread = OracleAgent(2, read=True)
+    unread.start("prompt", QARecord(id="q2", question="Who?", answers=("yes",), supporting_titles=("A", "B")))
+    unread.act("prompt"), unread.act("<information>Doc 1(Title: A) Nothing.</information>")
+    assert unread.unread == 2 and unread.act("x").endswith("<answer> yes </answer>")  # yes/no need no passage
+
+
 @needs_data
 def test_questions_whose_supporting_passage_the_corpus_lacks_are_counted_and_skipped(tmp_path, capsys):
     data_dir = small_hotpotqa(tmp_path, questions=4, drop_title_of=1)
     _, tokenizer = load_model("tiny-random")
     kwargs = {"data_dir": str(data_dir), "max_turns": 3, "topk": 2, "passage_words": None}
     data = training_data(warm_args(data_dir, "--require-gold"), kwargs, tokenizer, tokenizer.eos_token_id)
-    assert len(data) == 3 and "1 questions skipped" in capsys.readouterr().out
+    assert len(data) == 3 and "1 of 4 questions skipped" in capsys.readouterr().out
     assert len(training_data(warm_args(data_dir), kwargs, tokenizer, tokenizer.eos_token_id)) == 4
 
 
@@ -206,7 +228,6 @@ def test_the_recipe_is_one_declaration_of_warmstart_options():
 
 
 def test_on_a_cpu_the_real_qa_env_trains_from_its_warm_start_with_the_cpu_defaults(monkeypatch):
-    from experiments.qa_start import CPU_QA_DEFAULTS
     from experiments.settings import RunSettings, lora_settings
 
     settings = RunSettings()
@@ -248,14 +269,14 @@ def test_evaluate_takes_a_runs_observations_from_its_config(tmp_path):
 @needs_data
 def test_a_small_warm_start_then_one_tree_grpo_iteration_on_real_questions_earns_a_reward(tmp_path, ray_session):
     """Item 4 of issue 70: the real path end to end (pretrained tokenizer and chat template, BM25 over real passages,
-    exact match), with real weights: the warm start on 24 train questions, then one iteration from it."""
+    exact match), with real weights: the warm start on 32 train questions (three epochs at a higher rate, so that so
+    few steps teach the format), then one iteration from it at the CPU defaults, on 2 prompts."""
     from experiments.run import main as run_main
 
-    recipe = (*QA_START_RECIPE, "--questions", "24")  # the later --questions wins
+    recipe = (*QA_START_RECIPE, "--questions", "32", "--epochs", "3", "--lr", "1e-3")  # the later options win
     model = cached_warm_start(QASource.of("HotpotQA-v0", SHARED), recipe, topk=2, cache_dir=tmp_path / "cache")
-    run_main(["--env", "HotpotQA-v0", "--model", str(model), "--topk", "2", "--passage-words", "48",
-              "--M", "1", "--N", "2", "--L", "1", "--prompts-per-iteration", "4", "--max-step-tokens", "80",
-              "--lora-rank", "8", "--lora-layers", "4", "--iterations", "1", "--no-mlflow", "--quiet",
-              "--output", str(tmp_path / "run")])
+    defaults = {**CPU_QA_DEFAULTS, "model": str(model), "prompts_per_iteration": 2}
+    run_main([*(part for name, value in defaults.items() for part in (f"--{name.replace('_', '-')}", str(value))),
+              "--env", "HotpotQA-v0", "--iterations", "1", "--no-mlflow", "--quiet", "--output", str(tmp_path / "run")])
     row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
-    assert row["leaves"] == 12 and row["reward_mean"] > 0  # some leaf earned a reward (0.2: a valid answer)
+    assert row["leaves"] == 6 and row["reward_mean"] > 0  # some leaf earned a reward (0.2: a valid answer)
