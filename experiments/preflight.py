@@ -130,7 +130,27 @@ def placement_line(settings: RunSettings) -> str:
         rollouts = f"rollouts: {settings.num_env_runners} remote env runner(s), {runner_device}"
     else:
         rollouts = "rollouts: in this process, " + ("on the GPU" if algorithm_settings.gpu_visible() else "on the CPU")
+    device += learner_threads_note(settings)
     return f"placement: {learners}, {device}; {rollouts} ({settings.generator_backend} engine)"
+
+
+def learner_threads_note(settings: RunSettings) -> str:
+    """The torch threads of the learner in this process where the run sets them (``--learner-threads``, or with
+    ``--max-staleness 1`` the cores the remote env runners leave, as ``TreeGRPO`` does), for the placement line."""
+    import torch
+
+    if settings.num_learners or (settings.learner_threads is None and not settings.max_staleness):
+        return ""
+    if settings.learner_threads is not None:
+        return f", {settings.learner_threads} torch thread(s) (--learner-threads)"
+    why = "which sample while it updates (max_staleness 1; --learner-threads sets it)"
+    if cluster_address(settings):  # where Ray places the runners is known once it has
+        return f", torch threads: this machine's cores less those of the remote env runners placed on it, {why}"
+    cores = algorithm_settings.available_cores()
+    runner = algorithm_settings.env_runner_threads(settings.num_cpus_per_env_runner)
+    threads = algorithm_settings.split_threads(cores, [runner] * settings.num_env_runners, torch.get_num_threads())
+    return (f", {threads} torch thread(s): this machine's {cores} cores less the remote env runners' {runner} each, "
+            f"{why}")
 
 
 def check_memory(settings: RunSettings) -> None:

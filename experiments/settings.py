@@ -305,7 +305,7 @@ MAY_CHANGE_ON_RESUME = frozenset({
     "eval_questions", "final_eval",
     "eval_envs", "mlflow", "mlflow_uri", "experiment", "run_name", "log_rollout_steps", "trees_every", "trees_count",
     "data_dir", "ray_dashboard", "ray_address", "memory_check", "env_runner_resources", "num_cpus_per_env_runner",
-    "num_gpus_per_env_runner", "num_cpus_per_learner", "num_gpus_per_learner",
+    "num_gpus_per_env_runner", "num_cpus_per_learner", "num_gpus_per_learner", "learner_threads",
 })
 
 

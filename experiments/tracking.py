@@ -50,14 +50,15 @@ TOP_LEVEL_KEYS = (metric_keys.PROMPTS, metric_keys.TOKENS_GENERATED_TOTAL, metri
                   metric_keys.UPDATE_TIME_S, metric_keys.SYNC_TIME_S, metric_keys.UPDATE_SKIPPED,
                   metric_keys.UPDATES_SKIPPED_TOTAL, metric_keys.UNIFORM_STREAK, metric_keys.ENV_RUNNER_RESTARTS,
                   metric_keys.SAMPLED_BY, metric_keys.NONZERO_ADVANTAGE_SHARE, metric_keys.STALENESS,
-                  metric_keys.SAMPLE_WAIT_TIME_S)
+                  metric_keys.WEIGHTS_VERSION, metric_keys.SAMPLE_WAIT_TIME_S)
 # Counts summed over runners come back as floats from RLlib's metrics: written as ints.
 COUNT_KEYS = frozenset({metric_keys.TREES, metric_keys.LEAVES, metric_keys.TOKENS_GENERATED,
                         metric_keys.TOKENS_PREFILLED, metric_keys.LLM_CALLS, metric_keys.FORWARD_PASSES,
                         metric_keys.TOOL_CALLS, metric_keys.RETRIEVAL_RETRIES, metric_keys.PROMPTS,
                         metric_keys.ENV_RUNNER_RESTARTS, metric_keys.OPTIMIZER_STEPS,
                         metric_keys.TOKENS_GENERATED_TOTAL, metric_keys.UPDATE_SKIPPED,
-                        metric_keys.UPDATES_SKIPPED_TOTAL, metric_keys.UNIFORM_STREAK, metric_keys.STALENESS})
+                        metric_keys.UPDATES_SKIPPED_TOTAL, metric_keys.UNIFORM_STREAK, metric_keys.STALENESS,
+                        metric_keys.WEIGHTS_VERSION})
 
 
 def default_tracking_uri(output: str | Path) -> str:

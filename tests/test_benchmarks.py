@@ -898,7 +898,7 @@ def test_the_learn_calls_comparison_says_when_the_gain_is_inside_the_noise_or_th
     assert "| iteration | n/a | n/a | 8.00 | n/a |" in timed_out
 
 
-def test_pipelining_figures_leave_out_the_warm_up_and_compare_with_the_faster_synchronous_arm():
+def test_pipelining_figures_leave_out_the_warm_up_and_compare_with_the_faster_synchronous_arm_of_each_round():
     from benchmarks import bench_pipelining
 
     def row(wall: float, tokens: int, staleness: int) -> dict:
@@ -908,9 +908,15 @@ def test_pipelining_figures_leave_out_the_warm_up_and_compare_with_the_faster_sy
     figures = bench_pipelining.summary([row(30.0, 10, 0), row(2.0, 100, 1), row(4.0, 200, 1)], warmup=1)
     assert figures["s_per_iteration"] == 3.0 and figures["iterations_per_hour"] == 1200
     assert figures["tokens_per_s"] == 50 and figures["staleness"] == 1
-    arms = {"sync-1-2": 1000.0, "sync-2-2": 1200.0, "ahead-1-1": 1800.0}
-    text = bench_pipelining.report(bench_pipelining.parse_args([]), {
-        name: {**figures, "iterations_per_hour": per_hour} for name, per_hour in arms.items()})
+    # two rounds, the second slower: each arm against the faster K = 0 of its own round
+    per_hour = {"sync-default": (1000.0, 500.0), "sync-2-2": (1200.0, 600.0), "ahead-default": (1800.0, 600.0)}
+    rounds = {name: [{**figures, "iterations_per_hour": value} for value in values]
+              for name, values in per_hour.items()}
+    assert bench_pipelining.ratios(rounds)["ahead-default"] == [1.5, 1.0]
+    args = bench_pipelining.parse_args(["--arms", *per_hour, "--repeats", "2"])
+    text = bench_pipelining.report(args, rounds, [0.4, 1.3, 0.2])
     ratios = {line.split(" | ")[0].strip("| "): line.split(" | ")[5] for line in text.splitlines()
-              if line.startswith("| ") and line.split(" | ")[0].strip("| ") in arms}
-    assert ratios == {"sync-1-2": "0.83", "sync-2-2": "1.00", "ahead-1-1": "1.50"}
+              if line.startswith("| ") and line.split(" | ")[0].strip("| ") in per_hour}
+    assert ratios == {"sync-default": "0.83 (0.83-0.83)", "sync-2-2": "1.00 (1.00-1.00)",
+                      "ahead-default": "1.25 (1.00-1.50)"}
+    assert "--repeats 2" in text and "load average around the runs 0.20-1.30" in text

@@ -19,6 +19,7 @@ import algos.tree_grpo.tree_grpo as tree_grpo_module
 from algos.batch import learner_shards, pad_batch, prompt_advantages
 from algos.tree_grpo import TreeGRPOConfig
 from algos.tree_grpo import metrics as metric_keys
+from algos.tree_grpo.settings import available_cores, env_runner_threads, split_threads
 from algos.tree_grpo.weight_transport import sync_env_runners
 from experiments.evaluate import load_policy
 from experiments.run import main
@@ -67,17 +68,27 @@ def sampled(algo, iteration: int) -> list:
 
 def test_a_staleness_of_one_grows_the_next_trees_with_the_weights_before_the_update(ray_session, data_dir,
                                                                                      batches):
-    algo = tiny_config(data_dir, max_staleness=1).build_algo()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # torch's own on 2 cores
     try:
-        results, weights = [], []
-        for _ in range(3):
-            results.append(algo.train())
-            weights.append(learner_weights(algo))
-        runner = dict(algo.env_runner_group.foreach_env_runner(
-            lambda r: (r.worker_index, {k: v.clone() for k, v in r.module.model.state_dict().items()}),
-            local_env_runner=False))
+        algo = tiny_config(data_dir, max_staleness=1).build_algo()
+        learner_threads = torch.get_num_threads()
+        try:
+            results, weights = [], []
+            for _ in range(3):
+                results.append(algo.train())
+                weights.append(learner_weights(algo))
+            runner = dict(algo.env_runner_group.foreach_env_runner(
+                lambda r: (r.worker_index, {k: v.clone() for k, v in r.module.model.state_dict().items()}),
+                local_env_runner=False))
+        finally:
+            algo.stop()
+        stopped_threads = torch.get_num_threads()
     finally:
-        algo.stop()
+        torch.set_num_threads(threads)
+    # the learner in this process leaves the runner its thread (0.5 CPU: one) while it samples ahead, until stop()
+    assert learner_threads == split_threads(available_cores(), [env_runner_threads(0.5)], 2)
+    assert stopped_threads == 2
     assert [result[metric_keys.STALENESS] for result in results] == [0, 1, 1]
     learner = [result[LEARNER_RESULTS][DEFAULT_MODULE_ID] for result in results]
     # the sampler's log-probs are an update old: the learner's own are the old ones, the gap corrected by TIS
@@ -139,6 +150,9 @@ def test_a_run_with_staleness_one_resumes_exactly(ray_session, data_dir, tmp_pat
 
     rows, rows_resumed = read_rows(straight / "metrics.jsonl"), read_rows(resumed / "metrics.jsonl")
     assert [row[metric_keys.STALENESS] for row in rows] == [0, 1, 1]
+    # the weights that sampled each batch: the initial ones twice (the second batch was sampled during update 1),
+    # then those of update 1
+    assert [row[metric_keys.WEIGHTS_VERSION] for row in rows] == [0, 0, 1]
 
     def without_times(rows: list[dict]) -> list[dict]:
         return [{k: v for k, v in row.items() if not k.endswith("time_s") and k != "learner_peak_memory_gib"}

@@ -348,7 +348,11 @@ def test_auto_generator_is_vllm_only_with_vllm_and_a_gpu(monkeypatch):
      "old_logprobs: sampler takes the rollout's log-probs as the PPO ratio's old ones, but with max_staleness 1"),
     (["--max-staleness", "1"], "max_staleness: 1 samples the next iteration on the remote env runners while the "
                                "learner updates, but num_env_runners is 0"),
-], ids=["above-bound", "negative", "sampler-old-logprobs", "no-remote-runners"])
+    (["--max-staleness", "1", "--tis-cap", "none", "--num-env-runners", "1"],
+     "tis_cap: None turns off the truncated importance weights, the only correction of the sampler's lag"),
+    (["--learner-threads", "2", "--num-learners", "1"],
+     "learner_threads: sets the torch threads of the learner in the driver, but num_learners is 1"),
+], ids=["above-bound", "negative", "sampler-old-logprobs", "no-remote-runners", "no-tis", "threads-remote"])
 def test_bad_staleness_is_one_line_naming_the_option_before_ray(argv, message, data_dir, tmp_path, capsys):
     from experiments.run import main
 

@@ -50,6 +50,7 @@ class RunnerResult:
     metrics: dict[str, Any]  # the runner's reduced metrics (``get_metrics``)
     trees: list[dict[str, Any]] = field(default_factory=list)  # exported trees; leaf indices count over ``records``
     weights_seq_no: int = 0  # the sequence number of the weights that sampled it (the learner's at their sync)
+    iteration: int | None = None  # the iteration it was sampled for (None in results saved before it was recorded)
 
 
 def module_device(generator_backend: str, cuda_available: bool) -> str:
@@ -127,7 +128,7 @@ class TreeSearchEnvRunner(EnvRunner, Checkpointable):
         records = self.sample(prompt_indices=prompt_indices, iteration=iteration)
         trees = self.export_trees(export_trees) if export_trees else []
         return RunnerResult(self.worker_index, list(prompt_indices), records, self.get_metrics(), trees,
-                            self._weights_seq_no)
+                            self._weights_seq_no, iteration)
 
     def step_generator(self, sampling: SamplingSettings) -> StepGenerator:
         """The configured backend's step generator over the module's current weights."""

@@ -58,6 +58,9 @@ SYNC_TIME_S = "sync_time_s"  # the weight sync to the env runners
 # updates between the weights that sampled the iteration's batch and the learner's before its update (0: on-policy;
 # 1 with max_staleness 1 after the first iteration)
 STALENESS = "staleness"
+# the version of the weights that sampled the iteration's batch: the learner's update count (RLlib's weights sequence
+# number) at their sync, the oldest of the batch's parts; the learner's before its update minus it is ``staleness``
+WEIGHTS_VERSION = "weights_version"
 # max_staleness 1: how long the driver waited, after the update, for the next iteration's sample (0: the rollout
 # was done first; the update hid the rest of the rollout's time)
 SAMPLE_WAIT_TIME_S = "sample_wait_time_s"

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
+import math
+import os
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -111,6 +113,11 @@ class TreeGRPOSettings(BaseModel):
                     "on this iteration's, with the weights from before that update (needs num_env_runners >= 1; the "
                     "learner then recomputes the old log-probs and corrects the sampler's lag with the truncated "
                     "importance weights)")
+    learner_threads: int | None = Field(
+        None, ge=1, description="torch threads of the learner in the driver (num_learners 0; remote learners get "
+                                "num_cpus_per_learner threads from Ray) (default: torch's, every core; with "
+                                "max_staleness 1, the cores the remote env runners on its machine leave, at least "
+                                "1: they sample while it updates)")
     lr: float = Field(1e-6, gt=0, description="learning rate (AdamW)")
     warmup_steps: int | None = Field(
         None, ge=0, description="optimizer steps of linear learning-rate warm-up (default: --warmup-ratio of the "
@@ -135,8 +142,8 @@ class TreeGRPOSettings(BaseModel):
                             "included)")
     tis_cap: float | None = Field(
         2.0, ge=1, description="truncated importance sampling between the sampler's and the recomputed old "
-                               "log-probs: weights min(exp(old - sampler), cap) (None: off; acts only with "
-                               "recomputed old log-probs)")
+                               "log-probs: weights min(exp(old - sampler), cap) (None: off, refused with "
+                               "max_staleness 1, whose lag it corrects; acts only with recomputed old log-probs)")
     tis_level: Literal["token", "sequence"] = Field("token", description="truncated importance weights per token "
                                                                         "or per trajectory")
     weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay")
@@ -203,6 +210,10 @@ class TreeGRPOSettings(BaseModel):
             raise ValueError("old_logprobs: sampler takes the rollout's log-probs as the PPO ratio's old ones, but "
                              "with max_staleness 1 the rollout's weights are an update behind the learner's; use auto "
                              "or recompute (the learner's own, with the truncated importance weights)")
+        if self.max_staleness and self.tis_cap is None:
+            raise ValueError("tis_cap: None turns off the truncated importance weights, the only correction of the "
+                             "sampler's lag with max_staleness 1 (the batch is sampled an update behind the "
+                             "learner); set a cap (2.0 is the default) or max_staleness 0")
         if self.mini_batches > self.prompts_per_iteration:
             raise ValueError(f"ppo_mini_batches ({self.mini_batches}) must not exceed prompts_per_iteration "
                              f"({self.prompts_per_iteration}): a mini-batch holds whole prompt groups")
@@ -309,3 +320,31 @@ def check_staleness(max_staleness: int, num_env_runners: int) -> None:
         raise ValueError(f"max_staleness: {max_staleness} samples the next iteration on the remote env runners while "
                          f"the learner updates, but num_env_runners is 0 (the driver samples, and cannot do both at "
                          f"once); set --num-env-runners 1 or more, or --max-staleness 0")
+
+
+def check_learner_threads(learner_threads: int | None, num_learners: int) -> None:
+    """A ``ValueError`` naming the options when ``learner_threads`` is set for remote learners (Ray gives each
+    ``num_cpus_per_learner`` threads)."""
+    if learner_threads is not None and num_learners:
+        raise ValueError(f"learner_threads: sets the torch threads of the learner in the driver, but num_learners is "
+                         f"{num_learners} (remote learners get --num-cpus-per-learner threads from Ray); drop it, or "
+                         f"set --num-learners 0")
+
+
+def available_cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def env_runner_threads(num_cpus_per_env_runner: float) -> int:
+    """The torch threads of a remote env runner: Ray sets an actor's OMP_NUM_THREADS, which torch follows, to the
+    floor of its CPUs (at least 1) unless the environment it inherits sets it."""
+    inherited = os.environ.get("OMP_NUM_THREADS")
+    return int(inherited) if inherited else max(1, math.floor(num_cpus_per_env_runner))
+
+
+def split_threads(cores: int, runner_threads: Sequence[int], torch_threads: int) -> int:
+    """The torch threads of a learner that updates while the env runners beside it (``runner_threads``: theirs, on
+    its machine) sample ahead: the ``cores`` they leave, at least 1, at most ``torch_threads`` (the process's own,
+    which OMP_NUM_THREADS or a Ray actor's CPUs may have lowered already)."""
+    return max(1, min(torch_threads, cores - sum(runner_threads)))

@@ -3,8 +3,6 @@ prompt -> one learner update -> weight sync), in one module as RLlib keeps ``PPO
 
 from __future__ import annotations
 
-import functools
-import math
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -37,14 +35,16 @@ from algos.tree_grpo import metrics as metric_keys
 from algos.tree_grpo.env_runner import RunnerResult, TreeSearchEnvRunner
 from algos.tree_grpo.learner import TreeGRPOTorchLearner
 from algos.tree_grpo.learner_group import TreeGRPOLearnerGroup
+from algos.tree_grpo.sampling_ahead import SamplingAhead
 from algos.tree_grpo.settings import (
     ALGORITHM_FIELDS,
     TreeGRPOSettings,
     check_learner_sharding,
+    check_learner_threads,
     check_staleness,
     validated,
 )
-from algos.tree_grpo.sharding import Started, run_sharded, shard
+from algos.tree_grpo.sharding import Started, run_sharded
 from algos.tree_grpo.weight_transport import (
     colocated,
     deliver_weights,
@@ -57,11 +57,9 @@ from policies.generation import SamplingSettings
 from policies.rl_module import LLMRLModule
 
 RESTORE_POLL_S = 1.0  # between probes while waiting for a restarted env runner
-SAMPLED_AHEAD = "sampled_ahead"  # the algorithm's state: the next iteration's sample (max_staleness 1)
-AHEAD_TAG = "sample_ahead"  # RLlib's tag of the remote calls that sample ahead
 
 
-class TreeGRPO(Algorithm):
+class TreeGRPO(SamplingAhead, Algorithm):
     """Tree-GRPO (arXiv 2509.21240) on RLlib's new API stack; see ``TreeGRPOConfig`` for the settings.
 
     Besides RLlib's API: ``exported_trees`` (this iteration's trees for the trackers, with the learner's
@@ -69,11 +67,8 @@ class TreeGRPO(Algorithm):
     iteration not yet counted) and ``greedy_eval`` (any env and split; ``evaluate()`` is the training env's
     evaluation split).
 
-    With ``max_staleness`` 1 an iteration starts the next one's sample on the remote runners before its own update
-    and collects it after: the runners sample with the weights from before the update while the learner updates,
-    and load the new weights when that sample returns. The next iteration's sample is part of the algorithm's state
-    (``SAMPLED_AHEAD``), saved in checkpoints: a resumed run trains on the very batch the uninterrupted run would
-    have (sampled with weights the checkpoint no longer holds).
+    An iteration's sample, with ``max_staleness`` 1 taken ahead during the previous update: ``SamplingAhead``
+    (``algos/tree_grpo/sampling_ahead.py``).
     """
 
     @classmethod
@@ -92,7 +87,6 @@ class TreeGRPO(Algorithm):
         self.exported_trees: list[dict[str, Any]] = []
         self._incarnations: dict[int, str] = {}  # remote runner -> the incarnation last seen (``_new_incarnations``)
         self._sampled_by: list[int] = []  # the runners that returned samples this iteration
-        self._sampled_ahead: list[RunnerResult] | None = None  # the next iteration's sample (max_staleness 1)
         super().setup(config)
         self._new_incarnations()
         questions = envs.question_count(self.config.env, **dict(self.config.env_config))
@@ -124,31 +118,19 @@ class TreeGRPO(Algorithm):
         return bool(self.config.trees_every) and (iteration + 1) % self.config.trees_every == 0
 
     @override(Algorithm)
-    def get_state(self, components=None, *, not_components=None, **kwargs) -> dict[str, Any]:
-        state = super().get_state(components, not_components=not_components, **kwargs)
-        if self._sampled_ahead is not None:  # sampled with weights the checkpoint does not hold: kept as it is
-            state[SAMPLED_AHEAD] = self._sampled_ahead
-        return state
-
-    @override(Algorithm)
-    def set_state(self, state: dict[str, Any]) -> None:
-        super().set_state(state)
-        self._sampled_ahead = state.get(SAMPLED_AHEAD)
-
-    @override(Algorithm)
     def training_step(self) -> None:
         start = time.perf_counter()
         iteration = self.iteration
         with self.metrics.log_time((TIMERS, ENV_RUNNER_SAMPLING_TIMER)):
-            # kept until the update (or the skip) replaces it: a stop before then saves it for this iteration
-            results = self._sampled_ahead if self._sampled_ahead is not None else self.sample_call(iteration)()
-        ahead = self.sample_call(iteration + 1, ahead=True) if self.config.max_staleness else None
+            results = self._batch_of(iteration)
+        ahead = self._start_ahead(iteration + 1)
         records = [record for result in results for record in result.records]
         self._sampled_by = sorted({result.worker_index for result in results})
         self.metrics.aggregate([result.metrics for result in results], key=ENV_RUNNER_RESULTS)
-        # updates since the weights that sampled the batch (the oldest of its parts)
-        self.metrics.log_value(metric_keys.STALENESS, learner_seq_no(self.learner_group) - min(
-            result.weights_seq_no for result in results), window=1)
+        # the weights that sampled the batch (the oldest of its parts) and the updates since
+        version = min(result.weights_seq_no for result in results)
+        self.metrics.log_value(metric_keys.WEIGHTS_VERSION, version, window=1)
+        self.metrics.log_value(metric_keys.STALENESS, learner_seq_no(self.learner_group) - version, window=1)
         # a lifetime sum: checkpointed with the algorithm's metrics, so a resumed run counts on from its checkpoint
         self.metrics.log_value(metric_keys.TOKENS_GENERATED_TOTAL, self.metrics.peek(
             (ENV_RUNNER_RESULTS, metric_keys.TOKENS_GENERATED), default=0), reduce="lifetime_sum")
@@ -178,32 +160,6 @@ class TreeGRPO(Algorithm):
         self.update_learners(records, advantages, ahead)
         # evaluation not included
         self.metrics.log_value(metric_keys.ITERATION_TIME_S, time.perf_counter() - start, window=1)
-
-    def sample_call(self, iteration: int, *, ahead: bool = False) -> Callable[[], list[RunnerResult]]:
-        """``iteration``'s sample as a call that returns the runners' results (``on_env_runners``). ``ahead``: sent
-        to the remote runners now, sampling with the weights they hold now, so that the call only waits for it
-        (and samples again the prompts of a runner that died meanwhile, on the runners healthy then); else the call
-        does it all."""
-        prompts = self._prompts_of(iteration)
-        runners = max(1, self.env_runner_group.num_healthy_remote_env_runners())
-        per_runner = math.ceil(self.config.trees_count / runners) if self._exports_trees(iteration) else 0
-
-        def sample(runner: TreeSearchEnvRunner, shard: list[int]) -> RunnerResult:
-            return runner.sample_prompts(shard, iteration=iteration, export_trees=per_runner)
-
-        started = self.start_on_env_runners(prompts, sample) if ahead else None
-        return functools.partial(self.on_env_runners, prompts, sample, f"sampling of iteration {iteration + 1}",
-                                 started=started)
-
-    def _take_ahead(self, ahead: Callable[[], list[RunnerResult]] | None) -> float:
-        """Wait for the next iteration's sample started ahead (None: none started) and keep it for that iteration;
-        the seconds waited (``SAMPLE_WAIT_TIME_S``)."""
-        start = time.perf_counter()
-        taken = ahead() if ahead is not None else None
-        waited = time.perf_counter() - start if ahead is not None else 0.0
-        self._sampled_ahead = taken  # only now: a stop while waiting keeps this iteration's own for the checkpoint
-        self.metrics.log_value(metric_keys.SAMPLE_WAIT_TIME_S, waited, window=1)
-        return waited
 
     def update_learners(self, records: Sequence, advantages: np.ndarray,
                         ahead: Callable[[], list[RunnerResult]] | None = None) -> None:
@@ -243,7 +199,8 @@ class TreeGRPO(Algorithm):
         """``call(runner, shard)`` on every healthy runner (the local one when there are no remote runners), the
         ``items`` split over them; the items of a runner that dies go to the runners healthy after a restore
         attempt (``algos.tree_grpo.sharding.run_sharded``). ``started``: the first round, already sent
-        (``start_on_env_runners``). ``call`` is shipped to the runners: it must not hold the algorithm."""
+        (``algos.tree_grpo.sampling_ahead.start_ahead``). ``call`` is shipped to the runners: it must not hold the
+        algorithm."""
         group = self.env_runner_group
         remote = group.num_remote_env_runners() > 0
 
@@ -257,22 +214,6 @@ class TreeGRPO(Algorithm):
 
         return run_sharded(items, healthy=healthy, dispatch=dispatch, recover=self._bring_runners_back, what=what,
                            started=started)
-
-    def start_on_env_runners(self, items: Sequence[int],
-                             call: Callable[[TreeSearchEnvRunner, list[int]], Any]) -> Started | None:
-        """``call(runner, shard)`` sent to every healthy remote runner, the ``items`` split over them, without waiting:
-        the first round of ``on_env_runners`` (None when no remote runner is healthy: it then dispatches one)."""
-        group = self.env_runner_group
-        workers = group.healthy_env_runner_ids() if group.num_remote_env_runners() > 0 else []
-        if not workers:
-            return None
-        shards = shard(items, workers)
-        group.foreach_env_runner_async(on_shards(call, shards), tag=AHEAD_TAG, remote_worker_ids=list(shards))
-
-        def answers() -> dict[int, Any]:  # a runner that died is missing (RLlib marks it unhealthy)
-            return dict(answer for _, answer in group.fetch_ready_async_reqs(tags=AHEAD_TAG, timeout_seconds=None))
-
-        return Started(shards, answers)
 
     def _bring_runners_back(self) -> None:
         """Restore the runners that are back after a failure. With no healthy runner left, wait for the restart
@@ -492,6 +433,7 @@ class TreeGRPOConfig(AlgorithmConfig):
             raise ValueError(f"ppo_mini_batches ({self.settings.mini_batches}) exceeds the rows each of the "
                              f"{max(1, self.num_learners)} learner(s) gets ({rows})")
         check_learner_sharding(self.learner_sharding, self.num_learners)
+        check_learner_threads(self.learner_threads, self.num_learners)
         if not self.in_evaluation:  # RLlib's copy for the evaluation has its own runner count (0: it runs on ours)
             check_staleness(self.max_staleness, self.num_env_runners)
         if self.grad_clip_by not in GRAD_CLIP_MODES:  # .training() checks it, a plain assignment does not
