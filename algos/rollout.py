@@ -66,6 +66,10 @@ class RolloutCounters:
     generation_s: float = 0.0  # inside the generator's forward passes (poll)
     env_s: float = 0.0  # inside env.step and prefetch (retrieval included) and snapshot restores
     retrieval_retries: int = 0  # failed retrieval requests retried (a retrieval server's hiccups)
+    # nodes expanded (rounds 1..L) of the prompts whose gold answer is a name (not yes / no), and of those the ones
+    # no observation on whose path names a gold answer yet: the branch can still change what the answer is read from
+    expansions: int = 0
+    expansions_before_answer_read: int = 0
 
     @property
     def budget_measured(self) -> float:
@@ -74,6 +78,17 @@ class RolloutCounters:
         if not self.chain_tokens or not self.prompts:
             return float("nan")
         return self.total_tokens / (self.chain_tokens / chains) / self.prompts
+
+
+def named_answers(answers: tuple[str, ...] | list[str]) -> list[str]:
+    """The gold answers a passage can name: yes / no (a comparison's verdict) left out."""
+    return [answer for answer in answers if answer.strip().lower() not in ("yes", "no")]
+
+
+def names_any(texts: list[str], answers: list[str]) -> bool:
+    """Whether any of ``texts`` names any of ``answers`` (case-insensitive)."""
+    text = " ".join(texts).lower()
+    return any(answer.lower() in text for answer in answers)
 
 
 @dataclass
@@ -129,6 +144,11 @@ class TreeRollout:
 
         def start_round(growth: _Growth, nodes: list[Node]) -> None:
             growth.running = len(nodes)
+            answers = named_answers(self.env.records[growth.tree.prompt_index].answers)
+            if growth.round > 0 and answers:
+                self.counters.expansions += len(nodes)
+                self.counters.expansions_before_answer_read += sum(
+                    not names_any([n.observation for n in node.path()], answers) for node in nodes)
             for j, node in enumerate(nodes):
                 submit(node, growth, (growth.round, j), branch_stream(seed, growth.index, growth.round, j))
 

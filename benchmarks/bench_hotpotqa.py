@@ -130,11 +130,16 @@ def arm_summary(output: Path, arm: str, seeds: list[int], start: list[dict], typ
              for c in curves.values()]
     seconds = [float(np.median([x for x in c[metric_keys.ITERATION_TIME_S][1:] if x is not None] or [np.nan]))
                for c in curves.values()]
+    # the share of expansions made before any observation on their path named the answer (chains make none)
+    made = [sum(row.get(key) or 0 for row in load_metrics(run / "metrics.jsonl")) for run in runs.values()
+            for key in (metric_keys.EXPANSIONS, metric_keys.EXPANSIONS_BEFORE_ANSWER_READ)]
+    before_answer = sum(made[1::2]) / sum(made[0::2]) if sum(made[0::2]) else None
     return {"seeds": sorted(runs), "per_seed": per_seed,
             "pooled_change_bootstrap": {"mean": pooled.mean, "low": pooled.low, "high": pooled.high},
             "pooled_change_t_over_seeds": interval(changes),
             "sign_flip_p": sign_flip_p_value(changes) if changes else None,
-            "mixed_reward_share": interval(mixed), "median_iteration_s": seconds, "curves": curves}
+            "mixed_reward_share": interval(mixed), "median_iteration_s": seconds,
+            "expansions_before_answer_read": before_answer, "curves": curves}
 
 
 def markdown(summary: dict) -> str:
@@ -143,13 +148,17 @@ def markdown(summary: dict) -> str:
              f"{start['em']['high']:.3f}], answer rate {start['answered']['mean']:.3f} over {start['questions']} "
              f"questions.", "",
              "| arm | seeds | EM before | EM after (mean of seeds) | pooled change (bootstrap) | t over seeds | "
-             "sign-flip p | mixed-reward share | s / iteration |", "|" + "---|" * 9]
+             "sign-flip p | mixed-reward share | expansions before the answer was read | s / iteration |",
+             "|" + "---|" * 10]
     for arm, s in summary["arms"].items():
         after = np.mean([x["em_after"] for x in s["per_seed"].values()])
         p, t, m = s["pooled_change_bootstrap"], s["pooled_change_t_over_seeds"], s["mixed_reward_share"]
+        before_answer = s["expansions_before_answer_read"]
         lines.append(f"| {arm} | {len(s['seeds'])} | {start['em']['mean']:.3f} | {after:.3f} | {p['mean']:+.3f} "
                      f"[{p['low']:+.3f}, {p['high']:+.3f}] | [{t['low']:+.3f}, {t['high']:+.3f}] | "
-                     f"{s['sign_flip_p']:.3f} | {m['mean']:.3f} | {np.nanmedian(s['median_iteration_s']):.0f} |")
+                     f"{s['sign_flip_p']:.3f} | {m['mean']:.3f} | "
+                     f"{'-' if before_answer is None else format(before_answer, '.3f')} | "
+                     f"{np.nanmedian(s['median_iteration_s']):.0f} |")
     lines += ["", "Per seed (change after - before, paired over the questions):", "",
               "| arm | seed | EM after | change (t) | change (bootstrap) | bridge | comparison | answer rate |",
               "|" + "---|" * 8]

@@ -38,7 +38,8 @@ ENV_RUNNER_KEYS = (metric_keys.REWARD, metric_keys.EM, metric_keys.TREES, metric
                    metric_keys.TOKENS_GENERATED, metric_keys.TOKENS_PREFILLED, metric_keys.LLM_CALLS,
                    metric_keys.FORWARD_PASSES, metric_keys.KV_PEAK_MIB, metric_keys.TOOL_CALLS,
                    metric_keys.RETRIEVAL_RETRIES, metric_keys.SAMPLE_TIME_S, metric_keys.GENERATION_TIME_S,
-                   metric_keys.ENV_TIME_S, metric_keys.BUDGET_ESTIMATE, metric_keys.BUDGET_MEASURED)
+                   metric_keys.ENV_TIME_S, metric_keys.BUDGET_ESTIMATE, metric_keys.BUDGET_MEASURED,
+                   metric_keys.EXPANSIONS, metric_keys.EXPANSIONS_BEFORE_ANSWER_READ)
 LEARNER_KEYS = (metric_keys.POLICY_LOSS, metric_keys.KL, metric_keys.ENTROPY, metric_keys.CLIP_FRACTION,
                 metric_keys.DUAL_CLIP_FRACTION, metric_keys.RATIO_MEAN, metric_keys.RATIO_MAX, metric_keys.RATIO_MIN,
                 metric_keys.GRAD_NORM, metric_keys.NONFINITE_GRAD_SHARE, metric_keys.LEARNING_RATE,
@@ -58,7 +59,8 @@ COUNT_KEYS = frozenset({metric_keys.TREES, metric_keys.LEAVES, metric_keys.TOKEN
                         metric_keys.ENV_RUNNER_RESTARTS, metric_keys.OPTIMIZER_STEPS,
                         metric_keys.TOKENS_GENERATED_TOTAL, metric_keys.UPDATE_SKIPPED,
                         metric_keys.UPDATES_SKIPPED_TOTAL, metric_keys.UNIFORM_STREAK, metric_keys.STALENESS,
-                        metric_keys.WEIGHTS_VERSION})
+                        metric_keys.WEIGHTS_VERSION, metric_keys.EXPANSIONS,
+                        metric_keys.EXPANSIONS_BEFORE_ANSWER_READ})
 
 
 def default_tracking_uri(output: str | Path) -> str:

@@ -14,7 +14,7 @@ import envs  # noqa: F401  (registers the env ids)
 from algos.batch import leaf_records
 from algos.branching import ENTROPY_TOKENS
 from algos.evaluation import QUERIES, greedy_chains
-from algos.rollout import TreeRollout, TreeShape
+from algos.rollout import TreeRollout, TreeShape, named_answers, names_any
 from algos.tree import Node
 from envs.retrieval import Retriever, get_retriever
 from policies.generation import (
@@ -266,6 +266,34 @@ def test_an_at_depth_rollout_expands_the_step_after_the_first_search(tiny, data_
         (first_search,) = tree.root.children
         assert len(first_search.children) == 3 and len(tree.leaves()) == 3
         assert sum(node.depth == 2 for node in tree.nodes()) == 3
+
+
+class SearchesFirst(ScriptedGenerator):
+    """The scripted policy, whose first search is ``query``."""
+
+    def __init__(self, tokenizer, seed: int, query: str):
+        super().__init__(tokenizer, seed)
+        self.query = query
+
+    def _step(self, branch):
+        if "<think>go</think>" in self.tokenizer.decode(branch.token_ids):  # searched already
+            return super()._step(branch)
+        ids = tuple(self.tokenizer(f"<think>go</think><search>{self.query}</search>", add_special_tokens=False)[
+            "input_ids"])
+        return StepOutput(ids, (0.0,) * len(ids), "stop", None)
+
+
+def test_expansions_are_counted_with_those_made_before_an_observation_named_the_answer(tiny, data_dir):
+    """Dev question 2's answer is Art Bell: a first search for him reads it before the expansion after it; one for
+    an unrelated word does not. A yes / no answer (question 5 is not one) is named by no passage: not counted."""
+    _, tokenizer = tiny
+    env = gym.make("HotpotQA-v0", split="dev")
+    for query, before in (("Art Bell", 0), ("zebra quartz violin", 2)):
+        rollout = TreeRollout(env, SearchesFirst(tokenizer, 0, query), tokenizer, seed=0, branching="at_depth_1")
+        rollout.grow([2], TreeShape(1, 2, 1))
+        assert (rollout.counters.expansions, rollout.counters.expansions_before_answer_read) == (2, before)
+    assert named_answers(["Yes", "Art Bell"]) == ["Art Bell"] and named_answers(("no",)) == []
+    assert names_any(["x", "met ART BELL"], ["Art Bell"]) and not names_any(["x"], ["Art Bell"])
 
 
 class SlowPromptGenerator(ScriptedGenerator):

@@ -184,7 +184,9 @@ class TreeSearchEnvRunner(EnvRunner, Checkpointable):
                 metric_keys.SAMPLE_TIME_S: seconds,
                 metric_keys.GENERATION_TIME_S: rollout.counters.generation_s,
                 metric_keys.ENV_TIME_S: rollout.counters.env_s,
-                metric_keys.RETRIEVAL_RETRIES: rollout.counters.retrieval_retries}
+                metric_keys.RETRIEVAL_RETRIES: rollout.counters.retrieval_retries,
+                metric_keys.EXPANSIONS: rollout.counters.expansions,
+                metric_keys.EXPANSIONS_BEFORE_ANSWER_READ: rollout.counters.expansions_before_answer_read}
         for key, value in sums.items():
             self.metrics.log_value(key, value, reduce="sum")
         self.metrics.log_value(metric_keys.KV_PEAK_MIB, generation["kv_peak_bytes"] / 2**20, reduce="max", window=1)
