@@ -31,10 +31,12 @@ FSDP's sharding is trivial but its whole path (root, gathers, reductions, sharde
 KL reference in the compute dtype: one unsharded learner (the model moved to the device whole, the reference copied
 beside it) and FSDP learners (the model kept on the host, ``broadcast_from_rank0``, then
 ``policies.reference_model.shard_policy_and_reference``: the policy sharded unit by unit, the reference made from
-its shards). Measured per rank: the peak from just before the model is built to the end of the build, as above,
-after a build of the tiny-random shape the same way (what a process loads once is then out of the measurement);
-against one learner's, and against the plan's startup term (``policies.memory_plan.startup_parts``; on the CPU,
-whose device is the host, with ``host_is_device``).
+its shards). Measured per rank, above the level before the model is built and after a build of the tiny-random
+shape the same way (what a process loads once is then out of the measurement): the peak while the model is
+constructed (random weights: the constructor makes an untied LM head and drops it when it ties the weights, the
+embeddings' size more for a moment) and the peak of the learner's build from it; the larger against one learner's,
+the second against the plan's startup term (``policies.memory_plan.startup_parts``; on the CPU, whose device is the
+host, with ``host_is_device``).
 """
 
 from __future__ import annotations
@@ -180,8 +182,7 @@ def startup_rank_main(rank: int, world: int, store: str, args: argparse.Namespac
                                 world_size=world, timeout=timedelta(minutes=10))
     precision = precision_of(args.dtype)
 
-    def build(shape: ModelShape) -> None:
-        model = build_model(shape, args.seed)  # on the host, as RLlib builds the module
+    def build(model: torch.nn.Module) -> None:  # the learner's _make_module, from the module RLlib built
         if sharding == "fsdp":
             broadcast_from_rank0(model, device)
             shard_policy_and_reference(model, precision, reference=True)
@@ -189,29 +190,37 @@ def startup_rank_main(rank: int, world: int, store: str, args: argparse.Namespac
             model.to(device)
             ReferenceModel(model, dtype=precision.compute, device=device)
 
-    build(PRESETS[TINY_RANDOM])  # what a process loads once (lazy imports, FSDP's setup): out of the measurement
+    build(build_model(PRESETS[TINY_RANDOM], args.seed))  # what a process loads once: out of the measurement
     gc.collect()
     before = resident_gib("VmRSS")
     reset_peak_memory(device)
-    build(PRESETS[args.shape])
-    peak = peak_memory_gib(device) - (0.0 if cuda else before)
+    model = build_model(PRESETS[args.shape], args.seed)  # on the host, as RLlib builds the module
+    constructed = peak_memory_gib(device) - (0.0 if cuda else before)
+    reset_peak_memory(device)
+    build(model)
+    learner = peak_memory_gib(device) - (0.0 if cuda else before)
     options = MemoryOptions(learners=world, sharding=sharding, dtype=args.dtype, overhead_gib=0.0)
     planned = sum(startup_parts(PRESETS[args.shape], options, host_is_device=not cuda).values()) / GIB
-    result = {"sharding": sharding, "world": world, "rank": rank, "peak_gib": peak, "planned_gib": planned}
+    result = {"sharding": sharding, "world": world, "rank": rank, "constructed_gib": constructed,
+              "learner_gib": learner, "peak_gib": max(constructed, learner), "planned_gib": planned}
     Path(out, f"{rank}.json").write_text(json.dumps(result))
     if dist.is_initialized():
         dist.destroy_process_group()
 
 
 def startup_table(results: list[list[dict]]) -> str:
-    """One row per build: the largest rank's peak, the plan's startup term, the ratio to one learner's peak."""
-    lines = ["| learners | sharding | peak per rank (GiB) | of one learner's | planned (GiB) | planned / peak |",
-             "|---:|---|---:|---:|---:|---:|"]
+    """One row per build, the largest rank's figures: the model's construction, the learner's build from it, the
+    startup's peak (the larger) and its share of one learner's, the plan's startup term against the learner's
+    build."""
+    lines = ["| learners | sharding | constructed (GiB) | learner's build (GiB) | startup peak (GiB) "
+             "| of one learner's | planned (GiB) | planned / learner's build |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|"]
     one = max(r["peak_gib"] for r in results[0])
     for ranks in results:
+        constructed, learner = (max(r[key] for r in ranks) for key in ("constructed_gib", "learner_gib"))
         peak, planned = max(r["peak_gib"] for r in ranks), ranks[0]["planned_gib"]
-        lines.append(f"| {ranks[0]['world']} | {ranks[0]['sharding']} | {peak:.3f} | {peak / one:.2f} | "
-                     f"{planned:.3f} | {planned / peak:.2f} |")
+        lines.append(f"| {ranks[0]['world']} | {ranks[0]['sharding']} | {constructed:.3f} | {learner:.3f} | "
+                     f"{peak:.3f} | {peak / one:.2f} | {planned:.3f} | {planned / learner:.2f} |")
     return "\n".join(lines)
 
 
