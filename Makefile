@@ -1,7 +1,7 @@
 # Two commands on a fresh machine: `make run` (train / run the default experiment) and `make test`.
 # Both create .venv if missing and install what the project needs, then find the data:
-# $TREEGRPO_DATA_DIR, else ./data, else ../shared/data beside the checkout. `make data` downloads it (on a GPU
-# machine `make run` does so itself when none is found).
+# $TREEGRPO_DATA_DIR, else ./data, else ../shared/data beside the checkout (the first of the two with a corpus).
+# `make data` downloads it (on a GPU machine `make run` does so itself when none is found).
 
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -19,7 +19,10 @@ DATASETS ?= hotpotqa
 PREPARE_DIR := $(or $(TREEGRPO_DATA_DIR),$(CURDIR)/data)
 PREPARE_ARGS ?=
 
-TREEGRPO_DATA_DIR ?= $(firstword $(wildcard $(CURDIR)/data) $(wildcard $(abspath $(CURDIR)/../shared/data)))
+# A folder is taken for the data directory only when it holds a corpus (envs/datasets.py's CORPUS_CANDIDATES), so
+# that a ./data an unfinished `make data` left (a part file, no corpus yet) does not hide ../shared/data.
+with_corpus = $(if $(wildcard $(1)/wiki/wiki-18.jsonl $(1)/wiki/paragraphs.jsonl),$(1))
+TREEGRPO_DATA_DIR ?= $(firstword $(call with_corpus,$(CURDIR)/data) $(call with_corpus,$(abspath $(CURDIR)/../shared/data)))
 export TREEGRPO_DATA_DIR
 export RAY_AUTH_MODE ?= disabled
 
@@ -54,7 +57,8 @@ $(VLLM_VENV)/.installed: setup.py
 
 check-data:
 	@test -n "$(TREEGRPO_DATA_DIR)" && test -d "$(TREEGRPO_DATA_DIR)" || { \
-	  echo "No data directory: \`make data\` downloads it into ./data (or set TREEGRPO_DATA_DIR, or put the data at" \
+	  echo "No data directory (a folder with a corpus, wiki/wiki-18.jsonl or wiki/paragraphs.jsonl): \`make data\`" \
+	       "downloads it into ./data, resuming an unfinished one (or set TREEGRPO_DATA_DIR, or put the data at" \
 	       "../shared/data; layout: docs/environments.md, \"Getting the data\")"; exit 1; }
 	@echo "data: $(TREEGRPO_DATA_DIR)"
 

@@ -45,8 +45,8 @@ at equal measured cost; --iterations is only a cap. Final dev EM on --eval-quest
 differences with bootstrap intervals, the std of the per-question paired differences and the seeds a
 --delta EM difference needs at 80% power (``experiments.confidence.seeds_for_power``), the failure mix (with
 "wrong route"), routing, and curves of dev EM against tokens generated and tool calls. Writes OUTPUT/branching.md,
-branching.json, branching.png and, with --report, section ``branching`` of docs/benchmarks.md (the pilot:
-``branching-pilot``).
+branching.json, branching.png and, with --report, section ``branching`` (the pilot: ``branching-pilot``; a design's
+its own) of its study's README (``benchmarks/studies.py``: results/STUDY/README.md).
 """
 
 from __future__ import annotations

@@ -16,7 +16,9 @@ start misrouting 0.85 of the chair questions (``START_MISROUTE``; checked p = 0.
 dev EM on the held-out questions after --iterations iterations, and the iterations to first reach dev EM 0.7 on the
 curve (a point every iteration; runs that never reach it censored at their end); tokens and optimizer steps beside;
 the mechanism, per arm, the share of prompts with a non-zero advantage per iteration (``nonzero_advantage_share``).
-Writes OUTPUT/budget-table.md, .json, .png and, with --report, section ``budget-table`` of docs/benchmarks.md.
+Writes OUTPUT/budget-table.md, .json, .png and, with --report, section ``budget-table`` of its study's README
+(results/budget_table/README.md, ``benchmarks/studies.py``); ``benchmarks/study_report.py budget_table`` rebuilds
+it from the records alone.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ from the same warm start, several seeds, with bootstrap intervals.
     python benchmarks/bench_learning.py --report             # warm start (18-26 min) + 7 settings x 5 seeds: about 1 h
     python benchmarks/bench_learning.py --resume --report    # go on after an interruption, reusing finished runs
     # or split the runs over processes sharing --output (the first trains the warm start, the others wait for it;
-    # 48 min in all on 2 cores: docs/benchmarks.md)
+    # 48 min in all on 2 cores: results/learning_synthhop/README.md)
     OMP_NUM_THREADS=1 python benchmarks/bench_learning.py --resume --seeds 0 1 2 &
     OMP_NUM_THREADS=1 python benchmarks/bench_learning.py --resume --seeds 3 4 &
     wait; python benchmarks/bench_learning.py --resume --report
@@ -21,8 +21,8 @@ dev EM is the mean over seeds x questions with a bootstrap interval over both, a
 paired bootstrap of their difference (same seeds, same questions). Learning curves (dev EM on --curve-questions
 every --eval-every iterations) are plotted against iterations, tokens generated and tool calls. Runs go seed by
 seed and the results are rewritten after each: OUTPUT/learning.md, learning.json, learning.png and, with --report,
-the ``learning`` section of docs/benchmarks.md (a hand-written reading belongs in a section of its own, which a
-rerun leaves alone).
+the ``learning`` section of its study's README, results/learning_synthhop/README.md (a hand-written reading belongs
+outside the section, which a rerun leaves alone).
 """
 
 from __future__ import annotations

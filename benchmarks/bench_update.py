@@ -9,7 +9,8 @@ with ``--ppo-mini-batches K`` optimizer steps per rollout batch and everything e
 same first prompts).
 Per setting: held-out answer rate, reward and EM after training, mean over seeds with a 95% bootstrap interval
 over seeds and questions; and the paired difference K=4 - K=1 (same seeds, same questions) with its interval.
-Writes OUTPUT/update.md and update.json, and with ``--report`` the ``update`` section of docs/benchmarks.md.
+Writes OUTPUT/update.md and update.json, and with ``--report`` the ``update`` section of its
+study's README (results/ppo_minibatches/README.md).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.report import machine_description, replace_section
+from benchmarks.studies import section_file
 from experiments.confidence import bootstrap_interval, paired_bootstrap_interval
 from experiments.demo import SUMMARY_METRICS
 from experiments.demo import main as demo
@@ -39,7 +41,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--iterations", type=int, default=4)
     p.add_argument("--output", default="outputs/bench_update")
-    p.add_argument("--report", action="store_true", help="write the update section of docs/benchmarks.md")
+    p.add_argument("--report", action="store_true", help="write the update section of its study's README")
     return p.parse_args(argv)
 
 
@@ -93,7 +95,8 @@ def main(argv: list[str] | None = None) -> str:
                                                     for s, by_seed in runs.items()}, indent=1), encoding="utf-8")
     print(text)
     if args.report:
-        replace_section("docs/benchmarks.md", "update", "PPO mini-batches: learning per rollout (issue 14)", text)
+        replace_section(section_file("update", output), "update", "PPO mini-batches: learning per rollout (issue 14)",
+                        text)
     return text
 
 

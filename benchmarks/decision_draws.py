@@ -1,4 +1,5 @@
-"""Independent draws of a decision per generated token, by arm (the ninth design's reading, docs/benchmarks.md).
+"""Independent draws of a decision per generated token, by arm (the ninth design's reading:
+results/branching_rare_decision/).
 
     python benchmarks/decision_draws.py --prompts 24
 

@@ -52,17 +52,18 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib.metadata
 import os
 import shutil
 import subprocess
-import sys
 import tarfile
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.utils import canonicalize_name
+
+from benchmarks import vllm_kit
+from benchmarks.wheels import default_wheel_cache, download_wheels, pip_download, sha256_of
 
 ROOT = Path(__file__).resolve().parents[1]
 CALL_LIMIT = 64 * 2**20  # what one device call carries: the working tree and the carried paths together
@@ -81,45 +82,6 @@ VLLM_CALL_WHEELS = ("gymnasium", "farama-notifications", "rank-bm25", "typing_ex
 CPU_DEMO_FILES = ("metrics.jsonl", "demo.json")  # what the learn call compares the GPU's demo with
 # The wheel tags pip may take for the lent machine (glibc 2.39: python3 is Ubuntu 24.04's 3.12.3); pip matches
 # each manylinux_2_N exactly, so every N a needed wheel is built for is named.
-PLATFORMS = ("manylinux_2_35_x86_64", "manylinux_2_34_x86_64", "manylinux_2_31_x86_64", "manylinux_2_28_x86_64",
-             "manylinux_2_27_x86_64", "manylinux_2_26_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
-             "manylinux2014_x86_64", "manylinux_2_12_x86_64", "manylinux2010_x86_64", "manylinux_2_5_x86_64",
-             "manylinux1_x86_64", "any")
-
-
-def download_wheels(names: tuple[str, ...], into: Path, python: str) -> list[Path]:
-    """Wheels of ``names`` at the versions installed here, for Python ``python`` (e.g. "3.12") on x86-64."""
-    paths = pip_download({name: importlib.metadata.version(name) for name in names}, into, python)
-    return list(paths.values())
-
-
-def pip_download(versions: dict[str, str], into: Path, python: str) -> dict[str, Path]:
-    """The wheel of each ``name: version`` for Python ``python`` on x86-64 (pip downloads what the folder lacks)."""
-    into = into / f"python{python}"  # one folder per Python: a wheel's name alone does not say which it runs on
-    into.mkdir(parents=True, exist_ok=True)
-    platforms = [arg for platform in PLATFORMS for arg in ("--platform", platform)]
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-                    "--python-version", python, "--implementation", "cp", *platforms, "-d", str(into),
-                    *(f"{name}=={version}" for name, version in versions.items())], check=True)
-    return {name: find_wheel(into, name, version) for name, version in versions.items()}
-
-
-def default_wheel_cache() -> Path:
-    """Downloaded wheels, kept between builds: device-wheels/ in the project's cache."""
-    from envs.cache import DEVICE_WHEELS_DIR, default_cache_dir
-
-    return default_cache_dir() / DEVICE_WHEELS_DIR
-
-
-def find_wheel(folder: Path, name: str, version: str) -> Path:
-    """The wheel of ``name`` ``version`` in ``folder`` (wheel file names normalise the project's name)."""
-    for wheel in folder.glob("*.whl"):
-        wheel_name, wheel_version, _, _ = parse_wheel_filename(wheel.name)
-        if wheel_name == canonicalize_name(name) and str(wheel_version) == version:
-            return wheel
-    raise FileNotFoundError(f"{folder}: no wheel of {name}=={version} after pip download")
-
-
 def tracked_bytes(root: Path) -> int:
     """What the working tree's tracked files weigh (they travel with every call)."""
     names = subprocess.run(["git", "ls-files", "-z"], cwd=root, check=True, capture_output=True).stdout
@@ -211,14 +173,6 @@ def join_parts(folder: Path, stem: str) -> Path:
     return wheel
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(2**20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 # -- packing into calls --------------------------------------------------------------------------------------------
 
 
@@ -265,16 +219,14 @@ def build_vllm(out: Path, cache: Path, data_dir: Path | None = None, python: str
     """Write ``out/vllm1`` ... ``out/vllmN`` (see the module docstring) from the kit list
     (``benchmarks/vllm_kit_wheels.txt``); returns each folder's bytes. The wheels are downloaded into ``cache`` (once)
     and checked against the list's sha256."""
-    from benchmarks.vllm_kit import KIT_LIST, VLLM, read_kit_list
-
-    kit = read_kit_list(KIT_LIST.read_text())
+    kit = vllm_kit.read_kit_list(vllm_kit.KIT_LIST.read_text())
     paths = pip_download({w.name: w.version for w in kit.wheels}, cache, python)
     for wheel in kit.wheels:
         if sha256_of(paths[wheel.name]) != wheel.sha256:
             raise SystemExit(f"{paths[wheel.name]}: not the wheel the kit list names (sha256 {wheel.sha256})")
     listed = {canonicalize_name(w.name) for w in kit.wheels}
     extra = [name for name in VLLM_CALL_WHEELS if canonicalize_name(name) not in listed]
-    whole = {path.name: path for name, path in paths.items() if name != VLLM}
+    whole = {path.name: path for name, path in paths.items() if name != vllm_kit.VLLM}
     whole.update({path.name: path for path in download_wheels(tuple(extra), cache, python)})
     for folder in out.glob(f"{VLLM_CALL}*"):  # an earlier build's calls, however many
         shutil.rmtree(folder)
@@ -300,8 +252,8 @@ def build_vllm(out: Path, cache: Path, data_dir: Path | None = None, python: str
                     shutil.copy2(staging / name, folder / name)
                 else:
                     shutil.copy2(whole[name], folder / "wheels" / name)
-        write_split(paths[VLLM], VLLM, [(folder, call.piece[1]) for folder, call in zip(folders, calls, strict=True)
-                                        if call.piece is not None])
+        pieces = [(folder, call.piece[1]) for folder, call in zip(folders, calls, strict=True) if call.piece]
+        write_split(paths[vllm_kit.VLLM], vllm_kit.VLLM, pieces)
         if optional and not any("data.tgz" in call.items for call in calls):
             print(f"data.tgz ({optional['data.tgz']:,} bytes) fits no call's spare room: left out (the tree test "
                   "skips without the data)")

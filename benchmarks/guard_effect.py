@@ -121,12 +121,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--guarded", type=Path, required=True, help="the benchmark output of the runs with it")
     p.add_argument("--setting", default="tree (2,2,1) uniform", help="the benchmark setting compared")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    p.add_argument("--report", action="store_true", help=f"write the {SECTION} section of docs/benchmarks.md")
+    p.add_argument("--report", action="store_true", help=f"write the {SECTION} section of its study's README")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> dict:
     from benchmarks.report import machine_description, replace_section
+    from benchmarks.studies import section_file
 
     args = parse_args(argv)
     unguarded = {seed: run_record(run_directory(args.setting, seed, args.unguarded)) for seed in args.seeds}
@@ -136,8 +137,9 @@ def main(argv: list[str] | None = None) -> dict:
     table = markdown(unguarded, guarded, reading)
     print(table)
     if args.report:
-        replace_section("docs/benchmarks.md", SECTION, f"The saturation guard (issue 47): {args.setting} without "
-                        f"and with it", f"Command: `{command}`. Machine: {machine_description()}.\n\n{table}")
+        replace_section(section_file(SECTION, args.guarded), SECTION,
+                        f"The saturation guard (issue 47): {args.setting} without and with it",
+                        f"Command: `{command}`. Machine: {machine_description()}.\n\n{table}")
     return reading
 
 

@@ -56,7 +56,8 @@ def add_run_options(p: argparse.ArgumentParser, settings: list[str], *, seeds: l
     p.add_argument("--output", default=None,
                    help="where the runs and results go (default: the benchmark's outputs/bench_NAME, with the design "
                         "choices set, e.g. --top-p, in its name: design_output)")
-    p.add_argument("--report", action="store_true", help=f"write the {section} section of docs/benchmarks.md")
+    p.add_argument("--report", action="store_true",
+                   help=f"write the {section} section of its study's README (results/STUDY/README.md)")
     p.add_argument("--start-only", action="store_true",
                    help="train (or find) the start policy and evaluate it, then stop: the start on all the machine's "
                         "threads before one-thread workers share the output with --resume")

@@ -1,7 +1,6 @@
 """The report of a learning benchmark: the markdown (the settings' table, the failure mix, the plateau exits, the
 paired differences in EM and in the time to each speed outcome in tokens, iterations and optimizer steps),
-OUTPUT/NAME.md, NAME.json and NAME.png, and its section of
-docs/benchmarks.md."""
+OUTPUT/NAME.md, NAME.json and NAME.png, and its section of its study's README (``results/STUDY/README.md``)."""
 
 from __future__ import annotations
 
@@ -223,17 +222,30 @@ def write_results(testbed: Testbed, runs: dict[str, list[list[dict]]], finals: d
     return table, plot
 
 
-def write_docs_section(testbed: Testbed, args: argparse.Namespace, table: str, plot: Path, argv: list[str] | None,
-                       script: str) -> None:
-    """The testbed's section of docs/benchmarks.md (the command of ``script`` with ``argv``, else this process's
-    arguments, the machine, the table) and its plot's compact copy, docs/NAME.png."""
-    from benchmarks.report import compact_plot_copy, machine_description, replace_section
+def write_docs_section(testbed: Testbed, args: argparse.Namespace, table: str, plot: Path, header: str) -> Path:
+    """The testbed's section of its study's README (``studies.section_file``: under ``header``, the command and the
+    machine, the table) and its plot's compact copy beside it, NAME.png; the README's path."""
+    from benchmarks.report import compact_plot_copy, replace_section
+    from benchmarks.studies import section_file
+
+    readme = section_file(testbed.name, args.output)
+    if not readme.is_file():  # a study's first section: its README starts with its title
+        readme.parent.mkdir(parents=True, exist_ok=True)
+        readme.write_text(f"# {testbed.title}\n", encoding="utf-8")
+    docs_plot = compact_plot_copy(plot, readme.parent / f"{testbed.name}.png")
+    replace_section(readme, testbed.name, testbed.title,
+                    f"{header}\n\n{table}\n"
+                    f"![dev EM and training reward, mean over seeds]({docs_plot.name})\n\n"
+                    f"Plot: `{docs_plot.name}`: dev EM on the first {args.curve_questions} held-out questions and the "
+                    f"training reward, mean over seeds against iterations, tokens generated and tool calls (dev EM "
+                    f"with a band of one std over seeds).\n")
+    return readme
+
+
+def command_header(script: str, argv: list[str] | None) -> str:
+    """The section's first line: the command of ``script`` with ``argv`` (else this process's arguments) and the
+    machine."""
+    from benchmarks.report import machine_description
 
     command = shlex.join(["python", script, *(sys.argv[1:] if argv is None else argv)])
-    docs_plot = compact_plot_copy(plot, Path("docs") / f"{testbed.name}.png")
-    replace_section("docs/benchmarks.md", testbed.name, testbed.title,
-                    f"Command: `{command}`. Machine: {machine_description()}.\n\n{table}\n"
-                    f"![dev EM and training reward, mean over seeds]({docs_plot.name})\n\n"
-                    f"Plot: `{docs_plot}` (a copy of `{plot}`): dev EM on the first {args.curve_questions} "
-                    f"held-out questions and the training reward, mean over seeds against iterations, tokens "
-                    f"generated and tool calls (dev EM with a band of one std over seeds).\n")
+    return f"Command: `{command}`. Machine: {machine_description()}."

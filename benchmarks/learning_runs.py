@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.learning_options import design_options
-from benchmarks.learning_report import write_docs_section, write_results
+from benchmarks.learning_report import command_header, write_docs_section, write_results
 from benchmarks.learning_testbed import DEFAULT_MAX_TURNS, Testbed
 from experiments.plot import METRICS_FILE, load_metrics
 
@@ -161,8 +161,8 @@ def run_benchmark(testbed: Testbed, args: argparse.Namespace, warm_start: Callab
                   argv: list[str] | None, script: str) -> Path:
     """Every setting x seed of ``args`` from the start policy (``--warm``, else ``warm_start()``), seed-major (an
     interrupted benchmark still compares every setting), the results rewritten after each run; with --report, the
-    testbed's section of docs/benchmarks.md and its plot docs/NAME.png; with --start-only, only the start policy and
-    its evaluation. Returns OUTPUT/NAME.md."""
+    testbed's section of its study's README and its plot beside it (``write_docs_section``); with --start-only,
+    only the start policy and its evaluation. Returns OUTPUT/NAME.md."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)
@@ -184,5 +184,5 @@ def run_benchmark(testbed: Testbed, args: argparse.Namespace, warm_start: Callab
                                         time.perf_counter() - start, output)
     print(table)
     if args.report:
-        write_docs_section(testbed, args, table, plot, argv, script)
+        write_docs_section(testbed, args, table, plot, command_header(script, argv))
     return output / f"{testbed.name}.md"

@@ -3,7 +3,7 @@ docs/protocol_pipelining.md (issue 65): the CPU demo trained with ``--max-stalen
 runner each) on the same training seeds, compared by held-out exact match after the last iteration.
 
     python benchmarks/pipelining_learning.py                 # the 10 runs (finished ones are kept), then the reading
-    python benchmarks/pipelining_learning.py --report        # also section ``pipelining-learning`` of benchmarks.md
+    python benchmarks/pipelining_learning.py --report        # also section ``pipelining-learning`` of its README
 
 The statistic is the protocol's: K = 1 - K = 0 over seeds and questions, paired (same seed, same question), with the
 bootstrap interval of ``experiments.confidence.paired_bootstrap_interval``; beside it, as the project reads few
@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.report import machine_description, replace_section
+from benchmarks.studies import section_file
 from experiments.confidence import Interval, mean_interval, paired_bootstrap_interval, sign_flip_p_value
 from experiments.plot import load_metrics
 
@@ -124,7 +125,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     p.add_argument("--output", default="outputs/pipelining")
-    p.add_argument("--report", action="store_true", help=f"write section {SECTION_KEY} of docs/benchmarks.md")
+    p.add_argument("--report", action="store_true", help=f"write section {SECTION_KEY} of its study's README")
     args = p.parse_args(argv)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     output = Path(args.output).resolve()
@@ -133,7 +134,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     text = report(reading, args.seeds)
     (output / "pipelining_learning.json").write_text(json.dumps(reading, indent=1), encoding="utf-8")
     if args.report:
-        replace_section(Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md", SECTION_KEY,
+        replace_section(Path(__file__).resolve().parent.parent / section_file(SECTION_KEY, output), SECTION_KEY,
                         SECTION_TITLE, text)
     print(text)
     return reading

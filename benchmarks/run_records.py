@@ -1,81 +1,120 @@
 """A learning benchmark's run records, kept in the repository, so that a benchmark longer than one machine's life
-(whose disk, with outputs/ and the cache, is not kept between sessions) goes on where it stopped.
+(whose disk, with outputs/ and the cache, is not kept between sessions) goes on where it stopped, and its report can
+be rebuilt without training (``benchmarks/study_report.py``).
 
-    python benchmarks/run_records.py save outputs/bench_branching_lead_...      # after runs end: keep their records
-    python benchmarks/run_records.py restore outputs/bench_branching_lead_...   # on a new machine, before --resume
+    python benchmarks/run_records.py save outputs/budget_table      # after runs end: keep their records
+    python benchmarks/run_records.py restore outputs/budget_table   # on a new machine, before --resume
 
 A finished run's record is what ``--resume`` and the reports read of it: its final evaluation (``held_out.json``,
-keyed by the run's options, so it is reused only by the same command from the same start) and its metrics
-(``metrics.jsonl``); with them the benchmark's start point (``start_point.json``). Checkpoints and models are not
-kept: a restored run is reported, never trained on. A run without its final evaluation is not finished and is not
-kept. Records live in ``results/NAME/`` at the repository's top level (NAME: the output folder's name; ``benchmarks/``
-holds code only), laid out as in the output.
+keyed by the run's options, so it is reused only by the same command from the same start; a demo run's
+``demo.json``) and its metrics (``metrics.jsonl``); with them the benchmark's start point (``start_point.json``).
+Checkpoints and models are not kept: a restored run is reported, never trained on. A run without its final
+evaluation is not finished and is not kept. Records live compressed in their study's folder at the repository's top
+level (``benchmarks/studies.py``: ``results/STUDY/records.tar.gz``, one top-level folder per benchmark output, laid
+out as the output; an output no study registers gets ``results/NAME/``), written byte for byte the same for the
+same files, so that saving again changes nothing git sees.
 """
 
 from __future__ import annotations
 
 import argparse
-import shutil
+import gzip
+import io
+import os
+import tarfile
 from pathlib import Path
 
 from benchmarks.learning_runs import FINAL_EVALUATION, START_POINT
+from benchmarks.studies import ARCHIVE, RESULTS, folder_of_output
 from experiments.plot import METRICS_FILE
 
-RECORDS = Path(__file__).resolve().parent.parent / "results"  # the repository's top level: benchmarks/ holds code
-RUN_FILES = (FINAL_EVALUATION, METRICS_FILE)
+RECORDS = Path(__file__).resolve().parent.parent / RESULTS  # the repository's top level: benchmarks/ holds code
+DEMO_RESULT = "demo.json"  # experiments/demo.py's final evaluation (the pipelining protocol's runs)
+RUN_ENDS = (FINAL_EVALUATION, DEMO_RESULT)  # a run folder holding one of these has finished
 
 
 def record_files(output: Path) -> list[Path]:
     """The files of ``output`` (a benchmark's output folder) that its records keep, relative to it: the start point
     and every finished run's files, sorted."""
     kept = [Path(START_POINT)] if (output / START_POINT).is_file() else []
-    for evaluation in sorted(output.rglob(FINAL_EVALUATION)):
-        run = evaluation.parent
-        missing = [name for name in RUN_FILES if not (run / name).is_file()]
-        if missing:
-            raise FileNotFoundError(f"{run} holds {FINAL_EVALUATION} but not {', '.join(missing)}: a finished run "
-                                    f"holds {' and '.join(RUN_FILES)}")
-        kept += [(run / name).relative_to(output) for name in RUN_FILES]
+    for end in sorted(path for name in RUN_ENDS for path in output.rglob(name)):  # run by run
+        run = end.parent
+        if not (run / METRICS_FILE).is_file():
+            raise FileNotFoundError(f"{run} holds {end.name} but not {METRICS_FILE}: a finished run holds "
+                                    f"{end.name} and {METRICS_FILE}")
+        kept += [(run / name).relative_to(output) for name in (end.name, METRICS_FILE)]
     return kept
 
 
 def records_of(output: Path, records: Path = RECORDS) -> Path:
-    """Where the records of ``output`` live."""
-    return records / output.resolve().name
+    """The archive that keeps the records of ``output``."""
+    return records / folder_of_output(output.resolve().name) / ARCHIVE
+
+
+def read_archive(path: Path) -> dict[str, bytes]:
+    """Every file of a records archive, by its name inside it (``OUTPUT/SETTING/seedS/metrics.jsonl``); none
+    without one."""
+    if not path.is_file():
+        return {}
+    with tarfile.open(path, "r:gz") as archive:
+        return {member.name: archive.extractfile(member).read() for member in archive.getmembers() if member.isfile()}
+
+
+def write_archive(path: Path, files: dict[str, bytes]) -> None:
+    """``files`` as a gzip tar at ``path``, the same bytes for the same files (sorted, no times, no owners), written
+    beside it first and moved over it, so that an interrupted write leaves the old archive whole."""
+    buffer = io.BytesIO()
+    with gzip.GzipFile(fileobj=buffer, mode="wb", compresslevel=9, mtime=0) as zipped, \
+            tarfile.open(fileobj=zipped, mode="w", format=tarfile.PAX_FORMAT) as archive:
+        for name in sorted(files):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(files[name]), 0o644
+            archive.addfile(info, io.BytesIO(files[name]))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_bytes(buffer.getvalue())
+    os.replace(partial, path)
+
+
+def output_files(archive: dict[str, bytes], name: str) -> dict[Path, bytes]:
+    """The files of benchmark output ``name`` in a records archive, relative to the output."""
+    prefix = f"{name}/"
+    return {Path(member[len(prefix):]): data for member, data in archive.items() if member.startswith(prefix)}
 
 
 def save(output: Path, records: Path = RECORDS) -> list[Path]:
-    """Copies the records of ``output`` into ``records_of(output)`` (over older copies of the same runs); returns
-    the files copied, relative to ``output``."""
+    """Writes the records of ``output`` into its study's archive (over older copies of the same runs, the other
+    outputs' kept); returns the files kept, relative to ``output``."""
     if not output.is_dir():
         raise FileNotFoundError(f"no benchmark output folder at {output}")
     files = record_files(output)
-    for name in files:
-        copy(output / name, records_of(output, records) / name)
+    path = records_of(output, records)
+    archive = read_archive(path)
+    archive.update({f"{output.resolve().name}/{name.as_posix()}": (output / name).read_bytes() for name in files})
+    write_archive(path, archive)
     return files
 
 
 def restore(output: Path, records: Path = RECORDS) -> list[Path]:
-    """Copies the kept records of ``output`` back into it, leaving alone every run it already holds (a run finished
-    on this machine is newer than its record); returns the files copied, relative to ``output``."""
-    kept = records_of(output, records)
-    if not kept.is_dir():
-        raise FileNotFoundError(f"no records of {output.name} in {records} (saved with `run_records.py save "
+    """Writes the kept records of ``output`` back into it, leaving alone every run it already holds (a run finished
+    on this machine is newer than its record); returns the files written, relative to ``output``."""
+    path = records_of(output, records)
+    kept = output_files(read_archive(path), output.resolve().name)
+    if not kept:
+        raise FileNotFoundError(f"no records of {output.resolve().name} in {path} (saved with `run_records.py save "
                                 f"{output}`)")
-    files = [name for name in record_files(kept) if not (output / finished_marker(name)).exists()]
+    files = sorted(name for name in kept if not finished_here(output, name))
     for name in files:
-        copy(kept / name, output / name)
+        (output / name).parent.mkdir(parents=True, exist_ok=True)
+        (output / name).write_bytes(kept[name])
     return files
 
 
-def finished_marker(name: Path) -> Path:
-    """The file whose presence says that what ``name`` belongs to (the start point, or a run) is there already."""
-    return name if name.name == START_POINT else name.parent / FINAL_EVALUATION
-
-
-def copy(source: Path, target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(source, target)
+def finished_here(output: Path, name: Path) -> bool:
+    """Whether what the record ``name`` belongs to (the start point, or a run) is in ``output`` already."""
+    if name.name == START_POINT:
+        return (output / name).exists()
+    return any((output / name.parent / end).exists() for end in RUN_ENDS)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -84,8 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("output", type=Path, help="the benchmark's output folder (its --output)")
     args = p.parse_args(argv)
     files = (save if args.action == "save" else restore)(args.output)
-    where = records_of(args.output)
-    print(f"{args.action}: {len(files)} files between {args.output} and {where}")
+    print(f"{args.action}: {len(files)} files between {args.output} and {records_of(args.output)}")
 
 
 if __name__ == "__main__":

@@ -35,7 +35,6 @@ import json
 import subprocess
 import sys
 import tempfile
-import zipfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +44,8 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import Version
+
+from benchmarks.wheels import default_wheel_cache, pip_download, pip_platform_args, sha256_of, write_stub_wheel
 
 HERE = Path(__file__).resolve().parent
 VLLM = "vllm"
@@ -285,27 +286,6 @@ def stub_version(version: str) -> str:
     return version if "+" in version else f"{version}+image"
 
 
-def write_stub_wheel(folder: Path, name: str, version: str) -> Path:
-    """An empty wheel of ``name`` ``version`` with no requirements (it stands in for the image's build)."""
-    dist = f"{canonicalize_name(name).replace('-', '_')}-{version}"
-    files = {f"{dist}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-             f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: vllm_kit\nRoot-Is-Purelib: true\n"
-                                        "Tag: py3-none-any\n"}
-    files[f"{dist}.dist-info/RECORD"] = "".join(f"{path},,\n" for path in [*files, f"{dist}.dist-info/RECORD"])
-    path = folder / f"{dist}-py3-none-any.whl"
-    with zipfile.ZipFile(path, "w") as archive:
-        for name_in_archive, text in files.items():
-            archive.writestr(name_in_archive, text)
-    return path
-
-
-def pip_platform_args(python: str) -> list[str]:
-    from benchmarks.device_kit import PLATFORMS
-
-    return ["--only-binary=:all:", "--python-version", python, "--implementation", "cp",
-            *(arg for platform in PLATFORMS for arg in ("--platform", platform))]
-
-
 def resolve(requirements: list[str], image: Mapping[str, str | None], python: str = TARGET_PYTHON) -> dict[str, Dist]:
     """pip's resolution of ``requirements`` for the lent machine's Python, the image's known versions pinned (see
     the module docstring): every distribution it installs, by canonical name."""
@@ -365,8 +345,6 @@ def kit_list(whole: Walk, kept: Walk, image: Mapping[str, str | None], cache: Pa
              python: str = TARGET_PYTHON) -> KitList:
     """The carried wheels (``kept``'s), the image's lines (what ``kept`` asks of it) and the omitted wheels (the
     rest of ``whole``), every wheel downloaded into ``cache`` for its size and hash."""
-    from benchmarks.device_kit import pip_download, sha256_of
-
     versions = {name: dist.version for name, dist in whole.carried.items()}
     paths = pip_download(versions, cache, python)
     wheels = sorted((Wheel(name, versions[name], paths[name].stat().st_size, sha256_of(paths[name]), paths[name].name)
@@ -438,8 +416,6 @@ def main(argv: list[str] | None = None) -> None:
         lines = installed_requirements_report(VLLM, kit)
         print("\n".join(lines) if lines else f"{VLLM}: every requirement met")
         return
-    from benchmarks.device_kit import default_wheel_cache
-
     image = read_image()
     resolved, whole = resolve_vllm(image)
     kept = walk(VLLM, resolved, image, target_environment(), omit=OMITTED)

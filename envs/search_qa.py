@@ -65,9 +65,19 @@ def parse_action(text: str) -> ParsedAction:
     return ParsedAction(kind, argument, step_text)
 
 
-def format_passages(hits: Sequence[SearchHit], max_chars: int) -> str:
-    """Search results as the observation block, the passages cut to ``max_chars`` characters in all."""
-    body = "\n".join(f"Doc {i}(Title: {hit.title}) {hit.text}" for i, hit in enumerate(hits, start=1))
+def first_words(text: str, limit: int | None) -> str:
+    """``text`` cut after its first ``limit`` whitespace-separated words (all of it when None), " ..." marking a cut."""
+    if limit is None:
+        return text
+    words = text.split()
+    return text if len(words) <= limit else " ".join(words[:limit]) + " ..."
+
+
+def format_passages(hits: Sequence[SearchHit], max_chars: int, passage_words: int | None = None) -> str:
+    """Search results as the observation block: each passage's text cut to its first ``passage_words`` words (None:
+    whole), then the block to ``max_chars`` characters in all."""
+    body = "\n".join(f"Doc {i}(Title: {hit.title}) {first_words(hit.text, passage_words)}"
+                     for i, hit in enumerate(hits, start=1))
     body = body[:max_chars] if body else NO_RESULTS
     return f"\n\n<information>{body}</information>\n\n"
 
@@ -121,7 +131,8 @@ class SearchQAEnv(gym.Env[str, str]):
     ## Observation Space
     ``UnicodeText(1048576)``: text to append to the conversation. ``reset`` returns the prompt (instructions
     and question). A search returns ``\\n\\n<information>Doc 1(Title: ..) ..\\nDoc 2..</information>\\n\\n``
-    with the passages cut to ``max_obs_chars`` characters (default 2000, about 500 tokens); an invalid action
+    with each passage's text cut to its first ``passage_words`` words (default: whole), then the block to
+    ``max_obs_chars`` characters (default 2000, about 500 tokens); an invalid action
     returns a message naming the allowed tags; the final step returns ``""``.
 
     ## Rewards
@@ -139,7 +150,9 @@ class SearchQAEnv(gym.Env[str, str]):
     else ``./data``), ``data_file`` (a file in the dataset's format, or a Search-R1 ``.parquet``, instead of the
     split's), ``retriever`` (a backend name, the URL of a retrieval server, or a ``Retriever``), ``corpus_path``
     (default: the data directory's corpus, ``wiki/wiki-18.jsonl`` or ``wiki/paragraphs.jsonl``; not with a URL),
-    ``topk`` (3), ``max_turns`` (3), ``reward``, ``max_obs_chars``, ``prompt_template`` (with ``{question}``).
+    ``topk`` (3), ``max_turns`` (3), ``reward``, ``max_obs_chars``, ``passage_words`` (None: whole passages; a word cap
+    per passage keeps a short context whole-passage truncation would spend on the first hit), ``prompt_template``
+    (with ``{question}``).
 
     ## Batched search
     ``prefetch([(state, text), ...])`` searches, in one batch, the queries that stepping each text from its state
@@ -171,10 +184,13 @@ class SearchQAEnv(gym.Env[str, str]):
         max_turns: int = 3,
         reward: str | RewardFn = "format",
         max_obs_chars: int = 2000,
+        passage_words: int | None = None,
         prompt_template: str = DEFAULT_PROMPT,
         render_mode: str | None = None,
     ):
         _check_positive(topk=topk, max_turns=max_turns, max_obs_chars=max_obs_chars)
+        if passage_words is not None:
+            _check_positive(passage_words=passage_words)
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}")
         if "{question}" not in prompt_template:
@@ -193,6 +209,7 @@ class SearchQAEnv(gym.Env[str, str]):
         self._prefetched: dict[str, list[SearchHit]] = {}  # query -> hits, from the last prefetch
         self.source = (dataset, split if data_file is None else os.fspath(data_file))
         self.topk, self.max_turns, self.max_obs_chars = topk, max_turns, max_obs_chars
+        self.passage_words = passage_words
         self.reward_fn = get_reward_fn(reward)
         self.prompt_template = prompt_template
         self.render_mode = render_mode
@@ -232,7 +249,8 @@ class SearchQAEnv(gym.Env[str, str]):
             hits = self._prefetched.get(parsed.argument)
             if hits is None:
                 hits = self.retriever.search([parsed.argument], k=self.topk)[0]
-            observation, done, tool_calls = format_passages(hits, self.max_obs_chars), False, tool_calls + 1
+            observation = format_passages(hits, self.max_obs_chars, self.passage_words)
+            done, tool_calls = False, tool_calls + 1
         else:
             observation, done = INVALID_ACTION.format(reason=parsed.reason), False
         steps = (*state.steps, (parsed.step_text, observation))

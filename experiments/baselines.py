@@ -18,7 +18,7 @@ import json
 import random
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -41,13 +41,37 @@ def in_format(thought: str, action: str, argument: str) -> str:
     return f"<think>{thought}</think>\n<{action}> {argument} </{action}>"
 
 
+def passage_sentences(observation: str) -> list[str]:
+    """The sentences of the retrieved passages in ``observation``, in order (the "Doc k(Title: ...)" headers left
+    out)."""
+    texts = re.findall(r"\(Title: [^)]*\) (.*?)(?=\nDoc \d+\(Title: |</information>|$)", observation, flags=re.S)
+    return [part for text in texts for part in re.split(r"(?<=\.) ", text.strip())]
+
+
 def sentence_ending_with(observation: str, words: str) -> str | None:
     """The last sentence of the retrieved passages in ``observation`` that ends with ``words`` (without its full
-    stop; the passages' "Doc k(Title: ...)" headers left out), or None."""
-    texts = re.findall(r"\(Title: [^)]*\) (.*?)(?=\nDoc \d+\(Title: |</information>|$)", observation, flags=re.S)
-    sentences = [part for text in texts for part in re.split(r"(?<=\.) ", text.strip())]
+    stop), or None."""
+    sentences = passage_sentences(observation)
     return next((part[:-1] for part in reversed(sentences) if part == f"{words}." or part.endswith(f" {words}.")),
                 None)
+
+
+def sentence_naming(observations: Sequence[str], words: str, max_words: int = 30) -> str | None:
+    """The first sentence of the retrieved passages that names ``words`` (case-insensitive), the latest observation
+    first, without its full stop; a longer one than ``max_words`` words cut to that many around the first mention.
+    None when no passage names them."""
+    for observation in reversed(observations):
+        for sentence in passage_sentences(observation):
+            at = sentence.lower().find(words.lower())
+            if at < 0:
+                continue
+            tokens = sentence.rstrip(".").split()
+            if len(tokens) <= max_words:
+                return " ".join(tokens)
+            first = len(sentence[:at].split())
+            start = max(0, min(first - max_words // 2, len(tokens) - max_words))
+            return " ".join(tokens[start:start + max_words])
+    return None
 
 
 class RandomAgent:
@@ -81,11 +105,16 @@ class OracleAgent:
     ("The chair of Tosafen Works is Jose" before searching Jose): a policy trained on it writes the role it
     follows and then copies the passage's own continuation of those words (SynthBranch's ``passages="roles"``).
     ``goals`` maps k to words the thought before the k-th search (from 0) states, after its restated sentence where
-    it has one ("I need the chair of Tosafen Works": a plan that later thoughts can copy)."""
+    it has one ("I need the chair of Tosafen Works": a plan that later thoughts can copy). With ``cite`` (real
+    questions), the thought before each later search and before the answer quotes the passage sentence that names
+    the next query or the answer, as the passage states it ("Modern Men's pilot featured Wendie Malick as the life
+    coach" before searching Wendie Malick): what the next action copies is written down first."""
 
-    def __init__(self, max_searches: int, restate: bool = False, goals: Mapping[int, str] | None = None):
+    def __init__(self, max_searches: int, restate: bool = False, goals: Mapping[int, str] | None = None,
+                 cite: bool = False):
         self.max_searches = max_searches
         self.restate = restate
+        self.cite = cite
         self.goals = dict(goals or {})
         self.searched = self.found = 0
 
@@ -94,19 +123,25 @@ class OracleAgent:
         self.queries = list(record.supporting_titles[: self.max_searches]) or [record.question]
         self.issued = 0  # searches written so far: the next one's index in ``goals``
         self.pending: str | None = None
+        self.observations: list[str] = []
 
     def act(self, observation: str) -> str:
-        if self.pending is not None and self.record.supporting_titles:
-            self.searched += 1
-            self.found += f"(Title: {self.pending})" in observation
+        if self.pending is not None:
+            self.observations.append(observation)
+            if self.record.supporting_titles:
+                self.searched += 1
+                self.found += f"(Title: {self.pending})" in observation
         if self.queries:
             self.pending = self.queries.pop(0)
-            sentence = sentence_ending_with(observation, self.pending) if self.restate else None
+            sentence = (sentence_ending_with(observation, self.pending) if self.restate else
+                        sentence_naming(self.observations, self.pending) if self.cite else None)
             goal = self.goals.get(self.issued)
             self.issued += 1
             thought = ". ".join(part for part in (sentence, goal) if part) or "I need this passage"
             return in_format(thought, "search", self.pending)
-        return in_format("I have what I need", "answer", self.record.answers[0])
+        answer = self.record.answers[0]
+        sentence = sentence_naming(self.observations, answer) if self.cite else None
+        return in_format(sentence or "I have what I need", "answer", answer)
 
 
 @dataclass

@@ -30,6 +30,9 @@ from policies.vllm_generation import vllm_installed
 # The paper's column groups (Tree-GRPO, Table 1): single-hop then multi-hop, each with its unweighted average.
 SINGLE_HOP = ("NQ-v0", "TriviaQA-v0", "PopQA-v0")
 MULTI_HOP = ("HotpotQA-v0", "2WikiMultihopQA-v0", "Musique-v0", "Bamboogle-v0")
+# evaluate.py's options that a training run fixes, with their defaults where no run says otherwise (None: the env's
+# or the sampler's own default)
+RUN_OPTIONS: dict[str, int | None] = {"max_turns": 3, "topk": 3, "passage_words": None, "max_step_tokens": None}
 ROW_NAMES = {"em": "EM", "f1": "F1", "tool_calls": "tool calls", "turns": "turns", "answered": "answer rate",
              "questions": "questions"}
 
@@ -172,11 +175,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the split to evaluate (default: each env's evaluation split, dev or test)")
     p.add_argument("--limit", type=int, default=None, help="the first N questions of each split (default: all)")
     p.add_argument("--batch-size", type=int, default=16, help="questions advancing together (default: %(default)s)")
-    p.add_argument("--max-turns", type=int, default=3,
-                   help="search-capable steps before the final answer-only step (default: %(default)s)")
-    p.add_argument("--topk", type=int, default=3, help="passages per search (default: %(default)s)")
+    p.add_argument("--max-turns", type=int, default=None,
+                   help="search-capable steps before the final answer-only step (default: the run's, for a "
+                        "training checkpoint; else 3)")
+    p.add_argument("--topk", type=int, default=None, help="passages per search (default: the run's; else 3)")
+    p.add_argument("--passage-words", type=int, default=None,
+                   help="each passage cut to its first k words (default: the run's; else whole)")
     p.add_argument("--max-step-tokens", type=int, default=None,
-                   help="token cap of one step (default: training's, 500 with a GPU and 128 on CPU)")
+                   help="token cap of one step (default: the run's; else training's default, 500 with a GPU and "
+                        "128 on CPU)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                    help="model weights' dtype (default: %(default)s)")
     p.add_argument("--device", default=None, help="where the model runs (default: cuda when a GPU is visible)")
@@ -196,11 +203,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--device must be a torch device such as cpu, cuda or cuda:1, got {args.device!r}")
     if args.generator == "vllm" and not vllm_installed():
         p.error("--generator vllm: vLLM is not installed (GPU: pip install -e .[vllm]; CPU: make test-vllm)")
-    for name in ("limit", "batch_size", "max_turns", "topk", "max_step_tokens"):
+    for name in ("limit", "batch_size", *RUN_OPTIONS):
         value = getattr(args, name)
         if value is not None and value < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    trained = trained_with(args.model)
+    for name, fallback in RUN_OPTIONS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, trained.get(name, fallback))
     return args
+
+
+def trained_with(model: str) -> dict[str, Any]:
+    """The env and step options of the run a training checkpoint (``RUN/checkpoints/...``) belongs to, read from
+    its ``RUN/config.yaml``, so a run is evaluated on the observations it trained on; {} for anything else."""
+    import yaml
+
+    checkpoint = Path(model).resolve()
+    if not (checkpoint / RLLIB_MARKER).exists():
+        return {}
+    config = checkpoint.parent.parent / "config.yaml"
+    if not config.is_file():
+        return {}
+    saved = yaml.safe_load(config.read_text(encoding="utf-8")) or {}
+    return {name: saved[name] for name in RUN_OPTIONS if name in saved}
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -217,7 +243,7 @@ def main(argv: list[str] | None = None) -> Path:
     sampling = SamplingSettings(greedy=True, **cap)  # without a cap given, SamplingSettings' one default
     generator = step_generator(resolve_generator(args.generator), model, tokenizer, sampling)
     env_kwargs = {"data_dir": str(resolve_data_dir(args.data_dir).resolve()), "max_turns": args.max_turns,
-                  "topk": args.topk}
+                  "topk": args.topk, "passage_words": args.passage_words}
     results, per_question = {}, {}
     for env_id in args.envs:
         split = args.split or envs.eval_split(env_id)
@@ -227,7 +253,8 @@ def main(argv: list[str] | None = None) -> Path:
         results[env_id] = {**mean_results(rows), "questions": len(rows)}
         per_question[env_id] = rows
     details = {"model": args.model, "split": args.split or "evaluation split", "limit": args.limit,
-               "max_turns": args.max_turns, "topk": args.topk}
+               "max_turns": args.max_turns, "topk": args.topk, "passage_words": args.passage_words,
+               "max_step_tokens": args.max_step_tokens}
     markdown, data = write_results(args.output, results, details, per_question)
     print(markdown.read_text(encoding="utf-8"))
     print(f"table: {markdown}; JSON: {data}")

@@ -26,7 +26,8 @@ ORACLE_FORMAT = 1
 
 def oracle_trajectory(env: gym.Env, tokenizer, index: int, max_searches: int, end_of_turn: int,
                       answer: bool = True, premature: bool = False, route: SynthQuestion | None = None,
-                      restate: bool = False, goal_role: str | None = None) -> tuple[list[int], list[int]]:
+                      restate: bool = False, goal_role: str | None = None,
+                      cite: bool = False, require_gold: bool = False) -> tuple[list[int], list[int]] | None:
     """Question ``index``'s oracle trajectory: token ids and a 0/1 mask of the generated ones. With
     ``answer=False`` the oracle never answers: where it would, it repeats its last search until the episode
     ends unanswered. With ``premature=True`` a multi-hop question is answered after its first search, with the
@@ -38,10 +39,14 @@ def oracle_trajectory(env: gym.Env, tokenizer, index: int, max_searches: int, en
     in the question's words ("I need the chair of the company Anna works for"), the one before the search of the
     decision's passage (the company's, the third search from the end) names the company found ("Anna works for
     Tosafen Works. I need the chair of Tosafen Works"); the decision ("The chair of Tosafen Works is Jose")
-    follows it, or on a misrouted ``route`` does not."""
+    follows it, or on a misrouted ``route`` does not. With ``cite`` (real questions) the thoughts before the later
+    searches and the answer quote the passage sentence naming what comes next (``OracleAgent``). With
+    ``require_gold``, None where a supporting title's passage did not come back for its search (the corpus lacks it,
+    or ranks it below the top k): a trajectory that would teach answering from nothing."""
     prompt, _ = env.reset(options={"index": index})
     record = env.unwrapped.record
-    agent = OracleAgent(max_searches, restate=restate, goals=goal_thoughts(record, goal_role) if goal_role else None)
+    agent = OracleAgent(max_searches, restate=restate, goals=goal_thoughts(record, goal_role) if goal_role else None,
+                        cite=cite)
     if route is not None:
         record = dataclasses.replace(record, supporting_titles=route.chain, answers=(route.answer,))
     if premature and len(record.supporting_titles) > 1:
@@ -68,6 +73,8 @@ def oracle_trajectory(env: gym.Env, tokenizer, index: int, max_searches: int, en
             obs = observation_ids(tokenizer, observation)
             ids += obs
             generated += [0] * len(obs)
+    if require_gold and agent.found < agent.searched:
+        return None
     return ids, generated
 
 

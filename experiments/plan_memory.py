@@ -3,15 +3,17 @@ reference, the activations of one micro-batch and a colocated rollout engine, an
 
     python experiments/plan_memory.py --model qwen2.5-3b-instruct --learners 1 --gradient-checkpointing \\
         --reference-offload --gpu-memory-gib 80
-    python experiments/plan_memory.py --model Qwen/Qwen2.5-7B-Instruct --learners 4 --sharding fsdp \\
+    python experiments/plan_memory.py --model Qwen/Qwen2.5-7B-Instruct --learners 4 --learner-sharding fsdp \\
         --gradient-checkpointing --gpu-memory-gib 80 --json plan.json
 
 MODEL is a model directory (its config.json), a hub id whose config.json is in the Hugging Face cache (nothing is
 downloaded), or a preset: qwen2.5-1.5b-instruct, qwen2.5-3b-instruct, qwen2.5-7b-instruct, llama-3.2-3b-instruct,
 smollm2-135m, tiny-random (shapes only). The options mean what run.py's do; ``--dtype bfloat16`` (the default here:
-what a GPU run uses) is bf16 compute over float32 master weights. What is counted, and what is assumed, is in
-``policies/memory_plan.py``'s docstring. ``--json PATH`` writes ``per_gpu_gib`` (the total), ``parts`` (the rows)
-and ``fits``.
+what a GPU run uses) is bf16 compute over float32 master weights. A colocated engine's KV cache is sized by the
+branches it decodes at once (``--prompts-per-iteration`` x ``--M`` x ``--N``, the GPU defaults' unless given). What
+is counted, and what is assumed, is in ``policies/memory_plan.py``'s docstring; what would make a plan fit, in
+``policies/memory_fit.py``'s. ``--json PATH`` writes ``per_gpu_gib`` (the total), ``parts`` (the rows) and
+``fits``.
 """
 
 from __future__ import annotations
@@ -19,13 +21,18 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 from policies.memory_plan import (
     DEFAULT_MICRO_BATCH_TOKENS,
+    DEFAULT_ROLLOUT_CONTEXT,
+    DEFAULT_ROLLOUT_PROMPTS,
+    DEFAULT_TREE,
     DEFAULT_VLLM_GPU_MEMORY_UTILIZATION,
     MemoryOptions,
     MemoryPlan,
     plan_memory,
+    rollout_sequences,
 )
 from policies.memory_report import plan_table
 from policies.model_shape import ModelShapeError, model_shape
@@ -35,9 +42,10 @@ def plan_memory_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="a model directory, a cached hub id, or a preset")
     p.add_argument("--learners", type=int, default=1, help="learners, one GPU each (default 1)")
-    p.add_argument("--sharding", choices=("ddp", "fsdp"), default="ddp",
+    p.add_argument("--learner-sharding", choices=("ddp", "fsdp"), default="ddp",
                    help="ddp: each learner holds everything; fsdp: weights, gradients, optimizer state and the "
                         "reference sharded over the learners")
+    p.add_argument("--sharding", action=RenamedOption, nargs="?", help=argparse.SUPPRESS)
     p.add_argument("--gradient-checkpointing", action="store_true", help="recompute each decoder layer in the "
                                                                          "backward")
     p.add_argument("--reference-offload", action="store_true", help="the KL reference in CPU memory between its "
@@ -54,6 +62,14 @@ def plan_memory_parser() -> argparse.ArgumentParser:
     p.add_argument("--vllm-gpu-memory-utilization", type=float, default=DEFAULT_VLLM_GPU_MEMORY_UTILIZATION,
                    help="a colocated vLLM engine's share of the GPU (default %(default)s)")
     p.add_argument("--vllm-sleep", action="store_true", help="the vLLM engine frees its memory during updates")
+    p.add_argument("--prompts-per-iteration", type=int, default=DEFAULT_ROLLOUT_PROMPTS,
+                   help="prompts the colocated engine samples (with R env runners sharing GPUs: one runner's share) "
+                        "(default: the GPU default, %(default)s)")
+    for name, value, what in zip("MNL", DEFAULT_TREE, ("trees per prompt", "nodes expanded per tree per round",
+                                                       "expansion rounds"), strict=True):
+        p.add_argument(f"--{name}", type=int, default=value, help=f"{what} (default %(default)s)")
+    p.add_argument("--max-context-tokens", type=int, default=DEFAULT_ROLLOUT_CONTEXT,
+                   help="token cap of a whole trajectory: each KV cache row's length (default %(default)s)")
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
                    help="compute dtype (default bfloat16: bf16 compute over float32 master weights)")
     p.add_argument("--pure-bf16", action="store_true", help="bf16 weights, gradients and AdamW state (no float32 "
@@ -63,15 +79,25 @@ def plan_memory_parser() -> argparse.ArgumentParser:
     return p
 
 
+class RenamedOption(argparse.Action):
+    """An old spelling: refused, naming run.py's (an option's one spelling, whichever script takes it)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        parser.exit(2, f"plan_memory.py: error: {option_string} is spelled --learner-sharding, as run.py spells it: "
+                       f"pass --learner-sharding {values or 'ddp|fsdp'}\n")
+
+
 def options_from_args(args: argparse.Namespace) -> MemoryOptions:
     """The plan's options from the command line's (a ``ValueError`` names a bad combination)."""
     return MemoryOptions(
-        learners=args.learners, sharding=args.sharding, dtype=args.dtype, pure_bf16=args.pure_bf16,
+        learners=args.learners, sharding=args.learner_sharding, dtype=args.dtype, pure_bf16=args.pure_bf16,
         gradient_checkpointing=args.gradient_checkpointing, reference=args.kl_coef > 0,
         reference_offload=args.reference_offload, lora_rank=args.lora_rank, micro_batch_tokens=args.micro_batch_tokens,
         learner_attention=args.learner_attention, generator=args.generator, colocated=args.colocated,
         vllm_gpu_memory_utilization=args.vllm_gpu_memory_utilization, vllm_sleep=args.vllm_sleep,
-        gpu_memory_gib=args.gpu_memory_gib)
+        rollout_sequences=rollout_sequences(args.prompts_per_iteration, (args.M, args.N, args.L)),
+        rollout_context=args.max_context_tokens, gpu_memory_gib=args.gpu_memory_gib)
 
 
 def main(argv: list[str] | None = None) -> MemoryPlan:

@@ -1,7 +1,9 @@
-"""What is checked and started before a run's algorithm is built, in this order: the data files and the algorithm
-config (``check_before_ray``), the memory plan against the GPU (``check_memory``), the local Ray instance or the
-cluster joined (``start_ray``), and whether the cluster holds the actors' resources (``check_resources``). Every
-problem is a ``SettingsError`` naming the option, before any weights load or anything is written."""
+"""What is checked and started before a run's algorithm is built, in this order: the data files, the algorithm
+config and where the parts land on the GPUs (``check_before_ray``, ``check_placement``), the memory plan against the
+GPU (``check_memory``), the local Ray instance or the cluster joined (``start_ray``), whether the cluster holds the
+actors' resources and has the devices the defaults were chosen for (``check_resources``), and last the start policy
+where it is the env's warm start (``prepare_start``: built the first time). Every problem is a ``SettingsError``
+naming the option, before any weights load or anything is written."""
 
 from __future__ import annotations
 
@@ -12,7 +14,15 @@ import envs
 from algos.tree_grpo import settings as algorithm_settings
 from envs.datasets import DataError, MissingDataError
 from experiments.cli import SettingsError
-from experiments.settings import RunSettings, build_config, env_config, memory_options
+from experiments.qa_start import WARM_START_MODEL, qa_warm_start
+from experiments.settings import (
+    DEVICE_DEFAULTS,
+    RunSettings,
+    build_config,
+    engines_beside_a_learner,
+    env_config,
+    memory_options,
+)
 
 
 def check_data(settings: RunSettings) -> None:
@@ -42,6 +52,7 @@ def check_before_ray(settings: RunSettings) -> None:
     the actors' resources.)"""
     check_data(settings)
     check_learner_device(settings)
+    check_placement(settings)
     try:
         build_config(settings).validate()
     except ValueError as error:
@@ -49,6 +60,13 @@ def check_before_ray(settings: RunSettings) -> None:
     print(placement_line(settings), file=sys.stderr)  # a run that is refused says only why
     if settings.memory_check:
         check_memory(settings)
+
+
+def prepare_start(settings: RunSettings) -> None:
+    """Build the run's start policy where it is the env's warm start and not yet cached (once; minutes, said before
+    it starts), so that every actor finds it."""
+    if settings.model == WARM_START_MODEL:
+        qa_warm_start(settings.env, settings.data_dir)
 
 
 def cluster_address(settings: RunSettings) -> str | None:
@@ -67,6 +85,38 @@ def check_learner_device(settings: RunSettings) -> None:
              else f"the {settings.num_learners} remote learner(s) would start on this machine's Ray")
     raise SettingsError(f"--num-gpus-per-learner {gpus:g}: no GPU is visible here and {where}: pass "
                         f"--num-gpus-per-learner 0 to train on the CPU, or run where a GPU is visible")
+
+
+def check_placement(settings: RunSettings) -> None:
+    """Refuse two parts that would land on one GPU where the memory plan does not count them together (the plan
+    counts one rollout engine beside a learner: ``experiments.settings.engines_beside_a_learner``): learners sharing
+    a GPU; the learner in this process, on GPU 0 outside Ray's accounting, beside env runners asking Ray for whole
+    GPUs (Ray may give them GPU 0); more engines than one beside a learner."""
+    learners, learner_gpu = settings.num_learners, settings.num_gpus_per_learner
+    runners, runner_gpu = settings.num_env_runners, settings.num_gpus_per_env_runner
+    if learners > 1 and 0 < learner_gpu < 1:
+        raise SettingsError(
+            f"--num-gpus-per-learner {learner_gpu:g} with --num-learners {learners}: Ray would put two learners on "
+            f"one GPU, where NCCL cannot hold two ranks of their process group (and the memory plan counts one "
+            f"learner per GPU): give each learner a whole GPU, --num-gpus-per-learner 1")
+    if not learners and learner_gpu and runners and runner_gpu >= 1:
+        raise SettingsError(
+            f"the learner in this process (--num-learners 0) trains on GPU 0, which Ray does not count as taken, so "
+            f"it may give GPU 0 to one of the {runners} env runner(s) asking --num-gpus-per-env-runner "
+            f"{runner_gpu:g}, and the memory plan counts them apart: place the learner through Ray too "
+            f"(--num-learners 1), or sample in this process (--num-env-runners 0: the engine beside the learner, "
+            f"planned), or give one env runner a share of a GPU (--num-gpus-per-env-runner 0.5: planned beside the "
+            f"learner)")
+    engines = engines_beside_a_learner(settings)
+    if engines > 1:
+        where = ("the learner in this process (--num-learners 0), on GPU 0 outside Ray's accounting" if not learners
+                 else f"a learner (--num-gpus-per-learner {learner_gpu:g})")
+        free = 1.0 - (learner_gpu if learners else 0.0)
+        raise SettingsError(
+            f"--num-gpus-per-env-runner {runner_gpu:g}: up to {engines} of the {runners} env runner(s)' engines can "
+            f"land on the GPU of {where}, but the memory plan counts one engine beside a learner: give each env "
+            f"runner more than {free / 2:g} of a GPU, or run one, or place whole-GPU learners through Ray "
+            f"(--num-learners 1 --num-gpus-per-learner 1), which keeps the env runners off their GPUs")
 
 
 def placement_line(settings: RunSettings) -> str:
@@ -90,7 +140,8 @@ def check_memory(settings: RunSettings) -> None:
     import torch
 
     from policies.memory import GIB
-    from policies.memory_plan import fitting_change, plan_memory
+    from policies.memory_fit import fitting_change
+    from policies.memory_plan import plan_memory
     from policies.memory_report import plan_line
     from policies.model_shape import ModelShapeError, model_shape
 
@@ -185,15 +236,17 @@ def check_resources(settings: RunSettings, available: dict[str, float],
                     nodes: list[dict[str, float]] | None = None) -> None:
     """Fail fast, naming the options, when the actors cannot all be placed (Ray would wait forever): the
     cluster's totals (``available``) must cover every actor, and each actor must fit on one of ``nodes`` (their
-    resources, when known: a GPU split over two nodes does not host a one-GPU learner)."""
+    resources, when known: a GPU split over two nodes does not host a one-GPU learner); and when a joined cluster's
+    devices are not this process's (``check_device_defaults``)."""
+    check_device_defaults(settings, available)
     demands = actor_demands(settings)
     cpus, gpus = (sum(count * demand.get(key, 0) for _, count, demand, _ in demands) for key in ("CPU", "GPU"))
     if cpus > available.get("CPU", 0) or gpus > available.get("GPU", 0):
         raise SettingsError(
             f"the requested actors need {cpus:g} CPUs and {gpus:g} GPUs but Ray has {available.get('CPU', 0):g} "
             f"CPUs and {available.get('GPU', 0):g} GPUs: lower --num-env-runners / --num-learners, or "
-            f"--num-cpus-per-env-runner / --num-cpus-per-learner / --num-gpus-per-env-runner / --num-gpus-per-learner "
-            f"(fractions are fine, e.g. 0.5)")
+            f"--num-cpus-per-env-runner / --num-cpus-per-learner / --num-gpus-per-env-runner (CPUs and an env "
+            f"runner's GPU may be fractions, e.g. 0.5; a learner takes a whole GPU: two cannot share one)")
     for name, amount in (settings.env_runner_resources or {}).items():
         needed = settings.num_env_runners * amount
         if needed > available.get(name, 0):
@@ -209,6 +262,24 @@ def check_resources(settings: RunSettings, available: dict[str, float],
                 f"node of the cluster has that (the most any node has: {largest}): lower {options}")
 
 
+def check_device_defaults(settings: RunSettings, available: dict[str, float]) -> None:
+    """Refuse a joined cluster whose GPUs (``available``) disagree with this process's, which chose the device
+    defaults (``experiments.settings.DEVICE_DEFAULTS``) when the settings were built, before Ray could say what the
+    cluster holds (a GPU-less head would give a GPU cluster CPU defaults), unless every one of them was given."""
+    address = cluster_address(settings)
+    gpus, here = available.get("GPU", 0), algorithm_settings.gpu_visible()
+    guessed = [name for name in DEVICE_DEFAULTS if name not in settings.model_fields_set]
+    if not address or bool(gpus) == here or not guessed:
+        return
+    option = f"--ray-address {address}" if settings.ray_address else f"$RAY_ADDRESS {address}"
+    flags = ", ".join(f"--{name.replace('_', '-')}" for name in guessed)
+    raise SettingsError(
+        f"{option}: the cluster has {gpus:g} GPUs but this process sees {'one' if here else 'none'}, and the "
+        f"defaults that follow the device were chosen here, for {'a GPU' if here else 'the CPU'}, before Ray could "
+        f"say what the cluster holds: give {flags} explicitly (--help gives each one's GPU and CPU default), or run "
+        f"the driver where the cluster's devices are visible")
+
+
 def node_resources() -> list[dict[str, float]]:
     """The resources of each live node of the Ray cluster this process is connected to."""
     import ray
@@ -218,11 +289,11 @@ def node_resources() -> list[dict[str, float]]:
 
 def actor_demands(settings: RunSettings) -> list[tuple[str, int, dict[str, float], str]]:
     """(actor kind, how many the run starts, the resources one asks Ray for, the options that set them), for the
-    kinds the run starts with a demand (a learner on a GPU asks for no CPU)."""
+    kinds the run starts with a demand: what RLlib asks for (``build_config`` gives it ``num_cpus_per_learner``, so
+    a learner on a GPU asks for its CPUs too)."""
     runner = {"CPU": settings.num_cpus_per_env_runner, "GPU": settings.num_gpus_per_env_runner,
               **(settings.env_runner_resources or {})}
-    learner = ({"GPU": settings.num_gpus_per_learner} if settings.num_gpus_per_learner
-               else {"CPU": settings.num_cpus_per_learner})
+    learner = {"CPU": settings.num_cpus_per_learner, "GPU": settings.num_gpus_per_learner}
     kinds = [("env runner", settings.num_env_runners, runner,
               "--num-cpus-per-env-runner / --num-gpus-per-env-runner / --env-runner-resources"),
              ("learner", settings.num_learners, learner, "--num-cpus-per-learner / --num-gpus-per-learner")]

@@ -50,7 +50,7 @@ from experiments.checkpoints import (
 from experiments.cli import SettingsError, build_parser, dump_yaml, given_options, read_yaml, validate
 from experiments.evaluate import write_results
 from experiments.plot import load_metrics, plot_runs
-from experiments.preflight import check_before_ray, check_resources, node_resources, start_ray
+from experiments.preflight import check_before_ray, check_resources, node_resources, prepare_start, start_ray
 from experiments.settings import (
     CLI_ALIASES,
     RunSettings,
@@ -245,6 +245,7 @@ def train(run: RunPlan) -> tuple[Path | None, int]:
               f"evaluations score questions the policy trained on", file=sys.stderr)
     start_ray(settings)
     check_resources(settings, ray.cluster_resources(), node_resources())  # again: a joined cluster has its own
+    prepare_start(settings)  # last: minutes the first time, spent only on a run that every check let start
     output.mkdir(parents=True, exist_ok=True)
     algo = build_algorithm(run)
     settings_file = record_settings(run, algo.iteration + 1)

@@ -8,22 +8,33 @@ into the RLlib config. Validation is strict and happens before Ray starts (see `
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
+import math
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 import envs
 from algos.tree_grpo import TreeGRPOConfig
+from algos.tree_grpo import settings as algorithm_settings
 from algos.tree_grpo.settings import ALGORITHM_FIELDS, TreeGRPOSettings, per_device
 from envs.datasets import resolve_data_dir
 from envs.retrieval import check_retriever_spec
+from experiments.qa_start import CPU_QA_DEFAULTS, QA_START_ENVS, WARM_START_MODEL, warm_start_model
 from policies.logprobs import FLEX_ATTENTION
-from policies.memory_plan import CUDA_OVERHEAD_GIB, MemoryOptions
-from policies.models import LoraSettings
+from policies.memory_plan import CUDA_OVERHEAD_GIB, MemoryOptions, rollout_sequences
+from policies.models import LORA_TARGETS, LoraSettings
 
 EnvId = Literal[tuple(envs.ENV_IDS)]  # type: ignore[valid-type]
 GPU_DEFAULT_MODEL = "Qwen/Qwen2.5-1.5B-Instruct"  # the paper's smallest model: SmolLM2 earns nothing on HotpotQA
+# The options whose defaults follow whether this process sees a GPU (decided when the settings are built, before
+# Ray starts): a cluster joined with other devices than this process's refuses them unless given
+# (experiments.preflight.check_device_defaults)
+# (A real QA env's CPU defaults, CPU_QA_DEFAULTS, follow the device too, but only with the default model: giving
+# --model, which this list asks for, leaves them at their generic defaults.)
+DEVICE_DEFAULTS = ("model", "dtype", "gradient_checkpointing", "num_gpus_per_learner", "prompts_per_iteration",
+                   "max_step_tokens", "skip_uniform_rewards")
 
 
 def dashboard_dependency_error() -> ImportError | None:
@@ -87,6 +98,8 @@ class RunSettings(TreeGRPOSettings):
     max_turns: int = Field(_default_of(envs.SearchQAEnv, "max_turns"), ge=1,
                            description="search-capable steps before the final answer-only step")
     topk: int = Field(_default_of(envs.SearchQAEnv, "topk"), ge=1, description="passages per search")
+    passage_words: int | None = Field(_default_of(envs.SearchQAEnv, "passage_words"), ge=1,
+                                      description="each retrieved passage cut to its first k words (default: whole)")
     retriever: str = Field(_default_of(envs.SearchQAEnv, "retriever"),
                            description="retrieval backend (bm25, rank_bm25, dense) or the URL of a retrieval server "
                                        "in Search-R1's protocol (http://HOST:PORT/retrieve; python -m "
@@ -95,10 +108,14 @@ class RunSettings(TreeGRPOSettings):
     model: str = Field(
         default_factory=per_device(cpu="smollm2-135m", gpu=GPU_DEFAULT_MODEL),
         description=f"tiny-random (tiny-random-qwen2, tiny-random-llama3: the same in the paper's Qwen2.5 / "
-                    f"Llama-3.2 architectures and chat formats), smollm2-135m, a Hugging Face hub id or a model "
-                    f"directory (e.g. one written by "
-                    f"experiments/export.py) (default: smollm2-135m on CPU; with a GPU the paper's smallest model, "
-                    f"{GPU_DEFAULT_MODEL}, downloaded from the hub on first use, about 3 GB)")
+                    f"Llama-3.2 architectures and chat formats), smollm2-135m, a Hugging Face hub id, a model "
+                    f"directory (e.g. one written by experiments/export.py), or {WARM_START_MODEL} (the env's "
+                    f"oracle warm start: SmolLM2-135M-Instruct fine-tuned on the retrieval oracle's search "
+                    f"trajectories of the env's train split, built once, about 30 minutes on 2 cores, and cached; "
+                    f"experiments/qa_start.py) (default: on CPU {WARM_START_MODEL} for "
+                    f"{', '.join(QA_START_ENVS)} and smollm2-135m for the others; with a GPU the paper's smallest "
+                    f"model, {GPU_DEFAULT_MODEL}, downloaded from the hub on first use, about 3 GB). On CPU "
+                    f"{', '.join(QA_START_ENVS)} trained from {WARM_START_MODEL} also default to {CPU_QA_DEFAULTS}")
     dtype: Literal["float32", "bfloat16"] = Field(
         default_factory=per_device(cpu="float32", gpu="bfloat16"),
         description="compute dtype: bfloat16 runs the learner's passes under autocast over float32 master weights, "
@@ -115,6 +132,11 @@ class RunSettings(TreeGRPOSettings):
     lora_rank: int | None = Field(None, ge=1, description="train LoRA adapters of this rank (default: full "
                                                           "fine-tuning)")
     lora_alpha: int = Field(LoraSettings.alpha, ge=1, description="LoRA alpha (with --lora-rank)")
+    lora_layers: int | None = Field(None, ge=1, description="with --lora-rank: adapters on the top k decoder layers "
+                                                             "only (default: all); the backward pass stops below them")
+    lora_targets: Literal[tuple(LORA_TARGETS)] = Field(  # type: ignore[valid-type]
+        "attention", description="with --lora-rank: the projections that get adapters: attention (q, k, v, o) or "
+                                 "all (with the MLP's)")
     # resources
     seed: int = Field(0, ge=0, description="seed of prompts, sampling and model initialisation")
     num_env_runners: int = Field(0, ge=0, description="remote Ray env runners (0: sample in this process)")
@@ -171,6 +193,24 @@ class RunSettings(TreeGRPOSettings):
 
     @model_validator(mode="before")
     @classmethod
+    def _cpu_defaults_of_real_questions(cls, data: Any) -> Any:
+        """On a CPU, a real QA env with a warm start, trained from it (no --model, or --model warm-start), takes
+        ``CPU_QA_DEFAULTS`` for every option not given (the LoRA options as one: a given ``lora_rank``, None
+        included, or an offloaded reference, which only full fine-tuning has, keeps them all at their own defaults).
+        Another --model keeps the generic defaults."""
+        if not isinstance(data, dict) or algorithm_settings.gpu_visible():  # looked up: tests stand in for it
+            return data
+        if data.get("env", cls.model_fields["env"].default) not in QA_START_ENVS:
+            return data
+        if data.get("model", WARM_START_MODEL) != WARM_START_MODEL:
+            return data
+        full_fine_tuning = "lora_rank" in data or data.get("reference_offload", False)
+        profile = {name: value for name, value in CPU_QA_DEFAULTS.items()
+                   if not (name.startswith("lora_") and full_fine_tuning)}
+        return {**profile, **data}
+
+    @model_validator(mode="before")
+    @classmethod
     def _schedule_spans_the_run(cls, data: Any) -> Any:
         """A run's learning-rate schedule spans its --iterations unless total_iterations says otherwise."""
         if isinstance(data, dict) and data.get("total_iterations") is None:
@@ -196,6 +236,9 @@ class RunSettings(TreeGRPOSettings):
     def _precision_and_reference(self) -> RunSettings:
         if self.pure_bf16 and self.dtype != "bfloat16":
             raise ValueError("pure_bf16: needs --dtype bfloat16 (bf16 master weights)")
+        if self.lora_rank is None and (self.lora_layers is not None or self.lora_targets != "attention"):
+            raise ValueError("lora_layers, lora_targets: place LoRA adapters, but lora_rank is None (full "
+                             "fine-tuning); set --lora-rank, or drop them")
         if self.reference_offload and self.lora_rank is not None:
             raise ValueError("reference_offload: with LoRA the reference is the base model with its adapters off, "
                              "which the policy holds anyway: nothing to offload; drop --reference-offload")
@@ -280,22 +323,49 @@ def tracked_params(settings: RunSettings) -> dict[str, Any]:
 
 def env_config(settings: RunSettings) -> dict[str, Any]:
     return {"data_dir": str(resolve_data_dir(settings.data_dir).resolve()), "split": settings.training_split,
-            "max_turns": settings.max_turns, "topk": settings.topk, "retriever": settings.retriever}
+            "max_turns": settings.max_turns, "topk": settings.topk, "passage_words": settings.passage_words,
+            "retriever": settings.retriever}
+
+
+def lora_settings(settings: RunSettings) -> LoraSettings | None:
+    """The run's LoRA adapters, or None for full fine-tuning."""
+    if settings.lora_rank is None:
+        return None
+    return LoraSettings(rank=settings.lora_rank, alpha=settings.lora_alpha,
+                        target_modules=LORA_TARGETS[settings.lora_targets], layers=settings.lora_layers)
 
 
 def model_config(settings: RunSettings) -> dict[str, Any]:
-    lora = None if settings.lora_rank is None else {"rank": settings.lora_rank, "alpha": settings.lora_alpha}
-    return {"model": settings.model, "dtype": settings.dtype, "pure_bf16": settings.pure_bf16,
-            "gradient_checkpointing": settings.gradient_checkpointing, "seed": settings.seed, "lora": lora}
+    lora = lora_settings(settings)
+    lora = None if lora is None else dataclasses.asdict(lora)
+    return {"model": warm_start_model(settings.model, settings.env, settings.data_dir), "dtype": settings.dtype,
+            "pure_bf16": settings.pure_bf16, "gradient_checkpointing": settings.gradient_checkpointing,
+            "seed": settings.seed, "lora": lora}
+
+
+def engines_beside_a_learner(settings: RunSettings) -> int:
+    """How many rollout engines can land on a learner's GPU: the driver's own when it samples (on GPU 0, where the
+    local learner trains and Ray puts its first remote one); else as many remote env runners' shares of a GPU as
+    fit beside a learner, which Ray decides: all of the local learner's GPU (Ray does not count it as taken), 1 -
+    the share of a remote one. 0 with the learners on the CPU."""
+    if not settings.num_gpus_per_learner:
+        return 0
+    if not settings.num_env_runners:
+        return 1
+    if not settings.num_gpus_per_env_runner:
+        return 0
+    free = max(0.0, 1.0 - (settings.num_gpus_per_learner if settings.num_learners else 0.0))
+    return min(settings.num_env_runners, math.floor(round(free / settings.num_gpus_per_env_runner, 6)))
 
 
 def memory_options(settings: RunSettings, gpu_memory_gib: float | None) -> MemoryOptions:
     """The memory plan's options of a run: its learners, precision and memory options; a colocated rollout engine
-    when the driver's env runner samples on the visible GPU or the runners take a share of one. Without
+    when one can land on a learner's GPU (:func:`engines_beside_a_learner`; more than one is refused before Ray
+    starts), its KV cache sized by the branches it decodes at once (its runner's prompts, M, N, L). Without
     ``--micro-batch-tokens`` the plan assumes its default micro-batch (a (2,2,1) prompt group at 500-token
     steps)."""
-    colocated = gpu_memory_gib is not None and (settings.num_env_runners == 0
-                                                or 0 < settings.num_gpus_per_env_runner < 1)
+    colocated = gpu_memory_gib is not None and engines_beside_a_learner(settings) > 0
+    prompts = math.ceil(settings.prompts_per_iteration / max(1, settings.num_env_runners))  # one runner's share
     tokens = {} if settings.micro_batch_tokens is None else {"micro_batch_tokens": settings.micro_batch_tokens}
     return MemoryOptions(
         learners=max(1, settings.num_learners), sharding=settings.learner_sharding, dtype=settings.dtype,
@@ -305,6 +375,8 @@ def memory_options(settings: RunSettings, gpu_memory_gib: float | None) -> Memor
         learner_attention="flex_attention" if settings.learner_attention == FLEX_ATTENTION else "sdpa",
         generator=settings.generator_backend, colocated=colocated,
         vllm_gpu_memory_utilization=settings.vllm_gpu_memory_utilization, vllm_sleep=settings.vllm_sleep,
+        rollout_sequences=rollout_sequences(prompts, (settings.M, settings.N, settings.L)),
+        rollout_context=settings.max_context_tokens,
         overhead_gib=CUDA_OVERHEAD_GIB if gpu_memory_gib is not None else 0.0, gpu_memory_gib=gpu_memory_gib,
         **tokens)
 

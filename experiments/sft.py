@@ -125,7 +125,8 @@ def train(model, data: list[tuple[list[int], Sequence[int]]], *, epochs: int, lr
           pad_id: int, token_weights: TokenWeights = TokenWeights(), max_minutes: float | None = None,
           checkpoint: Path | None = None, lr_floor: float = 0.0, check: Callable[[], float] | None = None,
           check_min: float = 0.0, extra_epochs: int = 0, extra_lr: float | None = None,
-          vocabulary: SoftmaxVocabulary | None = None, log=print) -> dict[str, list[float]]:
+          vocabulary: SoftmaxVocabulary | None = None, checkpoint_minutes: float | None = None,
+          log=print) -> dict[str, list[float]]:
     """AdamW over shuffled batches of ``data`` (token ids, 1 on the generated ones) weighted by ``token_weights``,
     linear warm-up then cosine decay to ``lr_floor`` times ``lr`` over ``epochs``; then, with ``check`` (a score of
     the model, e.g. greedy exact match on questions it does not train on), up to ``extra_epochs`` more epochs at the
@@ -134,9 +135,9 @@ def train(model, data: list[tuple[list[int], Sequence[int]]], *, epochs: int, lr
     mean loss of each epoch, "check": the score after each checked epoch}``.
 
     With ``checkpoint``, the whole training state (weights, optimizer, schedule, random generators, loss
-    curve and checks) is written there after every epoch and, when the file exists, training resumes after its last
-    epoch: a killed run continues where it stopped and ends as an uninterrupted one would. ``max_minutes`` counts
-    this process's time only."""
+    curve and checks) is written there after every epoch, and within an epoch every ``checkpoint_minutes`` (a long
+    epoch of a pretrained model); when the file exists, training resumes where it was written: a killed run continues
+    where it stopped and ends as an uninterrupted one would. ``max_minutes`` counts this process's time only."""
     rng = np.random.default_rng(seed)
     draws = np.random.default_rng([seed, 1])  # the observations each epoch trains, apart from the shuffling
     negatives = torch.Generator().manual_seed(seed)  # the softmax's sampled negatives
@@ -146,6 +147,7 @@ def train(model, data: list[tuple[list[int], Sequence[int]]], *, epochs: int, lr
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, functools.partial(learning_rate_factor, steps=steps, warmup=warmup, floor=lr_floor, extra=extra_lr))
     curve: dict[str, list[float]] = {"loss": [], "check": []}
+    position: dict = {}  # within an epoch: the shuffle's state at its start, the batches done, their losses
     if checkpoint is not None and checkpoint.exists():
         state = torch.load(checkpoint, weights_only=False)
         model.load_state_dict(state["model"])
@@ -156,16 +158,32 @@ def train(model, data: list[tuple[list[int], Sequence[int]]], *, epochs: int, lr
         negatives.set_state(state["negatives_rng"])
         torch.set_rng_state(state["torch_rng"])
         curve = state["curve"]
-        log(f"resuming after epoch {len(curve['loss'])}/{epochs} from {checkpoint}")
-    start = time.perf_counter()
+        position = state.get("position", {})
+        where = (f"batch {position['batches']} of epoch {len(curve['loss']) + 1}" if position
+                 else f"epoch {len(curve['loss'])}/{epochs}")
+        log(f"resuming after {where} from {checkpoint}")
+
+    def save(position: dict) -> None:
+        if checkpoint is None:
+            return
+        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(),
+                 "shuffle_rng": rng.bit_generator.state, "draw_rng": draws.bit_generator.state,
+                 "negatives_rng": negatives.get_state(), "torch_rng": torch.get_rng_state(), "curve": curve,
+                 "position": position}
+        replace_atomically(checkpoint, functools.partial(torch.save, state))  # a kill mid-write keeps the last
+
+    start = saved_at = time.perf_counter()
     for epoch in range(len(curve["loss"]), epochs + extra_epochs):
         if epoch >= epochs and (check is None or curve["check"][-1] >= check_min):
             break
         model.train()
+        if position:  # resumed within this epoch: its order again from the shuffle's state at its start
+            rng.bit_generator.state = position["shuffle_rng"]
+        epoch_start_rng = rng.bit_generator.state
         order = rng.permutation(len(data))
         batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
-        losses = []
-        for batch in batches:
+        losses = list(position.get("losses", []))
+        for done, batch in enumerate(batches[len(losses):], start=len(losses)):
             ids, attention, weights = pad([(data[i][0], token_weights.draw(data[i][1], draws)) for i in batch], pad_id)
             loss = sft_loss(model, ids, attention, weights, vocabulary, negatives)
             optimizer.zero_grad(set_to_none=True)
@@ -174,6 +192,11 @@ def train(model, data: list[tuple[list[int], Sequence[int]]], *, epochs: int, lr
             optimizer.step()
             schedule.step()
             losses.append(loss.item())
+            if (checkpoint_minutes is not None and done + 1 < len(batches)
+                    and time.perf_counter() - saved_at > 60 * checkpoint_minutes):
+                save({"shuffle_rng": epoch_start_rng, "batches": done + 1, "losses": losses})
+                saved_at = time.perf_counter()
+        position = {}
         curve["loss"].append(float(np.mean(losses)))
         message = f"epoch {epoch + 1}/{epochs}: loss {curve['loss'][-1]:.4f}"
         if check is not None and epoch + 1 >= epochs:
@@ -181,12 +204,8 @@ def train(model, data: list[tuple[list[int], Sequence[int]]], *, epochs: int, lr
             curve["check"].append(check())
             message += f", check {curve['check'][-1]:.3f} (wanted >= {check_min})"
         log(f"{message}  ({time.perf_counter() - start:.0f} s)")
-        if checkpoint is not None:
-            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                     "schedule": schedule.state_dict(), "shuffle_rng": rng.bit_generator.state,
-                     "draw_rng": draws.bit_generator.state, "negatives_rng": negatives.get_state(),
-                     "torch_rng": torch.get_rng_state(), "curve": curve}
-            replace_atomically(checkpoint, functools.partial(torch.save, state))  # a kill mid-write keeps the last
+        save({})
+        saved_at = time.perf_counter()
         if max_minutes is not None and time.perf_counter() - start > 60 * max_minutes:
             log(f"stopping: --max-minutes {max_minutes} reached")
             break

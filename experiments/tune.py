@@ -34,7 +34,7 @@ from algos.tree_grpo import TreeGRPO
 from algos.tree_grpo import metrics as metric_keys
 from algos.tree_grpo.settings import ALGORITHM_FIELDS
 from experiments.cli import SettingsError, build_parser, given_options, validate, yaml_scalar
-from experiments.preflight import check_before_ray, check_resources, node_resources, start_ray
+from experiments.preflight import check_before_ray, check_resources, node_resources, prepare_start, start_ray
 from experiments.settings import CLI_ALIASES, RunSettings, build_config, help_sections, tracked_params
 from experiments.tracking import METRICS_FILE, RunTracker, default_tracking_uri, ensure_experiment, read_rows
 
@@ -242,6 +242,8 @@ def main(argv: list[str] | None = None) -> Path:
             check_before_ray(trial)
         start_ray(base)
         check_resources(base, ray.cluster_resources(), node_resources())
+        for trial in trials:  # last: minutes the first time, spent only on a sweep that every check let start
+            prepare_start(trial)
     except SettingsError as error:
         tune_parser().exit(2, f"tune.py: error: {error}\n")
     from ray import tune

@@ -38,8 +38,10 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 import gymnasium as gym
 import numpy as np
@@ -48,9 +50,10 @@ import torch
 import envs
 from algos.evaluation import ANSWERED_EARLY, failure_kind
 from envs.cache import WARM_START_LOCK, WARM_START_RECIPE, WARM_START_STAGING, WARM_STARTS_DIR, default_cache_dir
-from envs.datasets import resolve_data_dir
-from envs.synthetic import BRANCH_ROLES, SPECS, TEMPLATES, BranchSpec, WorldSpec, question_path, world_data_dir
+from envs.datasets import MissingDataError, resolve_data_dir
+from envs.synthetic import BranchSpec, WorldSpec, question_path, world_data_dir
 from experiments.evaluate import chains_in_batches, evaluate_env
+from experiments.model_manifest import damage, write_manifest
 from experiments.oracle_trajectories import (
     ORACLE_FORMAT,
     misrouted_questions,
@@ -60,10 +63,25 @@ from experiments.oracle_trajectories import (
     train_branch_questions,
 )
 from experiments.sft import SoftmaxVocabulary, TokenWeights, train
+from experiments.warmstart_options import parse_args, template_shares
 from policies.generation import SamplingSettings, end_of_turn_ids
 from policies.generators import step_generator
+from policies.models import LORA_TARGETS, LoraSettings
 
+CHECKPOINT_MINUTES = 5.0  # within an epoch, the training state is saved this often (a pretrained model's epoch is long)
 MAX_KEY_LENGTH = 200  # a warm start's cache key, in characters (``warm_start_key``)
+
+
+@runtime_checkable
+class DataSource(Protocol):
+    """A dataset on disk that a warm start trains on, as a generated world is (``experiments/qa_start.QASource``):
+    its ``DATASET`` name, the cache ``key`` of its content and its ``data_dir``."""
+
+    DATASET: str
+    data_dir: Path
+
+    @property
+    def key(self) -> str: ...
 
 
 def build_model(args: argparse.Namespace):
@@ -71,7 +89,15 @@ def build_model(args: argparse.Namespace):
     from policies.models import build_tiny_random, load_model
 
     if args.model != "scratch":
-        return load_model(args.model, seed=args.seed)
+        lora = None if args.lora_rank is None else LoraSettings(
+            rank=args.lora_rank, alpha=2 * args.lora_rank, target_modules=LORA_TARGETS[args.lora_targets],
+            layers=args.lora_layers)
+        model, tokenizer = load_model(args.model, seed=args.seed, lora=lora)
+        if not tokenizer.chat_template:
+            raise SystemExit(f"--model {args.model} has no chat template: the warm start lays its trajectories out "
+                             f"as the rollouts prompt an instruct model (the question in a chat turn); use an "
+                             f"instruct model, or give the tokenizer a chat_template")
+        return model, tokenizer
     _, tokenizer = load_model("tiny-random")
     model = build_tiny_random(tokenizer, seed=args.seed, hidden_size=args.hidden_size, layers=args.layers,
                               heads=args.heads)
@@ -105,7 +131,7 @@ def warm_start_key(readable: str, limit: int = MAX_KEY_LENGTH) -> str:
     return f"{readable[:limit - len(digest) - 1]}-{digest}"
 
 
-def readable_warm_start_key(world: WorldSpec | BranchSpec, recipe: Sequence[str], *, topk: int,
+def readable_warm_start_key(world: WorldSpec | BranchSpec | DataSource, recipe: Sequence[str], *, topk: int,
                       continues: Sequence[str] | None = None) -> str:
     """The whole key of ``cached_warm_start``'s warm start (the world, top-k, the oracle's format and each stage's
     options), before ``warm_start_key`` shortens a long one."""
@@ -119,14 +145,14 @@ def readable_warm_start_key(world: WorldSpec | BranchSpec, recipe: Sequence[str]
     return f"{world.key}-topk{topk}-{oracle}" + "-then-".join("-".join(stage).replace("--", "") for stage in stages)
 
 
-def warm_start_dir(world: WorldSpec | BranchSpec, recipe: Sequence[str], *, topk: int,
+def warm_start_dir(world: WorldSpec | BranchSpec | DataSource, recipe: Sequence[str], *, topk: int,
                    cache_dir: str | os.PathLike | None = None, continues: Sequence[str] | None = None) -> Path:
     """Where ``cached_warm_start`` keeps that warm start's model directory (nothing trained: it may not exist)."""
     key = warm_start_key(readable_warm_start_key(world, recipe, topk=topk, continues=continues))
     return Path(cache_dir or default_cache_dir()) / WARM_STARTS_DIR / key / "model"
 
 
-def cached_warm_start(world: WorldSpec | BranchSpec, recipe: Sequence[str], *, topk: int,
+def cached_warm_start(world: WorldSpec | BranchSpec | DataSource, recipe: Sequence[str], *, topk: int,
                       cache_dir: str | os.PathLike | None = None, continues: Sequence[str] | None = None) -> Path:
     """The model directory of the warm start of ``recipe`` (this script's options: model, extra worlds, epochs,
     strategy shares, seed...) on ``world``'s generated world with ``topk`` passages per search, trained once per
@@ -147,17 +173,24 @@ def cached_warm_start(world: WorldSpec | BranchSpec, recipe: Sequence[str], *, t
     with open(model.parent.parent / f"{key}{WARM_START_LOCK}", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also when the process dies
         if (model / "config.json").exists():
-            print(f"warm start: cached at {model}")
-            return model
+            problem = damage(model)
+            if problem is None:
+                print(f"warm start: cached at {model}")
+                return model
+            print(f"warm start: the cached start at {model} is damaged ({problem}): training it again", flush=True)
+            shutil.rmtree(model.parent)
         start = [] if continues is None else ["--model", str(cached_warm_start(world, continues, topk=topk,
                                                                              cache_dir=cache_dir))]
         staging = model.parent.parent / f"{key}{WARM_START_STAGING}"
         print(f"warm start: training the start policy (once; cached at {model}; staged in {staging}) ...",
               flush=True)
         env_id = next(env_id for env_id, (dataset, *_) in envs.ENV_IDS.items() if dataset == world.DATASET)
-        main(["--env", env_id, "--data-dir", str(world_data_dir(world, cache_dir)), "--topk", str(topk),
+        # a real QA set's source (experiments/qa_start.py) names its data directory; a generated world is written
+        data_dir = world.data_dir if isinstance(world, DataSource) else world_data_dir(world, cache_dir)
+        main(["--env", env_id, "--data-dir", str(data_dir), "--topk", str(topk),
               "--dev-questions", "0", *recipe, *start, "--cache-dir", str(cache_dir), "--output", str(staging)])
         (staging / WARM_START_RECIPE).write_text(readable + "\n", encoding="utf-8")
+        write_manifest(staging / model.name)
         os.replace(staging, model.parent)
     print(f"warm start: moved into the cache: {model} (use --model {model})")
     return model
@@ -178,189 +211,17 @@ def claim_output(output: Path, args: argparse.Namespace) -> tuple[Path, Path]:
     return checkpoint, settings
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--env", choices=list(envs.ENV_IDS), default="SynthHop-v0")
-    p.add_argument("--model", default="scratch", help="scratch (a small Llama from random weights) or a "
-                                                      "run.py --model to fine-tune")
-    p.add_argument("--hidden-size", type=int, default=192, help="--model scratch: width")
-    p.add_argument("--layers", type=int, default=3, help="--model scratch: depth")
-    p.add_argument("--heads", type=int, default=6, help="--model scratch: attention heads")
-    p.add_argument("--questions", type=int, default=None, help="oracle trajectories (default: the whole split)")
-    p.add_argument("--extra-worlds", type=int, default=0,
-                   help="SynthHop-v0, SynthBranch-v0: also train on the train questions of this many other worlds "
-                        "(the same sizes, other seeds), whose names differ, so the model must learn to copy names "
-                        "from the question and the passages instead of memorising them")
-    p.add_argument("--unanswered", type=float, default=0.0,
-                   help="share of oracle trajectories that never answer (a deliberately weaker start)")
-    p.add_argument("--premature", type=float, default=0.0,
-                   help="share of oracle trajectories that answer after the first search with the entity it found, "
-                        "where a question needs more than one (a start policy that sometimes stops one hop short); "
-                        "of the multi-hop ones in expectation, or exactly with --premature-among multi-hop")
-    p.add_argument("--premature-among", choices=("all", "multi-hop"), default="all",
-                   help="the questions --premature is drawn among: all (1-hop ones have no hop to skip, so the share "
-                        "of multi-hop trajectories answered short is --premature only in expectation, drawn by the "
-                        "seed) or multi-hop (exactly that share of them)")
-    p.add_argument("--premature-template", action="append", default=[], metavar="PATH=SHARE",
-                   help="SynthHop-v0: the --premature share of one multi-hop question template's trajectories, the "
-                        "template named by its relation path, e.g. born_in.country=0.8 (repeatable; the other "
-                        "templates keep --premature): a start whose choice after the first search follows the "
-                        "template, so that greedy decoding answers one hop short on some templates and searches again "
-                        "on the others, whatever the seed, while sampling does both")
-    p.add_argument("--misroute", type=float, default=0.0,
-                   help="SynthBranch-v0: share of oracle trajectories that follow the wrong person after the first "
-                        "search (the chair for a founder question, and the other way round) to a wrong answer in "
-                        "the right format: a start policy that copies names well and routes wrong that often")
-    p.add_argument("--misroute-role", choices=BRANCH_ROLES, default=None,
-                   help="SynthBranch-v0: draw the --misroute share among the questions about this person only (with "
-                        "--misroute 1: a start policy that always follows the other person on those questions, a "
-                        "rule rather than a coin, and routes right on the rest)")
-    p.add_argument("--observation-weight", type=float, default=0.0,
-                   help="loss weight of the observations' tokens (language modelling on the retrieved passages: their "
-                        "titles repeat the query and their text repeats the title, so predicting them trains copying; "
-                        "0: the generated tokens only)")
-    p.add_argument("--observation-share", type=float, default=1.0,
-                   help="with --observation-weight: train a fresh random draw of this share of the observations' "
-                        "tokens each epoch, at the weight divided by the share (the same expected loss; the LM "
-                        "head's cost over the passages falls with the share)")
-    p.add_argument("--softmax-vocabulary", choices=("full", "data"), default="full",
-                   help="the tokens the loss's softmax runs over: the model's whole vocabulary, or the tokens the "
-                        "training data holds (a few thousand of SmolLM2's 49k: the LM head's cost, most of a small "
-                        "model's step, falls with it), with --softmax-negatives of the others")
-    p.add_argument("--softmax-negatives", type=int, default=0,
-                   help="with --softmax-vocabulary data: tokens drawn from the others each step into the softmax, each "
-                        "standing for its share of them (a sampled softmax: it keeps their logits down, so that the "
-                        "model does not sample them; 0: they get no gradient)")
-    p.add_argument("--restate", action="store_true",
-                   help="the oracle's thought before a search restates the passage's sentence that ends with the query "
-                        "(\"The chair of X is Y\" before searching Y; SynthBranch's role passages), so the name "
-                        "is copied as the continuation of words the passage holds")
-    p.add_argument("--restate-goal", action="store_true",
-                   help="SynthBranch: the oracle's thoughts carry the asked role from the question to the decision, "
-                        "each copying the one before (\"I need the chair of the company Anna works for\", then \"... "
-                        "I need the chair of Tosafen Works\"); a misrouted trajectory states it and follows the other")
-    p.add_argument("--epochs", type=int, default=6, help="epochs of the schedule (warm-up, cosine to --lr-floor)")
-    p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (use ~1e-5 to fine-tune smollm2)")
-    p.add_argument("--lr-floor", type=float, default=0.0,
-                   help="the learning rate at the schedule's end and in any extra epoch, a fraction of --lr")
-    p.add_argument("--check-questions", type=int, default=0,
-                   help="generated worlds with --extra-worlds: after the schedule, greedy exact match on the first "
-                        "this many held-out questions that need one search of the first extra world (questions no "
-                        "trajectory trains, about entities the trajectories do: what the served world's held-out "
-                        "questions ask, without reading them; the world's names, apart from the strategy the data "
-                        "teaches), and up to --extra-epochs more epochs while it is below --check-em (0: no check)")
-    p.add_argument("--check-em", type=float, default=0.0, help="the check's minimum exact match")
-    p.add_argument("--check-one-hop-short", type=float, default=None, metavar="SHARE",
-                   help="with --check-questions: the check asks that many held-out multi-hop questions instead, and "
-                        "the extra epochs run while the share answered before their last hop is below SHARE (in "
-                        "place of --check-em)")
-    p.add_argument("--extra-epochs", type=int, default=0, help="at most this many epochs after --epochs")
-    p.add_argument("--extra-lr", type=float, default=None,
-                   help="the learning rate of the extra epochs, a fraction of --lr (default: --lr-floor); above the "
-                        "floor, they go on learning what the schedule had not taught by its end")
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--max-minutes", type=float, default=None, help="stop after the epoch that passes this")
-    p.add_argument("--max-turns", type=int, default=3)
-    p.add_argument("--topk", type=int, default=3)
-    p.add_argument("--max-step-tokens", type=int, default=64, help="step cap of the dev evaluation")
-    p.add_argument("--dev-questions", type=int, default=100,
-                   help="greedy dev questions evaluated before and after (0: no dev evaluation)")
-    p.add_argument("--data-dir", default=None, help="default: $TREEGRPO_DATA_DIR, else ./data")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--cache-dir", default=None, help="where generated worlds are written (default: the cache, "
-                                                     "$TREEGRPO_CACHE_DIR, else ~/.cache/tree-grpo)")
-    p.add_argument("--output", default="outputs/warmstart")
-    args = p.parse_args(argv)
-    if args.extra_worlds < 0:
-        p.error(f"--extra-worlds must be >= 0, got {args.extra_worlds}")
-    for name in ("unanswered", "premature", "misroute"):
-        if not 0.0 <= getattr(args, name) <= 1.0:
-            p.error(f"--{name} must be a share in [0, 1], got {getattr(args, name)}")
-    if not 0.0 <= args.lr_floor <= 1.0:
-        p.error(f"--lr-floor must be a fraction of --lr in [0, 1], got {args.lr_floor}")
-    if args.extra_lr is not None and not 0.0 < args.extra_lr <= 1.0:
-        p.error(f"--extra-lr must be a fraction of --lr in (0, 1], got {args.extra_lr}")
-    if not 0.0 <= args.check_em <= 1.0:
-        p.error(f"--check-em must be an exact match in [0, 1], got {args.check_em}")
-    if args.check_one_hop_short is not None:
-        if not 0.0 <= args.check_one_hop_short <= 1.0:
-            p.error(f"--check-one-hop-short must be a share in [0, 1], got {args.check_one_hop_short}")
-        if args.check_em:
-            p.error("--check-one-hop-short replaces --check-em (the check scores one of them): give one")
-        if not args.check_questions:
-            p.error("--check-one-hop-short needs --check-questions (how many multi-hop questions it asks)")
-    for name in ("check_questions", "extra_epochs", "softmax_negatives"):
-        if getattr(args, name) < 0:
-            p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
-    if not 0.0 < args.observation_share <= 1.0:
-        p.error(f"--observation-share must be a share in (0, 1], got {args.observation_share}")
-    if args.observation_weight < 0:
-        p.error(f"--observation-weight must be >= 0, got {args.observation_weight}")
-    if args.questions is not None and args.questions < 1:
-        p.error(f"--questions must be >= 1, got {args.questions}")
-    if args.softmax_negatives and args.softmax_vocabulary != "data":
-        p.error("--softmax-negatives needs --softmax-vocabulary data (the full softmax has no tokens left to draw)")
-    synthetic = [env_id for env_id, (dataset, *_) in envs.ENV_IDS.items() if dataset in SPECS]
-    if args.extra_worlds and args.env not in synthetic:
-        p.error(f"--extra-worlds needs a generated world (--env {' or '.join(synthetic)}), got --env {args.env}")
-    if args.check_questions and not args.extra_worlds:
-        p.error("--check-questions needs --extra-worlds >= 1 (it asks the first extra world's held-out questions)")
-    if args.extra_epochs and not args.check_questions:
-        p.error("--extra-epochs needs --check-questions (the extra epochs run while the check fails)")
-    if args.extra_lr is not None and not args.extra_epochs:
-        p.error("--extra-lr needs --extra-epochs (it is their learning rate)")
-    try:
-        template_shares(args.premature_template)
-    except ValueError as error:
-        p.error(f"--premature-template: {error}")
-    if args.premature_template and args.env != "SynthHop-v0":
-        p.error(f"--premature-template needs --env SynthHop-v0 (the env whose questions TEMPLATES asks), got --env "
-                f"{args.env}")
-    if args.misroute_role and not args.misroute:
-        p.error("--misroute-role needs --misroute (the share of those questions to misroute)")
-    if args.misroute and args.env != "SynthBranch-v0":
-        p.error(f"--misroute needs --env SynthBranch-v0 (the env with a wrong route to follow), got --env {args.env}")
-    if args.restate_goal and args.env != "SynthBranch-v0":
-        p.error(f"--restate-goal needs --env SynthBranch-v0 (the env whose questions ask a role), got --env {args.env}")
-    return args
-
-
-def template_shares(options: Sequence[str]) -> dict[tuple[str, ...], float]:
-    """``--premature-template`` values (``PATH=SHARE``, PATH a multi-hop template's relations joined by dots) as
-    relation path -> share; a malformed value, an unknown path, a share outside [0, 1] or a path given twice is a
-    ValueError naming it."""
-    known = {path for _, path, _ in TEMPLATES if len(path) > 1}
-    shares: dict[tuple[str, ...], float] = {}
-    for option in options:
-        name, equals, value = option.partition("=")
-        path = tuple(name.split("."))
-        if not equals or path not in known:
-            raise ValueError(f"{option!r} is not PATH=SHARE with PATH one of the multi-hop templates' relation paths "
-                             f"{sorted('.'.join(known_path) for known_path in known)}")
-        try:
-            share = float(value)
-        except ValueError:
-            raise ValueError(f"{option!r}: the share {value!r} is not a number") from None
-        if not 0.0 <= share <= 1.0:
-            raise ValueError(f"{option!r}: the share must be in [0, 1]")
-        if path in shares:
-            raise ValueError(f"{option!r}: the template {name} is given twice")
-        shares[path] = share
-    return shares
-
-
-def main(argv: list[str] | None = None) -> Path:
-    args = parse_args(argv)
-    torch.manual_seed(args.seed)
-    output = Path(args.output)
-    checkpoint, settings = claim_output(output, args)
-    env_kwargs = {"data_dir": str(resolve_data_dir(args.data_dir).resolve()), "max_turns": args.max_turns,
-                  "topk": args.topk}
-    model, tokenizer = build_model(args)
-    end_of_turn = min(end_of_turn_ids(tokenizer, model))
-    data = []
+def training_data(args: argparse.Namespace, env_kwargs: dict, tokenizer,
+                  end_of_turn: int) -> list[tuple[list[int], list[int]]]:
+    """The oracle's trajectories of the train split of every data directory trained on (``oracle_data_dirs``): never
+    a question of the evaluation split (an env whose data has no train split is an error naming the file it needs).
+    With ``--require-gold`` the questions whose supporting passages do not all come back are skipped, and counted."""
+    data, skipped = [], 0
     for data_dir in oracle_data_dirs(args, env_kwargs):
-        env = gym.make(args.env, **{**env_kwargs, "data_dir": str(data_dir)})
+        try:
+            env = gym.make(args.env, **{**env_kwargs, "data_dir": str(data_dir)}, split="train")
+        except MissingDataError as error:
+            raise SystemExit(f"the warm start trains on {args.env}'s train split, which is missing: {error}") from None
         count = min(args.questions or len(env.unwrapped.records), len(env.unwrapped.records))
         order = np.random.default_rng(args.seed).permutation(count).tolist()
         unanswered = set(order[: round(args.unanswered * count)])
@@ -373,11 +234,31 @@ def main(argv: list[str] | None = None) -> Path:
         # a draw of its own: a misrouted trajectory may also be unanswered or premature, as the shares say
         questions = train_branch_questions(env, data_dir)[:count] if args.misroute or args.restate_goal else []
         misrouted = misrouted_questions(questions, args.misroute, args.misroute_role, args.seed)
-        data += [oracle_trajectory(env, tokenizer, i, args.max_turns, end_of_turn, answer=i not in unanswered,
-                                   premature=i in premature, route=questions[i].decoy if i in misrouted else None,
-                                   restate=args.restate, goal_role=questions[i].role if args.restate_goal else None)
-                 for i in range(count)]
+        trajectories = [
+            oracle_trajectory(env, tokenizer, i, args.max_turns, end_of_turn, answer=i not in unanswered,
+                              premature=i in premature, route=questions[i].decoy if i in misrouted else None,
+                              restate=args.restate, goal_role=questions[i].role if args.restate_goal else None,
+                              cite=args.cite, require_gold=args.require_gold)
+            for i in range(count)]
+        skipped += sum(trajectory is None for trajectory in trajectories)
+        data += [trajectory for trajectory in trajectories if trajectory is not None]
         env.close()
+    if args.require_gold:
+        print(f"{skipped} questions skipped: a supporting title's passage did not come back for its own title (the "
+              f"corpus lacks it, or ranks it below the top {args.topk})")
+    return data
+
+
+def main(argv: list[str] | None = None) -> Path:
+    args = parse_args(argv, description=__doc__)
+    torch.manual_seed(args.seed)
+    output = Path(args.output)
+    checkpoint, settings = claim_output(output, args)
+    env_kwargs = {"data_dir": str(resolve_data_dir(args.data_dir).resolve()), "max_turns": args.max_turns,
+                  "topk": args.topk, "passage_words": args.passage_words}
+    model, tokenizer = build_model(args)
+    end_of_turn = min(end_of_turn_ids(tokenizer, model))
+    data = training_data(args, env_kwargs, tokenizer, end_of_turn)
     tokens = sum(len(ids) for ids, _ in data)
     print(f"{len(data)} oracle trajectories, {tokens} tokens ({sum(sum(m) for _, m in data)} generated); "
           f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters")
@@ -415,13 +296,16 @@ def main(argv: list[str] | None = None) -> Path:
                   pad_id=tokenizer.pad_token_id, token_weights=token_weights, max_minutes=args.max_minutes,
                   checkpoint=checkpoint, lr_floor=args.lr_floor, check=check,
                   check_min=args.check_em if args.check_one_hop_short is None else args.check_one_hop_short,
-                  extra_epochs=args.extra_epochs, extra_lr=args.extra_lr, vocabulary=vocabulary)
+                  extra_epochs=args.extra_epochs, extra_lr=args.extra_lr, vocabulary=vocabulary,
+                  checkpoint_minutes=CHECKPOINT_MINUTES)
     if args.check_questions:
         check_env.close()
     after = dev_em(model, tokenizer, args, env_kwargs, args.dev_questions) if args.dev_questions else None
     if after is not None:
         print(f"dev after: EM {after['em']:.3f}, reward {after['reward']:.3f}, answer rate {after['answered']:.2f}, "
               f"tool calls {after['tool_calls']:.2f}")
+    if args.lora_rank is not None:
+        model = model.merge_and_unload()  # a plain model: run.py's --model, and its own LoRA on top
     model.save_pretrained(output / "model")
     tokenizer.save_pretrained(output / "model")
     summary = {"settings": vars(args), "trajectories": len(data), "tokens": tokens, "loss_per_epoch": curve["loss"],

@@ -2,7 +2,7 @@
 reference, the activations of one micro-batch and a colocated rollout engine, from the model's config shape alone
 (``policies/model_shape.py``; no weights are read, nothing is allocated; no torch, no Ray). This file holds the
 options (:class:`MemoryOptions`), the arithmetic of each part and :func:`plan_memory`; ``policies/memory_report.py``
-puts a plan in words.
+puts a plan in words and ``policies/memory_fit.py`` says what would make one fit.
 
 What is modelled, per GPU (``P``: parameters; bytes per parameter in brackets):
 
@@ -18,8 +18,12 @@ What is modelled, per GPU (``P``: parameters; bytes per parameter in brackets):
   with its adapters off) or without a KL term.
 - **Activations** of one micro-batch of N decoder tokens (:func:`activation_bytes` says what is counted).
 - **Rollout engine**, only when colocated on the learner's GPU: ``hf``, a compute-dtype copy of the weights plus
-  the KV cache of 64 sequences x 4,096 tokens (the GPU defaults' 32 prompts x M = 2 chains, each up to 4,096
-  tokens of context); ``vllm``, its ``gpu_memory_utilization`` share of the GPU (default 0.5, as
+  its KV pool: a row per branch decoded at once, each up to the context cap (:func:`kv_cache_bytes`); the branches
+  decoded at once are the engine's prompts x M in the first chains and x M x N in an expansion round
+  (:func:`rollout_sequences`; the GPU defaults' 32 prompts x 2 x 2 = 128, at most the engine's 256 rows), each up
+  to 4,096 tokens of context. The trees' own cache segments (``policies.kv_cache.KVSegment``: every token of the
+  trees once, kept until the rollout ends) are not counted beside the rows (not yet measured on a GPU).
+  ``vllm``, its ``gpu_memory_utilization`` share of the GPU (default 0.5, as
   ``policies.vllm_generation.VLLMSettings``), during rollouts only when the engine sleeps through updates.
 - **Overhead**: a fixed 1 GiB per GPU for the CUDA context, cuBLAS/NCCL workspaces and the caching allocator's
   fragmentation (0 when planning for the CPU).
@@ -48,7 +52,7 @@ host and the reference made from its shards, so it peaks at the shards plus one 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from policies.model_shape import ModelShape
@@ -62,7 +66,9 @@ DEFAULT_MICRO_BATCH_TOKENS = 10_000  # a (2,2,1) prompt group at 500-token steps
 # Scored positions per LM-head chunk (policies.logprobs), whatever the rows: one chunk's float32 [C, V] tensors are the
 # head's memory (1,024 x 152k vocabulary x 4 bytes = 0.6 GiB each), so the chunk is bounded by positions, not rows.
 HEAD_CHUNK_POSITIONS = 1024
-DEFAULT_ROLLOUT_SEQUENCES, DEFAULT_ROLLOUT_CONTEXT = 64, 4096
+# The GPU defaults' rollout (algos.tree_grpo.settings): 32 prompts of (M, N, L) = (2, 2, 1) trees, 4,096-token contexts
+DEFAULT_ROLLOUT_PROMPTS, DEFAULT_TREE, DEFAULT_ROLLOUT_CONTEXT = 32, (2, 2, 1), 4096
+HF_MAX_ROWS = 256  # policies.hf_generation.EngineLimits.max_rows: branches beyond it wait for a row
 DEFAULT_VLLM_GPU_MEMORY_UTILIZATION = 0.5  # policies.vllm_generation.VLLMSettings.gpu_memory_utilization
 PARTS = ("weights", "gradients", "optimizer", "reference", "activations", "rollout_engine", "overhead")
 # Live [C, V] float32 tensors of one LM-head chunk at the backward's peak: the recomputed log-softmax and its exp
@@ -75,15 +81,28 @@ HEAD_FORWARD_CHUNKS = 4  # logits, log-softmax, its exp and their product: a no-
 LAYER_BACKWARD_EXTRA = 0.15
 
 
+def rollout_sequences(prompts: int, tree: tuple[int, int, int]) -> int:
+    """The most branches an engine sampling ``prompts`` prompts of (M, N, L) trees decodes at once
+    (``algos.rollout``: every tree's M first chains start together, then each of its expansion rounds runs N
+    branches at once): prompts x M x N with expansion rounds (N >= 1, L >= 1), prompts x M without (chain GRPO's
+    group is M)."""
+    m, n, rounds = tree
+    return prompts * m * (max(n, 1) if rounds else 1)
+
+
+DEFAULT_ROLLOUT_SEQUENCES = rollout_sequences(DEFAULT_ROLLOUT_PROMPTS, DEFAULT_TREE)
+
+
 @dataclass(frozen=True)
 class MemoryOptions:
     """How the run trains (the run.py options of the same names). ``dtype``: the compute dtype; bfloat16 is
     mixed precision over float32 master weights unless ``pure_bf16``. ``micro_batch_tokens``: decoder tokens of
     one forward/backward pass; ``sequence_tokens``: the longest packed segment (row) among them, which sizes the
     dense tree mask (default: one segment of ``micro_batch_tokens``); ``head_chunk_tokens``: positions per
-    LM-head chunk. ``reference``: a KL term (kl_coef > 0). ``rollout_sequences`` x ``rollout_context``: the HF
-    engine's KV cache. ``overhead_gib``: fixed per GPU (0 to plan for the CPU). ``gpu_memory_gib``: the GPU's
-    memory, for ``fits`` (None: not judged; a plan fits within :data:`USABLE_SHARE` of it)."""
+    LM-head chunk. ``reference``: a KL term (kl_coef > 0). ``rollout_sequences``: the branches a colocated engine
+    decodes at once (:func:`rollout_sequences`), each up to ``rollout_context`` tokens: its KV cache.
+    ``overhead_gib``: fixed per GPU (0 to plan for the CPU). ``gpu_memory_gib``: the GPU's memory, for ``fits``
+    (None: not judged; a plan fits within :data:`USABLE_SHARE` of it)."""
 
     learners: int = 1
     sharding: Literal["ddp", "fsdp"] = "ddp"
@@ -122,6 +141,8 @@ class MemoryOptions:
             raise ValueError(f"lora_rank must be at least 1, got {self.lora_rank}")
         if self.micro_batch_tokens < 1 or self.head_chunk_tokens < 1:
             raise ValueError("micro_batch_tokens and head_chunk_tokens must be at least 1")
+        if self.rollout_sequences < 1 or self.rollout_context < 1:
+            raise ValueError("rollout_sequences and rollout_context must be at least 1")
         if self.generator not in ("hf", "vllm"):
             raise ValueError(f"generator must be hf or vllm, got {self.generator!r}")
         if not 0 < self.vllm_gpu_memory_utilization <= 1:
@@ -290,15 +311,25 @@ def sync_bytes(shape: ModelShape, options: MemoryOptions) -> float:
     return _compute_bytes(options) * shape.parameters
 
 
+def kv_cache_bytes(shape: ModelShape, options: MemoryOptions, rows: int) -> float:
+    """The keys and values of ``rows`` branches, each ``rollout_context`` tokens, in the compute dtype."""
+    return 2 * shape.layers * shape.kv_dim * _compute_bytes(options) * rows * options.rollout_context
+
+
+def engine_weights_and_kv_bytes(shape: ModelShape, options: MemoryOptions) -> float:
+    """An engine's weights in the compute dtype and the KV cache of the branches it decodes at once: the HF engine's
+    memory, and the least of a vLLM engine's share that runs the rollout without pre-empting a branch."""
+    rows = options.rollout_sequences if options.generator == "vllm" else min(options.rollout_sequences, HF_MAX_ROWS)
+    return _compute_bytes(options) * shape.parameters + kv_cache_bytes(shape, options, rows)
+
+
 def rollout_engine_bytes(shape: ModelShape, options: MemoryOptions) -> float:
     """A colocated engine's memory on the learner's GPU (0 when not colocated): see the module docstring."""
     if not options.colocated:
         return 0.0
     if options.generator == "vllm":
         return options.vllm_gpu_memory_utilization * options.gpu_memory_gib * GIB
-    c = _compute_bytes(options)
-    kv_cache = 2 * shape.layers * shape.kv_dim * c * options.rollout_sequences * options.rollout_context
-    return c * shape.parameters + kv_cache
+    return engine_weights_and_kv_bytes(shape, options)
 
 
 def startup_parts(shape: ModelShape, options: MemoryOptions, *, host_is_device: bool = False) -> dict[str, float]:
@@ -389,49 +420,3 @@ def plan_memory(shape: ModelShape, options: MemoryOptions) -> MemoryPlan:
     return MemoryPlan(model=shape.name, parameters=p, parts=parts, per_gpu_gib=total, phase=peak, phases=totals,
                       fits=fits, gpu_memory_gib=options.gpu_memory_gib, options=options,
                       shape=shape)
-
-
-def _memory_options_changes(options: MemoryOptions) -> list[tuple[str, dict[str, Any]]]:
-    """The memory options a run could add, in the order a user would reach for them: (flag, the change)."""
-    changes: list[tuple[str, dict[str, Any]]] = []
-    if not options.gradient_checkpointing:
-        changes.append(("--gradient-checkpointing", {"gradient_checkpointing": True}))
-    if options.reference and options.lora_rank is None and not options.reference_offload:
-        changes.append(("--reference-offload", {"reference_offload": True}))
-    if options.micro_batch_tokens > 2048:
-        half = options.micro_batch_tokens // 2
-        changes.append((f"--micro-batch-tokens {half}", {"micro_batch_tokens": half, "sequence_tokens": None}))
-    return changes
-
-
-def _layout_changes(options: MemoryOptions) -> list[tuple[str, dict[str, Any]]]:
-    """The learners' layouts to try, none first: FSDP over the same learners, over more, then LoRA."""
-    layouts: list[tuple[str, dict[str, Any]]] = [("", {})]
-    if options.sharding == "ddp" and options.learners > 1:
-        layouts.append(("--learner-sharding fsdp", {"sharding": "fsdp"}))
-    layouts += [(f"--num-learners {k} --learner-sharding fsdp", {"learners": k, "sharding": "fsdp"})
-                for k in (2, 4, 8, 16) if k > options.learners]
-    if options.lora_rank is None:
-        layouts.append(("--lora-rank 16", {"lora_rank": 16, "reference_offload": False}))
-    return layouts
-
-
-def fitting_change(plan: MemoryPlan) -> str | None:
-    """What would make a plan that does not fit fit: the first learners' layout (as it is, FSDP, more sharded
-    learners, LoRA) that fits with the fewest memory options added (checkpointing, an offloaded reference, half
-    the micro-batch), as flags with the GiB per GPU it would need; None when the plan fits or nothing tried does."""
-    if plan.fits is not False:
-        return None
-    for layout_flags, layout in _layout_changes(plan.options):
-        # LoRA has no separate reference to offload: that option is not offered beside it
-        extras = [(flag, extra) for flag, extra in _memory_options_changes(plan.options)
-                  if not (layout.get("lora_rank") and "reference_offload" in extra)]
-        for count in range(len(extras) + 1):
-            change = {**layout}
-            for _, extra in extras[:count]:
-                change.update(extra)
-            candidate = plan_memory(plan.shape, replace(plan.options, **change))
-            if change and candidate.fits:
-                flags = " ".join(flag for flag in (layout_flags, *(f for f, _ in extras[:count])) if flag)
-                return f"{flags} ({candidate.per_gpu_gib:.1f} GiB per GPU)"
-    return None

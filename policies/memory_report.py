@@ -3,7 +3,8 @@ run) and a table of the parts (what ``experiments/plan_memory.py`` prints)."""
 
 from __future__ import annotations
 
-from policies.memory_plan import MemoryOptions, MemoryPlan, fitting_change
+from policies.memory_fit import fitting_change
+from policies.memory_plan import MemoryOptions, MemoryPlan
 
 
 def describe_options(options: MemoryOptions) -> str:

@@ -20,6 +20,7 @@ bfloat16 model), optionally wrapped with LoRA adapters (peft; the adapters are f
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -57,13 +58,21 @@ class ModelNotFoundError(OSError):
     """A ``--model`` name that names no loadable model; the message says what was expected."""
 
 
+ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+LORA_TARGETS = {"attention": ATTENTION_PROJECTIONS, "all": ATTENTION_PROJECTIONS + MLP_PROJECTIONS}
+
+
 @dataclass(frozen=True)
 class LoraSettings:
-    """LoRA adapters through peft: rank, alpha and the module names they wrap."""
+    """LoRA adapters through peft: rank, alpha, the module names they wrap (``LORA_TARGETS``) and how many decoder
+    layers, counted from the top, get them (None: all). Below the lowest adapted layer nothing trains, so the backward
+    pass stops there: adapting the top third of a model costs about half the compute of adapting all of it."""
 
     rank: int = 16
     alpha: int = 32
-    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    target_modules: tuple[str, ...] = ATTENTION_PROJECTIONS
+    layers: int | None = None
 
 
 def model_cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:
@@ -175,9 +184,13 @@ def apply_lora(model: PreTrainedModel, settings: LoraSettings) -> PreTrainedMode
         from peft import LoraConfig, get_peft_model
     except ImportError:
         raise ImportError("LoRA needs peft: pip install peft") from None
+    depth = model.config.num_hidden_layers
+    if settings.layers is not None and not 1 <= settings.layers <= depth:
+        raise ValueError(f"LoRA layers must be in [1, {depth}] (the model's decoder layers), got {settings.layers}")
+    top = None if settings.layers is None else list(range(depth - settings.layers, depth))
     config = LoraConfig(
         r=settings.rank, lora_alpha=settings.alpha, target_modules=list(settings.target_modules),
-        lora_dropout=0.0, bias="none", task_type="CAUSAL_LM",
+        layers_to_transform=top, lora_dropout=0.0, bias="none", task_type="CAUSAL_LM",
     )
     return get_peft_model(model, config)
 
@@ -214,13 +227,25 @@ def smollm2_directory(cache: Path) -> Path:
         gguf = smollm2_gguf()
         loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
         # The GGUF loader's model is not a plain trainable/savable module; rebuild one from config + weights.
-        model = LlamaForCausalLM(LlamaConfig.from_dict(loaded.config.to_dict()))
+        model = LlamaForCausalLM(LlamaConfig.from_dict(plain_config(loaded.config.to_dict())))
         model.load_state_dict(loaded.state_dict())
         staging = _staging(directory)
         model.save_pretrained(staging, safe_serialization=True)
         smollm2_tokenizer(cache).save_pretrained(staging)
         _publish(staging, directory)
+    config = directory / "config.json"
+    found = json.loads(config.read_text(encoding="utf-8"))
+    if "quantization_config" in found:  # rebuilt before the quantizer's record was dropped: its weights are plain
+        staged = config.with_name(f"config.json.tmp{os.getpid()}")
+        staged.write_text(json.dumps(plain_config(found), indent=2), encoding="utf-8")
+        os.replace(staged, config)
     return directory
+
+
+def plain_config(config: dict) -> dict:
+    """A de-quantised model's config without the GGUF quantizer's record, which would make transformers treat the
+    plain weights as quantized (not savable, not trainable)."""
+    return {key: value for key, value in config.items() if key != "quantization_config"}
 
 
 def _staging(directory: Path) -> Path:

@@ -131,7 +131,7 @@ def test_actors_that_cannot_be_placed_are_an_error_not_a_hang(data_dir, tmp_path
     check_resources(one_engine, {"CPU": 4.0, "GPU": 1.0}, [{"CPU": 2.0}, {"CPU": 2.0, "GPU": 1.0}])
     learners = plan(["--num-env-runners", "1", "--num-learners", "1", "--num-gpus-per-learner", "2",
                      "--output", str(tmp_path)]).settings
-    with pytest.raises(SettingsError, match="one learner needs 2 GPU on a single node"):
+    with pytest.raises(SettingsError, match="one learner needs 1 CPU, 2 GPU on a single node"):  # as RLlib asks
         check_resources(learners, {"CPU": 4.0, "GPU": 2.0}, [{"CPU": 2.0, "GPU": 1.0}] * 2)
 
 

@@ -407,7 +407,7 @@ def test_the_branching_benchmark_at_toy_size_writes_its_report_and_a_resume_reus
     monkeypatch.setenv("TREEGRPO_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(bench_branching, "WORLD", BranchSpec(people=20, companies=10, cities=6, countries=3,
                                                              train_questions=8, dev_questions=4))
-    monkeypatch.chdir(tmp_path)  # --report writes docs/benchmarks.md and docs/branching.png here
+    monkeypatch.chdir(tmp_path)  # --report writes the study's README and plot under results/ here
     model, tokenizer = load_model("tiny-random")
     model.save_pretrained(tmp_path / "warm")
     tokenizer.save_pretrained(tmp_path / "warm")
@@ -432,8 +432,11 @@ def test_the_branching_benchmark_at_toy_size_writes_its_report_and_a_resume_reus
     assert "Start point: routed right on" in table and "| routed right (after) |" in table
     assert "Plateau exit (benchmarks/plateau_exit.py, threshold 0.7)" in table
     assert all(len(saved["summary"][s]["plateau_exit_per_seed"]) == 1 for s in saved["summary"])
-    docs = (tmp_path / "docs" / "benchmarks.md").read_text(encoding="utf-8")
-    assert "<!-- branching:begin -->" in docs and table in docs and (tmp_path / "docs" / "branching.png").is_file()
+    # no study registers this output: its section and plot go to a study folder named after it, none to docs/
+    study = tmp_path / "results" / "out"
+    docs = (study / "README.md").read_text(encoding="utf-8")
+    assert "<!-- branching:begin -->" in docs and table in docs and (study / "branching.png").is_file()
+    assert not (tmp_path / "docs").exists()
 
     def nothing_runs(*args, **kwargs):
         raise AssertionError("a finished run was trained or evaluated again")

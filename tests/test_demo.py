@@ -191,7 +191,9 @@ def test_the_demo_leaves_the_device_defaults_to_run_py(tmp_path, monkeypatch):
     settings = {}
     for gpu in (True, False):
         monkeypatch.setattr(algorithm_settings, "gpu_visible", lambda gpu=gpu: gpu)
-        settings[gpu] = (plan(["--output", str(tmp_path / "defaults")]).settings, plan(argv).settings)
+        # the defaults of the demo's env (HotpotQA-v0's CPU defaults are its warm start's, not the device's alone)
+        settings[gpu] = (plan(["--env", "SynthHop-v0", "--output", str(tmp_path / "defaults")]).settings,
+                         plan(argv).settings)
     (gpu_defaults, on_gpu), (cpu_defaults, on_cpu) = settings[True], settings[False]
     per_device = {name for name in RunSettings.model_fields
                   if getattr(gpu_defaults, name) != getattr(cpu_defaults, name)}

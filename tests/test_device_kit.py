@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.device_kit import build, build_learn, find_wheel
+from benchmarks.device_kit import build, build_learn
+from benchmarks.wheels import find_wheel
 
 
 def touch(folder: Path, *names: str) -> None:
@@ -36,12 +37,14 @@ def fake_demo_cache(cache: Path) -> tuple[Path, Path]:
     and its world's."""
     from envs.synthetic import world_data_dir
     from experiments.demo import WORLD, start_policy_dir
+    from experiments.model_manifest import write_manifest
 
     model = start_policy_dir(0, cache)
     model.mkdir(parents=True)
     (model / "config.json").write_text("{}")
     (model / "model.safetensors").write_bytes(b"\0" * 1000)
     (model.parent / "recipe.txt").write_text("the recipe\n")
+    write_manifest(model)  # as cached_warm_start publishes a start: checked against it before use
     world = cache / WORLD.DATASET / WORLD.key
     (world / WORLD.DATASET).mkdir(parents=True)
     (world / WORLD.DATASET / "world.json").write_text("{}")

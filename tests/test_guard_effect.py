@@ -88,5 +88,5 @@ def test_main_reads_both_outputs_and_writes_its_section(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     reading = guard_effect.main(["--unguarded", "u", "--guarded", "g", "--seeds", "0", "1", "--report"])
     assert reading["collapsing_seeds"] == [1] and reading["prevented"] and reading["costs_nothing"]
-    docs = (tmp_path / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    docs = (tmp_path / "results" / "saturation_guard" / "README.md").read_text(encoding="utf-8")  # its study's
     assert "<!-- saturation-guard:begin -->" in docs and "python benchmarks/guard_effect.py --unguarded u" in docs

@@ -14,10 +14,10 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from experiments.plan_memory import main as plan_main
+from policies.memory_fit import fitting_change
 from policies.memory_plan import (
     GIB,
     MemoryOptions,
-    fitting_change,
     layer_activation_bytes,
     plan_memory,
     startup_parts,
@@ -239,7 +239,7 @@ def test_lora_trains_adapters_only():
 
 def test_colocated_engines():
     hf = plan_memory(QWEN3B, MemoryOptions(colocated=True))
-    kv_cache = 2 * QWEN3B.layers * QWEN3B.kv_dim * 2 * 64 * 4096
+    kv_cache = 2 * QWEN3B.layers * QWEN3B.kv_dim * 2 * 128 * 4096  # 32 prompts x M = 2 x N = 2 branches
     assert hf.parts["rollout_engine"] == pytest.approx((2 * QWEN3B.parameters + kv_cache) / GIB)
     awake = plan_memory(QWEN3B, MemoryOptions(generator="vllm", colocated=True, gpu_memory_gib=80))
     asleep = plan_memory(QWEN3B, MemoryOptions(generator="vllm", colocated=True, vllm_sleep=True, gpu_memory_gib=80))
@@ -269,7 +269,7 @@ def test_contract_7b_does_not_fit_one_gpu_without_sharding(tmp_path):
 
 
 def test_contract_7b_fsdp_fits_eight_80gb_gpus_with_room_and_not_two(tmp_path, capsys):
-    common = ["--model", "qwen2.5-7b-instruct", "--sharding", "fsdp", "--gradient-checkpointing",
+    common = ["--model", "qwen2.5-7b-instruct", "--learner-sharding", "fsdp", "--gradient-checkpointing",
               "--gpu-memory-gib", "80"]
     eight = run_cli(tmp_path, *common, "--learners", "8")
     assert eight["fits"] is True and eight["per_gpu_gib"] <= 65

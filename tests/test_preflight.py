@@ -52,7 +52,7 @@ def test_a_run_planned_above_the_gpu_is_refused_before_anything_loads(tmp_path, 
 def test_the_plan_follows_the_runs_options(tmp_path):
     settings = settings_of("--model", "smollm2-135m", "--dtype", "bfloat16", "--gradient-checkpointing",
                            "--reference-offload", "--micro-batch-tokens", "2048", "--num-learners", "2",
-                           tmp_path=tmp_path)
+                           "--num-gpus-per-learner", "1", tmp_path=tmp_path)  # the driver's engine beside a learner
     options = memory_options(settings, gpu_memory_gib=80.0)
     assert (options.learners, options.dtype, options.gradient_checkpointing, options.reference_offload,
             options.micro_batch_tokens, options.colocated) == (2, "bfloat16", True, True, 2048, True)

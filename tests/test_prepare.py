@@ -248,6 +248,8 @@ def test_without_the_network_the_error_names_the_url_and_the_manual_route(tmp_pa
     assert "Temporary failure in name resolution" in err
     assert "into DIR/hotpotqa/hotpot_train_v1.1.json, and run again with --source DIR" in err
     assert "docs/environments.md" in err
+    # the official host is plain HTTP with outages: the other public copy of the same files is tried, and named
+    assert "cannot fetch https://web.archive.org/web/2019id_/http://curtis.ml.cmu.edu/datasets/hotpot/" in err
     # a file whose size no manifest gives is asked for before anything starts: the same error, at once
     assert main(["nq", "--corpus", "none", "--data-dir", str(out)]) == 1
     assert ("cannot fetch https://huggingface.co/datasets/RUC-NLPIR/FlashRAG_datasets/resolve/main/nq/train.jsonl"

@@ -1,5 +1,5 @@
-"""benchmarks/run_records.py: a benchmark's finished runs kept and brought back, so --resume reuses them on a new
-machine without training or evaluating anything."""
+"""benchmarks/run_records.py: a benchmark's finished runs kept, compressed in its study's folder, and brought back,
+so --resume reuses them on a new machine without training or evaluating anything."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import pytest
 import benchmarks.bench_learning as bench_learning
 import benchmarks.learning_runs as learning_runs
 import benchmarks.vllm_kit as vllm_kit
+from benchmarks import studies
 from benchmarks.bench_learning import TESTBED
-from benchmarks.run_records import RECORDS, record_files, restore, save
+from benchmarks.run_records import RECORDS, read_archive, record_files, records_of, restore, save
 
 SETTING = "chain G=4"
 
@@ -42,8 +43,29 @@ def test_save_keeps_the_start_point_and_finished_runs_but_no_weights_or_unfinish
     assert saved == [Path("start_point.json"), Path("chain_G=4/seed0/held_out.json"),
                      Path("chain_G=4/seed0/metrics.jsonl"), Path("chain_G=4/seed1/held_out.json"),
                      Path("chain_G=4/seed1/metrics.jsonl")]
-    kept = sorted(path.relative_to(records / "bench") for path in (records / "bench").rglob("*") if path.is_file())
-    assert kept == sorted(saved)
+    archive = records / "bench" / "records.tar.gz"
+    assert [path for path in records.rglob("*") if path.is_file()] == [archive]  # one compressed file, no copies
+    kept = read_archive(archive)
+    assert sorted(kept) == sorted(f"bench/{name.as_posix()}" for name in saved)
+    assert kept["bench/chain_G=4/seed1/metrics.jsonl"] == (output / "chain_G=4/seed1/metrics.jsonl").read_bytes()
+
+
+def test_saving_the_same_runs_again_writes_the_same_bytes_and_keeps_the_other_outputs(tmp_path, monkeypatch):
+    """Records of two outputs of one study share its archive; a save rewrites one output's runs, byte for byte the
+    same when nothing changed (no times or owners inside), so git sees no change."""
+    monkeypatch.setattr(studies, "STUDIES", (studies.Study("both", "t", outputs=(
+        studies.Output("first", ("benchmarks/bench_learning.py",)),
+        studies.Output("second", ("benchmarks/bench_learning.py",)))),))
+    records = tmp_path / "records"
+    for name in ("first", "second"):
+        finish_run(tmp_path / name, 0)
+        save(tmp_path / name, records)
+    archive = records_of(tmp_path / "first", records)
+    assert archive == records / "both" / "records.tar.gz"
+    before = archive.read_bytes()
+    save(tmp_path / "first", records)
+    assert archive.read_bytes() == before
+    assert {name.split("/")[0] for name in read_archive(archive)} == {"first", "second"}
 
 
 def test_restored_runs_are_reused_by_resume_without_training_or_evaluating(tmp_path, monkeypatch):
@@ -80,7 +102,7 @@ def test_restore_leaves_runs_finished_here_alone_and_completes_a_killed_one(tmp_
 
 
 def test_missing_records_and_half_written_runs_are_named(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no records of bench"):
+    with pytest.raises(FileNotFoundError, match=r"no records of bench in .*records\.tar\.gz"):
         restore(tmp_path / "bench", tmp_path / "records")
     with pytest.raises(FileNotFoundError, match="no benchmark output folder"):
         save(tmp_path / "absent", tmp_path / "records")
@@ -91,12 +113,31 @@ def test_missing_records_and_half_written_runs_are_named(tmp_path):
         record_files(tmp_path / "bench")
 
 
-def test_records_live_outside_the_code() -> None:
-    """The kept records are the repository's top-level results/; benchmarks/ holds code, its README and the pinned
-    input lists the code names (the lent machine's image and the vLLM kit's wheels), nothing a run wrote."""
+def test_a_demo_runs_records_are_its_result_and_metrics(tmp_path):
+    """The pipelining protocol's runs are demo runs: demo.json is their final evaluation."""
+    run = tmp_path / "pipelining" / "k0-seed0"
+    run.mkdir(parents=True)
+    (run / "demo.json").write_text("{}", encoding="utf-8")
+    (run / "metrics.jsonl").write_text("{}\n", encoding="utf-8")
+    (tmp_path / "pipelining" / "pipelining_learning.json").write_text("{}", encoding="utf-8")  # a report, no record
+    assert save(tmp_path / "pipelining", tmp_path / "records") == [Path("k0-seed0/demo.json"),
+                                                                   Path("k0-seed0/metrics.jsonl")]
+    elsewhere = tmp_path / "new_machine" / "pipelining"
+    assert restore(elsewhere, tmp_path / "records") == [Path("k0-seed0/demo.json"), Path("k0-seed0/metrics.jsonl")]
+    assert (elsewhere / "k0-seed0" / "demo.json").read_text(encoding="utf-8") == "{}"
+    assert restore(elsewhere, tmp_path / "records") == []  # finished here now: left alone
+
+
+def test_records_live_outside_the_code_compressed() -> None:
+    """The kept records are the repository's top-level results/, one compressed archive per study (no loose run
+    files); benchmarks/ holds code, its README and the pinned input lists the code names (the lent machine's image
+    and the vLLM kit's wheels), nothing a run wrote."""
     root = Path(__file__).resolve().parent.parent
     assert root / "results" == RECORDS
-    assert any(RECORDS.rglob("metrics.jsonl"))
+    loose = [path for path in RECORDS.rglob("*") if path.name in ("metrics.jsonl", "held_out.json", "demo.json",
+                                                                 "start_point.json")]
+    assert loose == []
+    assert any(name.endswith("/metrics.jsonl") for name in read_archive(RECORDS / "budget_table" / "records.tar.gz"))
     code = {".py", ".sh", ".md"}
     inputs = {vllm_kit.IMAGE_FILE, vllm_kit.KIT_LIST}
     assert all(path.is_file() for path in inputs)

@@ -40,7 +40,8 @@ def test_command_line_overrides_the_file_which_overrides_the_defaults(tmp_path):
     s = settings_of(["--config", str(config), "--iterations", "2", "--output", str(tmp_path / "run")])
     assert (s.algo, s.group_size, s.lr, s.iterations, s.kl_coef) == ("grpo", 6, 3e-6, 2, 0.01)
     assert (s.M, s.N, s.L, s.advantage_mode) == (6, 0, 0, "inter")  # chain GRPO's one spelling
-    assert s.topk == 3  # the env's own default, not repeated
+    assert s.topk == 2  # HotpotQA-v0 from its warm start on a CPU: CPU_QA_DEFAULTS (tests/test_qa_start.py)
+    assert settings_of(["--model", "tiny-random", "--output", str(tmp_path / "run")]).topk == 3  # the env's own
 
 
 def test_base_files_are_read_first(tmp_path):
@@ -57,7 +58,8 @@ def test_core_settings_are_reachable_from_the_command_line_and_yaml(tmp_path):
         0.01, 0.7, 0.9, 0.3, 0.0, 8, None)
     config = build_config(s)
     assert (config.kl_coef, config.temperature, config.clip_eps) == (0.01, 0.7, 0.3)
-    assert config.model_config["lora"] == {"rank": 8, "alpha": 32}
+    assert config.model_config["lora"] == {"rank": 8, "alpha": 32, "layers": None,
+                                           "target_modules": ("q_proj", "k_proj", "v_proj", "o_proj")}
 
 
 @pytest.mark.parametrize("option", NUMERIC_OPTIONS)
@@ -445,7 +447,7 @@ def test_the_gpu_defaults_are_the_papers_smallest_model_in_bf16_that_skips_idle_
     monkeypatch.setattr(algorithm_settings, "gpu_visible", lambda: False)
     cpu = settings_of(["--output", str(tmp_path)])
     assert (cpu.model, cpu.dtype, cpu.skip_uniform_rewards, cpu.gradient_checkpointing) == (
-        "smollm2-135m", "float32", False, False)
+        "warm-start", "float32", False, False)  # HotpotQA-v0's warm start (tests/test_qa_start.py)
 
 
 def test_learner_on_gpu_by_default(monkeypatch, tmp_path):
@@ -464,7 +466,7 @@ def test_learner_on_gpu_by_default(monkeypatch, tmp_path):
     assert local.num_learners == 0 and local.num_gpus_per_learner == 1
     remote = settings_of(["--num-learners", "2", "--output", str(tmp_path)])
     assert build_config(remote).num_gpus_per_learner == 1
-    assert ("learner", 2, {"GPU": 1.0}) in [demand[:3] for demand in actor_demands(remote)]
+    assert ("learner", 2, {"CPU": 1.0, "GPU": 1.0}) in [demand[:3] for demand in actor_demands(remote)]
     monkeypatch.setattr(algorithm_settings, "gpu_visible", lambda: False)
     config = build_config(settings_of(["--output", str(tmp_path)]))
     assert config.num_gpus_per_learner == 0 and get_device(config, config.num_gpus_per_learner) == torch.device("cpu")

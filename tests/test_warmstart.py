@@ -446,17 +446,23 @@ def test_sft_fits_a_few_oracle_trajectories(setup):
     assert after < 0.5 * before
 
 
-def test_a_training_killed_after_an_epoch_resumes_and_ends_as_an_uninterrupted_one(setup, tmp_path):
+def resumable_training(setup, *, questions: int, epochs: int, batch_size: int):
+    """Oracle data, train()'s settings (a drawn share of the observations: a resumed run must draw on where the
+    killed one stopped) and a maker of the same fresh tiny model, for the resume tests."""
     env, tokenizer, _ = setup
-    data = [oracle_trajectory(env, tokenizer, i, 3, tokenizer.eos_token_id) for i in range(6)]
-    # a drawn share of the observations: the resumed run must draw on where the killed one stopped
-    settings = {"epochs": 3, "lr": 3e-3, "batch_size": 4, "seed": 0, "pad_id": tokenizer.pad_token_id,
+    data = [oracle_trajectory(env, tokenizer, i, 3, tokenizer.eos_token_id) for i in range(questions)]
+    settings = {"epochs": epochs, "lr": 3e-3, "batch_size": batch_size, "seed": 0, "pad_id": tokenizer.pad_token_id,
                 "token_weights": TokenWeights(0.5, 0.5), "log": lambda _: None}
 
     def fresh_model():
         torch.manual_seed(0)
         return build_tiny_random(tokenizer, hidden_size=32, layers=1, heads=2)
 
+    return data, settings, fresh_model
+
+
+def test_a_training_killed_after_an_epoch_resumes_and_ends_as_an_uninterrupted_one(setup, tmp_path):
+    data, settings, fresh_model = resumable_training(setup, questions=6, epochs=3, batch_size=4)
     whole = fresh_model()
     whole_curve = train(whole, data, **settings)
     checkpoint = tmp_path / "checkpoint.pt"
@@ -779,3 +785,33 @@ def test_concurrent_cached_warm_starts_train_a_recipe_once(tmp_path, monkeypatch
     for thread in threads:
         thread.join()
     assert len(trained) == 1 and len(models) == 2 and models[0] == models[1]
+
+
+def test_a_training_killed_within_an_epoch_resumes_there_and_ends_as_an_uninterrupted_one(setup, tmp_path,
+                                                                                          monkeypatch):
+    import experiments.sft as sft_module
+
+    data, settings, fresh_model = resumable_training(setup, questions=10, epochs=2, batch_size=2)
+    whole = fresh_model()
+    whole_curve = train(whole, data, **settings)
+    calls, real_loss = [], sft_module.sft_loss
+
+    def killed_at_the_eighth_batch(*args, **kwargs):  # batch 3 of the second epoch: saved after every batch before
+        calls.append(1)
+        if len(calls) == 8:
+            raise KeyboardInterrupt
+        return real_loss(*args, **kwargs)
+
+    checkpoint = tmp_path / "checkpoint.pt"
+    monkeypatch.setattr(sft_module, "sft_loss", killed_at_the_eighth_batch)
+    with pytest.raises(KeyboardInterrupt):
+        train(fresh_model(), data, **settings, checkpoint=checkpoint, checkpoint_minutes=0)
+    monkeypatch.setattr(sft_module, "sft_loss", real_loss)
+    resumed, lines = fresh_model(), []
+    torch.manual_seed(123)
+    resumed_curve = train(resumed, data, **{**settings, "log": lines.append}, checkpoint=checkpoint,
+                          checkpoint_minutes=0)
+    assert lines[0].startswith("resuming after batch 2 of epoch 2")
+    assert resumed_curve == whole_curve
+    for a, b in zip(whole.parameters(), resumed.parameters(), strict=True):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)

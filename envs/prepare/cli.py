@@ -11,10 +11,12 @@ from pathlib import Path
 
 from envs.datasets import DATA_DIR_ENV, DataError, dataset_path
 from envs.prepare.convert import build_paragraph_corpus
+from envs.prepare.datadir import WriteError, check_writable, removed_if_failed, writing
 from envs.prepare.download import DownloadError, fetch, report
 from envs.prepare.plan import (
     DOWNLOADS_DIR,
     PARAGRAPH_SOURCE,
+    DamagedFileError,
     NotEnoughDiskError,
     Plan,
     check_disk,
@@ -53,14 +55,22 @@ def execute(plan: Plan) -> None:
     """Fetch, convert and build what the plan says, in order."""
     for task in plan.tasks:
         product = task.product
-        fetch(task.url, task.download, task.size, task.sha256, manual_route(product, plan.data_dir))
+        fetch(task.url, task.download, task.size, task.sha256, manual_route(product, plan.data_dir),
+              fallbacks=task.fallbacks)
         if product.conversion is not None:
             report(f"writing {product.output} from {task.download.name}")
-            product.conversion(task.download, plan.data_dir / product.output)
-            task.download.unlink()
+            try:
+                product.conversion(task.download, plan.data_dir / product.output)
+            except DataError as err:  # kept: it passed its checks, and may be the publisher's (5 GB for wiki-18)
+                raise DataError(f"{err}. To fetch it again, delete {task.download} and run again") from None
+            with writing(task.download):
+                task.download.unlink()
     if plan.build_paragraphs:
         sources = [dataset_path(PARAGRAPH_SOURCE, split, plan.data_dir) for split in ("train", "dev")]
-        count = build_paragraph_corpus(sources, plan.data_dir / PARAGRAPHS_OUTPUT)
+        try:
+            count = build_paragraph_corpus(sources, plan.data_dir / PARAGRAPHS_OUTPUT)
+        except DataError as err:
+            raise DataError(f"{err}. To fetch it again, delete it and run again") from None
         report(f"{PARAGRAPHS_OUTPUT}: {count:,} passages from {', '.join(s.name for s in sources)}")
     shutil.rmtree(plan.data_dir / DOWNLOADS_DIR, ignore_errors=True)  # holds only converted, removed files now
 
@@ -94,14 +104,19 @@ def main(argv: list[str] | None = None) -> int:
         plan = make_plan(args.datasets, args.corpus, target_dir(args.data_dir), args.source)
     except ValueError as err:
         command.error(str(err))
-    except DownloadError as err:
+    except (DownloadError, DamagedFileError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     print("\n".join(describe(plan)), flush=True)
     try:
-        check_disk(plan)
-        execute(plan)
-    except (DownloadError, NotEnoughDiskError, DataError) as err:
+        # a failed run leaves no empty folder behind (./data would hide ../shared/data from the Makefile); with
+        # nothing to do, nothing is written (a finished data directory may be read-only)
+        with removed_if_failed(plan.files()):
+            if plan.tasks or plan.build_paragraphs:
+                check_writable(plan.data_dir)
+                check_disk(plan)
+                execute(plan)
+    except (DownloadError, NotEnoughDiskError, DataError, WriteError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

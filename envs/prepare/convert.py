@@ -16,6 +16,7 @@ from typing import IO, TYPE_CHECKING, Any
 from tqdm import tqdm
 
 from envs.datasets import DataError, QARecord, join_contents, load_records, parse_passage
+from envs.prepare.datadir import writing
 from envs.retrieval.corpus import replace_atomically
 
 if TYPE_CHECKING:
@@ -29,11 +30,13 @@ CORPUS_NOTE = 'one {"id", "contents"} JSON object per line, gzipped (alone or as
 
 def write_output(target: Path, write: Callable[[Path], None]) -> None:
     """``write(tmp)`` beside ``target``, renamed into place, readable as any new file of the user's (the temporary
-    file is made readable by its owner only; a data directory is often shared)."""
-    replace_atomically(target, write)
-    umask = os.umask(0)
-    os.umask(umask)
-    target.chmod(0o666 & ~umask)
+    file is made readable by its owner only; a data directory is often shared). ``write`` reads nothing that may
+    fail with an OSError (a read error is a DataError by then): any OSError here is a failed write of ``target``."""
+    with writing(target):
+        replace_atomically(target, write)
+        umask = os.umask(0)
+        os.umask(umask)
+        target.chmod(0o666 & ~umask)
 
 
 def paragraph_text(sentences: Sequence[str]) -> str:
@@ -109,10 +112,25 @@ def is_tar(header: bytes) -> bool:
     return header[TAR_MAGIC_OFFSET:TAR_MAGIC_OFFSET + len(TAR_MAGIC)] == TAR_MAGIC
 
 
-def _copy(reader: IO[bytes], tmp: Path, total: int | None, what: str) -> None:
-    with tmp.open("wb") as out, tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=what,
-                                     file=sys.stderr) as bar:
+def _unpack_error(source: Path, err: Exception) -> DataError:
+    return DataError(f"{source}: cannot be unpacked ({err}); expected {CORPUS_NOTE}")
+
+
+def _chunks(reader: IO[bytes], source: Path) -> Iterator[bytes]:
+    """``reader``'s bytes; a damaged stream is said as the download's (a DataError), apart from a failed write."""
+    try:
         while chunk := reader.read(COPY_CHUNK):
+            yield chunk
+    except (OSError, EOFError, tarfile.TarError) as err:
+        raise _unpack_error(source, err) from None
+
+
+def _copy(reader: IO[bytes], source: Path, tmp: Path, target: Path, total: int | None) -> None:
+    """``reader`` (unpacked from ``source``) into ``tmp``, which becomes ``target``: a failed write is said as
+    ``target``'s (the temporary name is gone by the time the error is read)."""
+    with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=f"unpack {target.name}",
+              file=sys.stderr) as bar, writing(target), tmp.open("wb") as out:
+        for chunk in _chunks(reader, source):
             out.write(chunk)
             bar.update(len(chunk))
 
@@ -138,12 +156,12 @@ def unpack_corpus(source: Path, target: Path) -> None:
             if is_tar(header):
                 with tarfile.open(source, mode="r|gz") as archive:
                     reader, size = _first_jsonl_member(archive, source)
-                    _copy(reader, tmp, size, f"unpack {target.name}")
+                    _copy(reader, source, tmp, target, size)
             else:
                 with gzip.open(source, "rb") as stream:
-                    _copy(stream, tmp, None, f"unpack {target.name}")
-        except (OSError, EOFError, tarfile.TarError) as err:
-            raise DataError(f"{source}: cannot be unpacked ({err}); expected {CORPUS_NOTE}") from None
+                    _copy(stream, source, tmp, target, None)
+        except (OSError, EOFError, tarfile.TarError) as err:  # a write's error is a WriteError, not caught here
+            raise _unpack_error(source, err) from None
         with tmp.open("rb") as f:
             parse_passage(f.readline(), f"{target} (unpacked from {source}): line 1")
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from envs.datasets import CORPUS_CANDIDATES, DATASETS
-from envs.prepare.download import part_path, remote_size
+from envs.prepare.download import DownloadError, file_problem, part_path, remote_size, resume_offset
 from envs.prepare.sources import (
     CORPORA,
     DATASET_PRODUCTS,
@@ -30,6 +30,11 @@ PARAGRAPH_SOURCE = "hotpotqa"  # the dataset the first-run corpus is pooled from
 
 class NotEnoughDiskError(RuntimeError):
     """The data directory's disk cannot hold what the run would write; the message gives the sizes."""
+
+
+class DamagedFileError(RuntimeError):
+    """A file already in the data directory is not the file it stands for (truncated, too long, corrupted); the
+    message names it and the way out. The file is left as it is: it may be the user's own."""
 
 
 def human_bytes(n: int) -> str:
@@ -58,18 +63,15 @@ class Task:
     size: int | None
     sha256: str | None
     download: Path  # the output itself, or a file under DOWNLOADS_DIR when a conversion reads it
+    fallbacks: tuple[str, ...] = ()  # other public copies of the file at ``url``
 
     def bytes_to_fetch(self) -> int:
         """What is left to download (0 when unknown)."""
-        part = part_path(self.download)
-        return max((self.size or 0) - (part.stat().st_size if part.exists() else 0), 0)
+        return (self.size or 0) - resume_offset(part_path(self.download), self.url, self.size, self.sha256)
 
     def bytes_to_write(self) -> int:
-        """The disk it takes besides its download: the conversion's output (estimated by the download's size when
-        the output's is unknown)."""
-        if self.product.conversion is None:
-            return 0
-        return self.product.output_size if self.product.output_size is not None else self.size or 0
+        """The disk it takes besides its download: the conversion's output."""
+        return 0 if self.product.conversion is None else self.product.output_bytes(self.size)
 
 
 @dataclass
@@ -85,6 +87,12 @@ class Plan:
     def bytes_to_fetch(self) -> int:
         return sum(task.bytes_to_fetch() for task in self.tasks)
 
+    def files(self) -> list[Path]:
+        """Every file the run may write: downloads, outputs, the first-run corpus."""
+        outputs = [self.data_dir / PARAGRAPHS_OUTPUT] if self.build_paragraphs else []
+        return [*(task.download for task in self.tasks), *(self.data_dir / t.product.output for t in self.tasks),
+                *outputs]
+
     def bytes_needed(self) -> int:
         """Disk the run needs at its peak: every download (kept until its conversion is written) and output."""
         return self.bytes_to_fetch() + sum(task.bytes_to_write() for task in self.tasks) + self.paragraphs_estimate
@@ -94,6 +102,21 @@ def kept_instead(candidates: tuple[str, ...], output: str, data_dir: Path) -> Pa
     """The file of ``data_dir`` that stands for ``output``: itself, or a candidate envs/datasets.py reads before it."""
     preferred = candidates[:candidates.index(output) + 1] if output in candidates else (output,)
     return next((data_dir / rel for rel in preferred if (data_dir / rel).is_file()), None)
+
+
+def present_problem(product: Product, path: Path, data_dir: Path, source: str | None) -> str:
+    """What is wrong with ``path``, already in ``data_dir`` for ``product``, against the file this run would fetch:
+    the publisher's size and sha256 where it gives them; with ``source``, the mirror's size where the mirror answers.
+    "" if nothing, or nothing to check against (a file read in its place, a converted one)."""
+    if path != data_dir / product.output or product.conversion is not None:
+        return ""
+    if source is None:
+        return file_problem(path, product.remote.size, product.remote.sha256)
+    try:
+        size = remote_size(product.remote.url(source), "")
+    except DownloadError:  # the mirror no longer has it: what is there stays unchecked, as it would be by hand
+        return ""
+    return file_problem(path, size, None)
 
 
 def check_names(datasets: list[str], corpus: str) -> None:
@@ -120,6 +143,10 @@ def make_plan(datasets: list[str], corpus: str, data_dir: Path, source: str | No
     for product, candidates in wanted:
         kept = kept_instead(candidates, product.output, data_dir)
         if kept is not None:
+            problem = present_problem(product, kept, data_dir, source)
+            if problem:
+                raise DamagedFileError(f"{kept}: {problem} (already there, not fetched by this run): delete it and "
+                                       f"run again to fetch it")
             plan.kept.append(kept)
             continue
         url, route = product.remote.url(source), manual_route(product, data_dir)
@@ -128,7 +155,8 @@ def make_plan(datasets: list[str], corpus: str, data_dir: Path, source: str | No
         size, sha256 = (product.remote.size, product.remote.sha256) if source is None else (None, None)
         download = data_dir / (product.output if product.conversion is None
                                else f"{DOWNLOADS_DIR}/{product.remote.mirror_path}")
-        plan.tasks.append(Task(product, url, size or remote_size(url, route), sha256, download))
+        fallbacks = product.remote.fallback_urls() if source is None else ()
+        plan.tasks.append(Task(product, url, size or remote_size(url, route), sha256, download, fallbacks))
     if corpus == PARAGRAPHS_CORPUS:
         kept = kept_instead(CORPUS_CANDIDATES, PARAGRAPHS_OUTPUT, data_dir)
         if kept is not None:

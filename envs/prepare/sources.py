@@ -6,11 +6,15 @@ Sources (all public, no account needed):
 - HotpotQA: the official files from the HotpotQA site (http://curtis.ml.cmu.edu/datasets/hotpot/, linked from
   https://hotpotqa.github.io). Official, rather than FlashRAG's question-only copy, because the first-run corpus is
   pooled from their context paragraphs. Sizes and sha256 as Hugging Face's ``hotpot_qa`` loader pins them
-  (huggingface/datasets, ``datasets/hotpot_qa/dataset_infos.json``, ``download_checksums``).
+  (huggingface/datasets, ``datasets/hotpot_qa/dataset_infos.json``, ``download_checksums``). The site is plain
+  HTTP and has had outages: when it cannot be fetched, the Internet Archive's copy of the same URLs is (its raw
+  ``id_`` form), checked against the same sha256.
 - The other QA sets: FlashRAG's copies on the Hugging Face hub (``RUC-NLPIR/FlashRAG_datasets``,
   ``NAME/{train,dev,test}.jsonl``, ``{"id", "question", "golden_answers", "metadata"}`` lines), the files
   Search-R1's ``scripts/data_process/*.py`` read through ``datasets.load_dataset('RUC-NLPIR/FlashRAG_datasets',
   NAME)``. No size is published beside them: the download is checked against its Content-Length.
+- The hub's files are read at a revision of their repository (``resolve/REVISION``), not at a branch that moves
+  (FlashRAG's popqa test file changed between commits).
 - wiki-18: Search-R1's corpus on the hub (``PeterJinGo/wiki-18-corpus``, ``wiki-18.jsonl.gz``; its size and the
   sha256 of its LFS object). Despite the name the gzip holds a tar of one file, FlashRAG's ``wiki_dump.jsonl``
   (14,393,573,105 bytes, 21M passages); ``convert.unpack_corpus`` reads either shape.
@@ -33,19 +37,35 @@ from envs.datasets import CORPUS_CANDIDATES
 from envs.prepare import convert
 
 HUB = "https://huggingface.co/datasets"
+# The revision of each hub repository its files are read at. A branch name until each repository's commit hash is
+# looked up (https://huggingface.co/api/datasets/REPO gives it as "sha"; not reachable where this was written): set
+# them to those hashes to pin the files.
+FLASHRAG_REVISION = "main"
+WIKI18_REVISION = "main"
+HOTPOTQA_URL = "http://curtis.ml.cmu.edu/datasets/hotpot"
+WAYBACK_RAW = "https://web.archive.org/web/2019id_"  # the Internet Archive's copy of a URL, as captured, byte for byte
 
 
 @dataclass(frozen=True)
 class Host:
-    """Where a set of files is published (``url``), and the folder that holds the same files under ``--source``."""
+    """Where a set of files is published (``url``), the folder that holds the same files under ``--source``, other
+    public copies of the same files (base URLs tried in turn when ``url`` fails), and for a hub repository the
+    revision it is read at."""
 
     url: str
     mirror: str
+    fallbacks: tuple[str, ...] = ()
+    revision: str | None = None
 
 
-HOTPOTQA_SITE = Host("http://curtis.ml.cmu.edu/datasets/hotpot", "hotpotqa")
-FLASHRAG_HUB = Host(f"{HUB}/RUC-NLPIR/FlashRAG_datasets/resolve/main", "RUC-NLPIR/FlashRAG_datasets")
-WIKI18_HUB = Host(f"{HUB}/PeterJinGo/wiki-18-corpus/resolve/main", "PeterJinGo/wiki-18-corpus")
+def hub(repository: str, revision: str) -> Host:
+    """A Hugging Face dataset repository's files at ``revision``."""
+    return Host(f"{HUB}/{repository}/resolve/{revision}", repository, revision=revision)
+
+
+HOTPOTQA_SITE = Host(HOTPOTQA_URL, "hotpotqa", fallbacks=(f"{WAYBACK_RAW}/{HOTPOTQA_URL}",))
+FLASHRAG_HUB = hub("RUC-NLPIR/FlashRAG_datasets", FLASHRAG_REVISION)
+WIKI18_HUB = hub("PeterJinGo/wiki-18-corpus", WIKI18_REVISION)
 
 
 @dataclass(frozen=True)
@@ -63,6 +83,10 @@ class RemoteFile:
             return f"{self.host.url}/{self.path}"
         base = source if "://" in source else Path(source).resolve().as_uri()
         return f"{base.rstrip('/')}/{self.mirror_path}"
+
+    def fallback_urls(self) -> tuple[str, ...]:
+        """Its addresses at the other public copies of its publisher's files."""
+        return tuple(f"{base}/{self.path}" for base in self.host.fallbacks)
 
     @property
     def mirror_path(self) -> str:
@@ -85,6 +109,16 @@ class Product:
     split: str | None = None
     conversion: Conversion | None = None
     output_size: int | None = None
+
+    def output_bytes(self, download_size: int | None) -> int:
+        """The disk its conversion's output takes, from a download of ``download_size`` bytes: ``output_size`` for
+        the publisher's file, in the same proportion for another (a ``--source`` mirror's, often a small stand-in);
+        the download's size where no output size is known."""
+        if self.output_size is None:
+            return download_size or 0
+        if download_size is None or self.remote.size is None:
+            return self.output_size
+        return self.output_size * download_size // self.remote.size
 
 
 def _flashrag(name: str, splits: tuple[str, ...], to_parquet: bool) -> tuple[Product, ...]:

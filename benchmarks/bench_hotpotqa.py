@@ -1,0 +1,208 @@
+"""Real questions on a CPU (issue 70; protocol: docs/protocol_hotpotqa.md): SmolLM2-135M-Instruct from its HotpotQA
+warm start (experiments/qa_start.py), trained by run.py at the CPU defaults for a fixed number of iterations, then
+evaluated greedily on the 594 HotpotQA dev questions with evaluate.py, as a user would.
+
+    python benchmarks/bench_hotpotqa.py --arms tree --seeds 0 1 2     # runs (each resumable), evaluations, summary
+    python benchmarks/bench_hotpotqa.py --report                      # the summary of what has finished
+
+Arms (``ARMS``), each with run.py's CPU defaults for HotpotQA-v0 and nothing else changed: ``tree`` (the default,
+(M,N,L) = (1,2,1), uniform branching), ``chain`` (chain GRPO, G = 2: the same full-chain budget, 2) and
+``tree_entropy`` ((1,2,1), entropy branching). Writes OUTPUT/start/eval (the start, evaluated once), OUTPUT/ARM_sSEED
+(each run's directory, its eval/) and OUTPUT/summary.json + summary.md: held-out EM before and after with the paired
+95% interval per seed (t over questions, bootstrap over questions) and pooled over the seeds (bootstrap over seeds and
+questions; t over the seeds' means, with the exact sign-flip p), EM by question type (bridge, comparison), the answer
+rate, each arm's share of prompts with mixed rewards, and arm against arm (paired by seed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from algos.tree_grpo import metrics as metric_keys
+from envs.datasets import dataset_path, resolve_data_dir
+from experiments.confidence import (
+    mean_interval,
+    paired_bootstrap_interval,
+    paired_difference_interval,
+    sign_flip_p_value,
+)
+from experiments.plot import load_metrics
+from experiments.qa_start import qa_warm_start
+
+ENV = "HotpotQA-v0"
+ITERATIONS = 40  # the protocol's fixed training length (docs/protocol_hotpotqa.md)
+ARMS: dict[str, tuple[str, ...]] = {
+    "tree": ("--algo", "tree_grpo"),
+    "chain": ("--algo", "grpo"),
+    "tree_entropy": ("--algo", "tree_grpo", "--branching", "entropy"),
+}
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_dir(output: Path, arm: str, seed: int) -> Path:
+    return output / f"{arm}_s{seed}"
+
+
+def finished_iterations(run: Path) -> int:
+    metrics = run / "metrics.jsonl"
+    return len(load_metrics(metrics)) if metrics.is_file() else 0
+
+
+def train(output: Path, arm: str, seed: int, iterations: int) -> Path:
+    """The arm's run for ``seed`` to ``iterations`` (resumed where a killed one stopped)."""
+    run = run_dir(output, arm, seed)
+    done = finished_iterations(run)
+    if done >= iterations:
+        return run
+    command = [sys.executable, str(ROOT / "experiments" / "run.py"), "--env", ENV, *ARMS[arm], "--seed", str(seed),
+               "--iterations", str(iterations), "--checkpoint-every", "5", "--no-mlflow", "--quiet",
+               "--output", str(run)]
+    if (run / "checkpoints").exists():
+        command = [sys.executable, str(ROOT / "experiments" / "run.py"), "--resume", str(run),
+                   "--iterations", str(iterations - done)]
+    print(" ".join(command), flush=True)
+    subprocess.run(command, check=True)
+    return run
+
+
+def evaluate(model: str, out: Path) -> Path:
+    """evaluate.py on the env's whole evaluation split (the run's own observations and step cap), once."""
+    if not (out / "eval.json").is_file():
+        subprocess.run([sys.executable, str(ROOT / "experiments" / "evaluate.py"), "--model", model, "--envs", ENV,
+                        "--output", str(out), "--batch-size", "32", "--quiet"], check=True)
+    return out / "eval.json"
+
+
+def question_rows(eval_json: Path) -> list[dict]:
+    return json.loads(eval_json.read_text(encoding="utf-8"))["questions"][ENV]
+
+
+def question_types(data_dir: Path) -> list[str]:
+    return [q.get("type", "") for q in json.loads(dataset_path("hotpotqa", "dev", data_dir).read_text("utf-8"))]
+
+
+def interval(values) -> dict:
+    i = mean_interval(values)
+    return {"mean": i.mean, "low": i.low, "high": i.high}
+
+
+def seed_summary(before: list[dict], after: list[dict], types: list[str]) -> dict:
+    b, a = np.array([r["em"] for r in before]), np.array([r["em"] for r in after])
+    t = paired_difference_interval(b, a)
+    boot = paired_bootstrap_interval(a[None], b[None])
+    by_type = {kind: {"before": float(b[mask].mean()), "after": float(a[mask].mean()),
+                      "change": interval(a[mask] - b[mask])}
+               for kind in sorted(set(types)) if (mask := np.array([x == kind for x in types])).any()}
+    return {"em_before": float(b.mean()), "em_after": float(a.mean()),
+            "change_t": {"mean": t.mean, "low": t.low, "high": t.high},
+            "change_bootstrap": {"mean": boot.mean, "low": boot.low, "high": boot.high},
+            "answered_before": float(np.mean([r["answered"] for r in before])),
+            "answered_after": float(np.mean([r["answered"] for r in after])), "by_type": by_type}
+
+
+def arm_summary(output: Path, arm: str, seeds: list[int], start: list[dict], types: list[str]) -> dict | None:
+    runs = {seed: run_dir(output, arm, seed) for seed in seeds}
+    runs = {seed: run for seed, run in runs.items() if (run / "eval" / "eval.json").is_file()}
+    if not runs:
+        return None
+    per_seed, after, curves = {}, [], {}
+    for seed, run in runs.items():
+        rows = question_rows(run / "eval" / "eval.json")
+        per_seed[seed] = seed_summary(start, rows, types)
+        after.append([r["em"] for r in rows])
+        metrics = load_metrics(run / "metrics.jsonl")
+        curves[seed] = {key: [row.get(key) for row in metrics]
+                        for key in (metric_keys.REWARD, metric_keys.NONZERO_ADVANTAGE_SHARE,
+                                    metric_keys.ITERATION_TIME_S)}
+    a = np.array(after)
+    b = np.tile([r["em"] for r in start], (len(a), 1))
+    pooled = paired_bootstrap_interval(a, b)
+    changes = [s["em_after"] - s["em_before"] for s in per_seed.values()]
+    mixed = [float(np.mean([x for x in c[metric_keys.NONZERO_ADVANTAGE_SHARE] if x is not None]))
+             for c in curves.values()]
+    seconds = [float(np.median([x for x in c[metric_keys.ITERATION_TIME_S][1:] if x is not None] or [np.nan]))
+               for c in curves.values()]
+    return {"seeds": sorted(runs), "per_seed": per_seed,
+            "pooled_change_bootstrap": {"mean": pooled.mean, "low": pooled.low, "high": pooled.high},
+            "pooled_change_t_over_seeds": interval(changes),
+            "sign_flip_p": sign_flip_p_value(changes) if changes else None,
+            "mixed_reward_share": interval(mixed), "median_iteration_s": seconds, "curves": curves}
+
+
+def markdown(summary: dict) -> str:
+    start = summary["start"]
+    lines = [f"Start (the warm start): dev EM {start['em']['mean']:.3f} [{start['em']['low']:.3f}, "
+             f"{start['em']['high']:.3f}], answer rate {start['answered']['mean']:.3f} over {start['questions']} "
+             f"questions.", "",
+             "| arm | seeds | EM before | EM after (mean of seeds) | pooled change (bootstrap) | t over seeds | "
+             "sign-flip p | mixed-reward share | s / iteration |", "|" + "---|" * 9]
+    for arm, s in summary["arms"].items():
+        after = np.mean([x["em_after"] for x in s["per_seed"].values()])
+        p, t, m = s["pooled_change_bootstrap"], s["pooled_change_t_over_seeds"], s["mixed_reward_share"]
+        lines.append(f"| {arm} | {len(s['seeds'])} | {start['em']['mean']:.3f} | {after:.3f} | {p['mean']:+.3f} "
+                     f"[{p['low']:+.3f}, {p['high']:+.3f}] | [{t['low']:+.3f}, {t['high']:+.3f}] | "
+                     f"{s['sign_flip_p']:.3f} | {m['mean']:.3f} | {np.nanmedian(s['median_iteration_s']):.0f} |")
+    lines += ["", "Per seed (change after - before, paired over the questions):", "",
+              "| arm | seed | EM after | change (t) | change (bootstrap) | bridge | comparison | answer rate |",
+              "|" + "---|" * 8]
+    for arm, s in summary["arms"].items():
+        for seed, x in s["per_seed"].items():
+            t, b, kinds = x["change_t"], x["change_bootstrap"], x["by_type"]
+            kind = {k: f"{v['before']:.3f} -> {v['after']:.3f}" for k, v in kinds.items()}
+            lines.append(f"| {arm} | {seed} | {x['em_after']:.3f} | {t['mean']:+.3f} [{t['low']:+.3f}, "
+                         f"{t['high']:+.3f}] | [{b['low']:+.3f}, {b['high']:+.3f}] | {kind.get('bridge', '')} | "
+                         f"{kind.get('comparison', '')} | {x['answered_before']:.3f} -> {x['answered_after']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def save_records(output: Path, records: Path) -> None:
+    """Each finished run's metrics.jsonl and evaluation, and the start's, gzipped under ``records``."""
+    for source in [output / "start" / "eval" / "eval.json", *output.glob("*_s*/eval/eval.json"),
+                   *output.glob("*_s*/metrics.jsonl"), *output.glob("*_s*/config.yaml")]:
+        target = records / source.relative_to(output).with_suffix(source.suffix + ".gz")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with open(source, "rb") as f, gzip.open(target, "wb", mtime=0) as g:
+            shutil.copyfileobj(f, g)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=["tree"])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--iterations", type=int, default=ITERATIONS)
+    parser.add_argument("--output", type=Path, default=Path("outputs/hotpotqa"))
+    parser.add_argument("--records", type=Path, default=None, help="also keep the records here (gzipped)")
+    parser.add_argument("--report", action="store_true", help="summarise what has finished; train nothing")
+    args = parser.parse_args(argv)
+    output = args.output.resolve()
+    start_eval = evaluate(str(qa_warm_start(ENV)), output / "start" / "eval")
+    if not args.report:
+        for seed in args.seeds:  # seed by seed, so that a short session ends with whole pairs of arms
+            for arm in args.arms:
+                run = train(output, arm, seed, args.iterations)
+                evaluate(str(run / "checkpoints" / "latest"), run / "eval")
+    start = question_rows(start_eval)
+    types = question_types(resolve_data_dir(None))
+    summary = {"env": ENV, "iterations": args.iterations,
+               "start": {"questions": len(start), "em": interval([r["em"] for r in start]),
+                         "answered": interval([r["answered"] for r in start])},
+               "arms": {arm: s for arm in ARMS if (s := arm_summary(output, arm, args.seeds, start, types))}}
+    (output / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
+    (output / "summary.md").write_text(markdown(summary), encoding="utf-8")
+    print(markdown(summary))
+    if args.records:
+        save_records(output, args.records)
+        (args.records / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
+    return summary
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+"""A learning study's report rebuilt from its records alone: no training, no evaluation, no start policy.
+
+    python benchmarks/study_report.py budget_table    # results/budget_table/README.md's generated section, its plot
+
+For each benchmark output the study keeps (``benchmarks/studies.py``), the command that trained it declares the runs
+(its settings x seeds) and each run's run.py options; the records (``records.tar.gz``) must hold exactly those runs,
+made with those options (less ``--output``, ``--model`` and ``--data-dir``, which say where a machine kept things)
+and the start point: a run missing, one not declared or one made otherwise is named, and no table is printed
+(``SystemExit``). The first output whose section the study's README holds then gets it rewritten from the records
+(the benchmark's own table and plot, ``learning_report``), under the protocol's line (``protocol_times``: whether the
+protocol was committed before the first record and left alone since). The other outputs (pilots kept beside, whose
+testbed may share the section's name) are only checked. A script that is not a learning benchmark (no ``testbed``)
+is left to its own command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import shlex
+import tempfile
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from benchmarks.learning_report import write_docs_section, write_results
+from benchmarks.learning_runs import FINAL_EVALUATION, START_POINT, run_directory, run_options
+from benchmarks.learning_testbed import Testbed
+from benchmarks.protocol_times import protocol_reading
+from benchmarks.run_records import RECORDS, output_files, read_archive
+from benchmarks.studies import ARCHIVE, Output, Study, study
+from experiments.plot import METRICS_FILE
+
+WHERE_OPTIONS = ("--output", "--model", "--data-dir")  # say where a machine kept things, not how a run was made
+
+
+class IncompleteRecords(SystemExit):
+    """The records are not the declared runs: what is missing or unexpected, one line each."""
+
+
+def benchmark(command: tuple[str, ...]) -> ModuleType | None:
+    """The learning benchmark that ``command`` runs (``benchmarks/NAME.py`` with ``parse_args`` and a ``testbed``
+    function or a ``TESTBED``), else None."""
+    module = importlib.import_module("benchmarks." + Path(command[0]).stem)
+    has_testbed = hasattr(module, "testbed") or hasattr(module, "TESTBED")
+    return module if has_testbed and hasattr(module, "parse_args") else None
+
+
+def declared(output: Output, module: ModuleType) -> tuple[argparse.Namespace, Testbed]:
+    """The benchmark's options and testbed as ``output``'s command gives them; a ``SystemExit`` where the command
+    would write another output."""
+    args = module.parse_args(list(output.command[1:]))
+    if Path(args.output).name != output.name:
+        raise SystemExit(f"benchmarks/studies.py: {shlex.join(output.command)} writes {args.output}, not "
+                         f"outputs/{output.name}: fix the study's command")
+    return args, module.testbed(args) if hasattr(module, "testbed") else module.TESTBED
+
+
+def without_where(options: list[str]) -> list[str]:
+    """run.py's options less ``WHERE_OPTIONS`` and their values."""
+    kept, skip = [], False
+    for option in options:
+        if skip:
+            skip = False
+        elif option in WHERE_OPTIONS:
+            skip = True
+        else:
+            kept.append(option)
+    return kept
+
+
+def check_runs(output: Output, files: dict[Path, bytes], args: argparse.Namespace, bed: Testbed) -> list[str]:
+    """What is wrong with ``output``'s records against its declared runs, one line each (none: complete)."""
+    problems = [] if Path(START_POINT) in files else [f"{output.name}: no {START_POINT}"]
+    runs = {run_directory(setting, seed, Path()): (setting, seed) for seed in args.seeds for setting in args.settings}
+    present = {name.parent for name in files if name.name == FINAL_EVALUATION}
+    problems += [f"{output.name}: run {run} is missing" for run in sorted(runs.keys() - present)]
+    problems += [f"{output.name}: run {run} is not declared by its command" for run in sorted(present - runs.keys())]
+    for run in sorted(present & runs.keys()):
+        if run / METRICS_FILE not in files:
+            problems.append(f"{output.name}: run {run} has no {METRICS_FILE}")
+        setting, seed = runs[run]
+        saved = json.loads(files[run / FINAL_EVALUATION]).get("run") or []
+        expected = run_options(bed, setting, seed, "-", args, run)
+        if without_where(saved) != without_where(expected):
+            problems.append(f"{output.name}: run {run} was made with other options than its command's "
+                            f"({shlex.join(without_where(saved))})")
+    return problems
+
+
+def scores_and_metrics(files: dict[Path, bytes], run: Path) -> tuple[list[dict], list[dict[str, Any]]]:
+    rows = [json.loads(line) for line in files[run / METRICS_FILE].decode("utf-8").splitlines() if line.strip()]
+    return rows, json.loads(files[run / FINAL_EVALUATION])["scores"]
+
+
+def rewrite_section(entry: Study, output: Output, files: dict[Path, bytes], args: argparse.Namespace,
+                    bed: Testbed, protocol: str) -> Path:
+    """The output's section of the study's README and its plot, from the records; the README's path."""
+    start = json.loads(files[Path(START_POINT)])
+    runs: dict[str, list[list[dict]]] = {setting: [] for setting in args.settings}
+    finals: dict[str, list[list[dict[str, Any]]]] = {setting: [] for setting in args.settings}
+    for seed in args.seeds:
+        for setting in args.settings:
+            rows, scores = scores_and_metrics(files, run_directory(setting, seed, Path()))
+            runs[setting].append(rows)
+            finals[setting].append(scores)
+    with tempfile.TemporaryDirectory(prefix="study-report-") as tmp:
+        table, plot = write_results(bed, runs, finals, start["scores"], args, start["model"], 0.0, Path(tmp))
+        count = sum(len(seeds) for seeds in runs.values())
+        header = (f"Rebuilt from the records (`outputs/{output.name}` in `{ARCHIVE}`: {count} runs) by `python "
+                  f"benchmarks/study_report.py {entry.folder}`; trained by `python {shlex.join(output.command)}` "
+                  f"(with --resume, then --report). {protocol}")
+        return write_docs_section(bed, args, table, plot, header)
+
+
+def report(folder: str, records: Path = RECORDS) -> list[Path]:
+    """Check every output of study ``folder`` against its command, then rewrite the sections its README holds;
+    the READMEs written. ``IncompleteRecords`` (naming each problem) before anything is written."""
+    entry = study(folder)
+    archive = read_archive(records / folder / ARCHIVE)
+    checked, problems = [], []
+    for output in entry.outputs:
+        module = benchmark(output.command)
+        if module is None:
+            continue
+        args, bed = declared(output, module)
+        files = output_files(archive, output.name)
+        problems += check_runs(output, files, args, bed) if files else [f"{output.name}: no records in {ARCHIVE}"]
+        checked.append((output, files, args, bed))
+    if problems:
+        raise IncompleteRecords(f"results/{folder}/{ARCHIVE} is not the study's declared runs; no table printed:\n"
+                                + "\n".join(f"  {problem}" for problem in problems))
+    protocol, written, readmes = protocol_reading(entry), set(), []
+    for output, files, args, bed in checked:
+        if bed.name in entry.sections and bed.name not in written:  # a pilot kept beside shares its testbed's name
+            readmes.append(rewrite_section(entry, output, files, args, bed, protocol))
+            written.add(bed.name)
+    return readmes
+
+
+def main(argv: list[str] | None = None) -> list[Path]:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("study", help="a study's folder name (benchmarks/studies.py)")
+    written = report(p.parse_args(argv).study)
+    print("\n".join(str(path) for path in written) or "records complete; no section of this study is rebuilt here")
+    return written
+
+
+if __name__ == "__main__":
+    main()

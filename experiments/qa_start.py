@@ -1,0 +1,152 @@
+"""The warm start of the real QA sets: SmolLM2-135M-Instruct (or any ``--model`` with a chat template) fine-tuned on
+the retrieval oracle's search trajectories of an env's train split, the start that ``run.py --model warm-start``
+(the CPU default of ``QA_START_ENVS``) trains from.
+
+    python experiments/qa_start.py --env HotpotQA-v0             # build it (once; cached), then print its directory
+    python experiments/qa_start.py --env HotpotQA-v0 --evaluate  # and its greedy dev EM, answer rate (95% intervals)
+
+The recipe (``QA_START_RECIPE``, ``experiments/warmstart.py``'s options) is declared once here. The oracle searches
+each question's supporting titles and answers the gold answer; its thoughts quote the passage sentence that names
+the next query or the answer (``--cite``). Questions whose supporting passages do not all come back are skipped and
+counted (``--require-gold``). LoRA adapters on the top layers keep the build within about 30 minutes on 2 cores; they
+are merged into the saved model. The start is cached like the demo's (``warmstart.cached_warm_start``), keyed by the
+recipe and by the content of the train file and the corpus, so a changed recipe or data is a new start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import envs
+from envs.datasets import MissingDataError, corpus_path, dataset_path, resolve_data_dir
+from experiments.warmstart import cached_warm_start, warm_start_dir
+
+WARM_START_MODEL = "warm-start"  # --model: the env's cached oracle warm start (below)
+# The real QA envs whose CPU runs start from their warm start: those with a train split to build it from.
+QA_START_ENVS = ("HotpotQA-v0",)
+# On a CPU, a real QA env's defaults: an iteration that 2 cores finish in about a minute, from a start that answers.
+# Each value is chosen by a measurement in results/hotpotqa_cpu/README.md ("The CPU defaults"); with a GPU the
+# defaults stay the paper's. Float32 (not bf16) so that a run does not depend on whether the CPU has AVX-512 BF16.
+CPU_QA_DEFAULTS: dict[str, Any] = {
+    "model": WARM_START_MODEL, "topk": 2, "passage_words": 48, "M": 1, "N": 2, "L": 1, "group_size": 2,
+    "max_step_tokens": 80, "lora_rank": 16, "lora_layers": 10, "lora_targets": "all", "lr": 1e-4,
+}
+
+# Oracle SFT of SmolLM2-135M-Instruct: LoRA (rank 16, every projection) on the top 10 of its 30 layers, one epoch at
+# 3e-4 over 320 train questions' trajectories (what 2 quiet cores train in about 30 minutes), laid out with the CPU
+# runs' passages (CPU_QA_DEFAULTS).
+QA_START_RECIPE = ("--model", "smollm2-135m", "--cite", "--require-gold", "--lora-rank", "16", "--lora-layers", "10",
+                   "--lora-targets", "all", "--questions", "320", "--epochs", "1", "--lr", "3e-4", "--lr-floor", "0.1",
+                   "--batch-size", "4", "--passage-words", str(CPU_QA_DEFAULTS["passage_words"]), "--seed", "0")
+QA_START_TOPK = CPU_QA_DEFAULTS["topk"]
+BUILD_MINUTES = 30  # about, on 2 cores (results/hotpotqa_cpu/README.md)
+DIGEST_CHUNK = 1 << 20
+WHOLE_FILE_DIGEST_LIMIT = 1 << 30  # larger files (wiki-18) are keyed by size and their first and last MiB
+
+
+def content_digest(path: Path) -> str:
+    """A short digest of a file's content (a large one's size, first and last MiB): unlike the mtime, it survives a
+    copy or a fresh checkout, so a cached start is found again."""
+    digest, size = hashlib.sha256(), path.stat().st_size
+    with open(path, "rb") as f:
+        if size <= WHOLE_FILE_DIGEST_LIMIT:
+            for chunk in iter(lambda: f.read(DIGEST_CHUNK), b""):
+                digest.update(chunk)
+        else:
+            digest.update(str(size).encode() + f.read(DIGEST_CHUNK))
+            f.seek(size - DIGEST_CHUNK)
+            digest.update(f.read())
+    return digest.hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class QASource:
+    """A real QA set's train split and corpus, as ``cached_warm_start`` takes a generated world: ``DATASET``, a cache
+    ``key`` and the data directory its trajectories come from."""
+
+    DATASET: str
+    data_dir: Path
+
+    @classmethod
+    def of(cls, env_id: str, data_dir: str | os.PathLike | None = None) -> QASource:
+        """The source of ``env_id``'s warm start; no train file is a MissingDataError naming the file it needs."""
+        dataset = envs.ENV_IDS[env_id][0]
+        directory = resolve_data_dir(data_dir).resolve()
+        try:
+            dataset_path(dataset, "train", directory)
+        except MissingDataError as error:
+            raise MissingDataError(f"the warm start of {env_id} trains on its train split, which is missing: "
+                                   f"{error}") from None
+        return cls(dataset, directory)
+
+    @property
+    def key(self) -> str:
+        train = dataset_path(self.DATASET, "train", self.data_dir)
+        return f"{self.DATASET}-{content_digest(train)}-corpus-{content_digest(corpus_path(self.data_dir))}"
+
+
+def qa_warm_start(env_id: str, data_dir: str | os.PathLike | None = None,
+                  cache_dir: str | os.PathLike | None = None) -> Path:
+    """The model directory of ``env_id``'s warm start, built the first time (about ``BUILD_MINUTES`` on 2 cores,
+    said before it starts) and cached after."""
+    if env_id not in QA_START_ENVS:
+        raise ValueError(f"--model {WARM_START_MODEL}: {env_id} has no warm start recipe (those with one: "
+                         f"{', '.join(QA_START_ENVS)}); pass --model")
+    source = QASource.of(env_id, data_dir)
+    if not (warm_start_dir(source, QA_START_RECIPE, topk=QA_START_TOPK, cache_dir=cache_dir) / "config.json").exists():
+        print(f"warm start: {env_id} has no cached start yet: fine-tuning {QA_START_RECIPE[1]} on the retrieval "
+              f"oracle's trajectories of its train split ({source.data_dir}), about {BUILD_MINUTES} minutes on 2 "
+              f"cores, once (killed, it resumes); training starts after it", flush=True)
+    return cached_warm_start(source, QA_START_RECIPE, topk=QA_START_TOPK, cache_dir=cache_dir)
+
+
+def warm_start_model(model: str, env_id: str, data_dir: str | os.PathLike | None = None) -> str:
+    """``model`` as ``load_model`` takes it: ``warm-start`` becomes the directory of the env's cached start (built by
+    ``qa_warm_start`` before a run starts; nothing is built here)."""
+    if model != WARM_START_MODEL:
+        return model
+    if env_id not in QA_START_ENVS:
+        raise ValueError(f"model: {WARM_START_MODEL} is the warm start of {', '.join(QA_START_ENVS)}; {env_id} has "
+                         f"none: pass a --model")
+    return str(warm_start_dir(QASource.of(env_id, data_dir), QA_START_RECIPE, topk=QA_START_TOPK))
+
+
+def evaluate_start(model_dir: Path, env_id: str, data_dir: str | os.PathLike | None, output: Path) -> dict:
+    """Greedy EM and answer rate of the start on the env's whole evaluation split with the CPU runs' observations and
+    step cap, with 95% intervals over the questions (``evaluate.py``'s files in ``output``)."""
+    from experiments.confidence import mean_interval
+    from experiments.evaluate import main as evaluate
+
+    evaluate(["--model", str(model_dir), "--envs", env_id, "--topk", str(QA_START_TOPK),
+              "--passage-words", str(CPU_QA_DEFAULTS["passage_words"]),
+              "--max-step-tokens", str(CPU_QA_DEFAULTS["max_step_tokens"]), "--output", str(output),
+              "--batch-size", "32", "--quiet", *(["--data-dir", str(data_dir)] if data_dir else [])])
+    rows = json.loads((output / "eval.json").read_text(encoding="utf-8"))["questions"][env_id]
+    summary = {name: asdict(mean_interval([row[name] for row in rows])) for name in ("em", "answered")}
+    for name, interval in summary.items():
+        print(f"start, {env_id} {name}: {interval['mean']:.3f} [{interval['low']:.3f}, {interval['high']:.3f}] "
+              f"over {len(rows)} questions")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--env", choices=QA_START_ENVS, default=QA_START_ENVS[0])
+    parser.add_argument("--data-dir", default=None, help="default: $TREEGRPO_DATA_DIR, else ./data")
+    parser.add_argument("--evaluate", default=None, metavar="DIR",
+                        help="also evaluate the start greedily on the env's evaluation split (eval.md, eval.json)")
+    args = parser.parse_args(argv)
+    model = qa_warm_start(args.env, args.data_dir)
+    print(f"model: {model} (run.py --model {WARM_START_MODEL} on {args.env} trains from it)")
+    if args.evaluate:
+        evaluate_start(model, args.env, args.data_dir, Path(args.evaluate))
+
+
+if __name__ == "__main__":
+    main()

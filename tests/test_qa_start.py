@@ -1,0 +1,261 @@
+"""The real QA sets' warm start (experiments/qa_start.py, the real-question parts of warmstart.py and
+oracle_trajectories.py, model_manifest.py): trained on the train split only, its bad inputs (no train split, no chat
+template, supporting passages the corpus lacks, a damaged cached start), its cache key, and the oracle's citing
+thoughts."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+
+import envs  # noqa: F401  (registers the env ids)
+from envs.search_qa import first_words, format_passages
+from experiments.baselines import OracleAgent, in_format, run_episode, sentence_naming
+from experiments.model_manifest import damage, structural_damage, write_manifest
+from experiments.qa_start import QA_START_RECIPE, QASource, content_digest, warm_start_model
+from experiments.warmstart import build_model, cached_warm_start, parse_args, training_data
+from policies.models import load_model
+
+SHARED = Path(os.environ.get("TREEGRPO_DATA_DIR", ""))
+HOTPOT = SHARED / "hotpotqa"
+needs_data = pytest.mark.skipif(not (HOTPOT / "hotpot_train_distractor_subset.json").is_file(),
+                                reason="needs ../shared/data (HotpotQA)")
+
+
+def small_hotpotqa(root: Path, questions: int, drop_title_of: int | None = None) -> Path:
+    """A data directory with the first ``questions`` HotpotQA train and dev questions and a corpus of their gold
+    paragraphs (less those titled by question ``drop_title_of``'s second supporting title)."""
+    (root / "hotpotqa").mkdir(parents=True)
+    (root / "wiki").mkdir()
+    train = json.loads((HOTPOT / "hotpot_train_distractor_subset.json").read_text())[:questions]
+    dev = json.loads((HOTPOT / "hotpot_dev_distractor_subset.json").read_text())[:questions]
+    (root / "hotpotqa" / "hotpot_train_distractor_subset.json").write_text(json.dumps(train))
+    (root / "hotpotqa" / "hotpot_dev_distractor_subset.json").write_text(json.dumps(dev))
+    dropped = None if drop_title_of is None else train[drop_title_of]["supporting_titles"][1]
+    with open(root / "wiki" / "paragraphs.jsonl", "w") as corpus:
+        for question in train + dev:
+            for title, sentences in question["context"]:
+                if title != dropped:
+                    corpus.write(json.dumps({"id": f"{len(title)}-{title}",
+                                             "contents": f'"{title}"\n{"".join(sentences)}'}) + "\n")
+    return root
+
+
+def warm_args(data_dir: Path, *extra: str):
+    return parse_args(["--env", "HotpotQA-v0", "--model", "tiny-random", "--data-dir", str(data_dir), "--cite",
+                       "--topk", "2", *extra])
+
+
+def test_first_words_cuts_each_passage_and_marks_the_cut():
+    assert first_words("one two three", 2) == "one two ..."
+    assert first_words("one two", 2) == "one two" and first_words("one two", None) == "one two"
+
+    class Hit:
+        def __init__(self, title, text):
+            self.title, self.text = title, text
+
+    block = format_passages([Hit("A", "a b c d"), Hit("B", "e f")], 2000, passage_words=3)
+    assert "Doc 1(Title: A) a b c ...\nDoc 2(Title: B) e f</information>" in block
+
+
+@needs_data
+def test_a_passage_word_cap_is_checked_and_applies_to_every_search():
+    with pytest.raises(ValueError, match="passage_words must be a positive int"):
+        gym.make("HotpotQA-v0", passage_words=0)
+    env = gym.make("HotpotQA-v0", topk=2, passage_words=5)
+    env.reset(options={"index": 0})
+    observation, *_ = env.step(in_format("look", "search", env.unwrapped.record.supporting_titles[0]))
+    for passage in observation.split("\nDoc ")[:2]:
+        assert len(passage.split(") ", 1)[1].replace("</information>", "").split()) <= 6  # 5 words and " ..."
+
+
+def test_sentence_naming_quotes_the_passage_and_cuts_a_long_one_around_the_name():
+    observation = ("<information>Doc 1(Title: X) X is a show. It starred Ann Lee as the coach. It ended.\n"
+                   "Doc 2(Title: Y) Nothing here.</information>")
+    assert sentence_naming([observation], "ann lee") == "It starred Ann Lee as the coach"
+    assert sentence_naming([observation], "Bob") is None
+    long = "<information>Doc 1(Title: Z) " + " ".join(f"w{i}" for i in range(50)) + " Ann Lee w.</information>"
+    cut = sentence_naming([long], "Ann Lee", max_words=10).split()
+    assert len(cut) == 10 and "Ann" in cut and "Lee" in cut
+
+
+@needs_data
+def test_the_citing_oracle_writes_down_the_bridge_and_the_answer_before_using_them():
+    env = gym.make("HotpotQA-v0", topk=2)
+    agent = OracleAgent(3, cite=True)
+    steps = []
+    original = agent.act
+    agent.act = lambda observation: steps.append(original(observation)) or steps[-1]
+    info, reward = run_episode(env, agent, 0)  # "...played the life coach in Modern Men's pilot?" Wendie Malick
+    assert reward == 1.0 and info["em"] == 1.0
+    assert "Wendie Malick played the life coach" in steps[1] and steps[1].endswith("<search> Wendie Malick </search>")
+    assert "Wendie Malick" in steps[2].split("</think>")[0] and "<answer> Wendie Malick </answer>" in steps[2]
+
+
+@needs_data
+def test_no_dev_question_is_ever_trained_on(tmp_path):
+    _, tokenizer = load_model("tiny-random")
+    args = warm_args(SHARED, "--questions", "12")
+    data = training_data(args, {"data_dir": str(SHARED), "max_turns": 3, "topk": 2, "passage_words": 48},
+                         tokenizer, tokenizer.eos_token_id)
+    def words(text: str) -> str:
+        return " ".join(text.split())
+
+    prompts = [words(tokenizer.decode(ids)) for ids, _ in data]
+    dev = [words(q["question"]) for q in json.loads((HOTPOT / "hotpot_dev_distractor_subset.json").read_text())]
+    train = [words(q["question"]) for q in json.loads((HOTPOT / "hotpot_train_distractor_subset.json").read_text())]
+    assert len(prompts) >= 10
+    assert all(any(f"Question: {q}" in p for q in train) for p in prompts)
+    assert not any(f"Question: {q}" in p for q in dev for p in prompts)
+
+
+@needs_data
+def test_an_env_without_a_train_split_names_the_file_the_warm_start_needs():
+    with pytest.raises(Exception, match=r"train split, which is missing: no musique train file .*musique_ans_v1"):
+        QASource.of("Musique-v0", SHARED)
+    _, tokenizer = load_model("tiny-random")
+    args = parse_args(["--env", "Musique-v0", "--model", "tiny-random", "--data-dir", str(SHARED)])
+    with pytest.raises(SystemExit, match=r"Musique-v0's train split, which is missing: .*musique_ans_v1.0_train"):
+        training_data(args, {"data_dir": str(SHARED), "max_turns": 3, "topk": 3, "passage_words": None}, tokenizer,
+                      tokenizer.eos_token_id)
+
+
+def test_a_model_without_a_chat_template_is_named(tmp_path):
+    model, tokenizer = load_model("tiny-random")
+    tokenizer.chat_template = None
+    model.save_pretrained(tmp_path / "plain")
+    tokenizer.save_pretrained(tmp_path / "plain")
+    (tmp_path / "plain" / "chat_template.jinja").unlink(missing_ok=True)
+    args = parse_args(["--env", "HotpotQA-v0", "--model", str(tmp_path / "plain")])
+    with pytest.raises(SystemExit, match=rf"--model {tmp_path / 'plain'} has no chat template"):
+        build_model(args)
+
+
+@needs_data
+def test_questions_whose_supporting_passage_the_corpus_lacks_are_counted_and_skipped(tmp_path, capsys):
+    data_dir = small_hotpotqa(tmp_path, questions=4, drop_title_of=1)
+    _, tokenizer = load_model("tiny-random")
+    kwargs = {"data_dir": str(data_dir), "max_turns": 3, "topk": 2, "passage_words": None}
+    data = training_data(warm_args(data_dir, "--require-gold"), kwargs, tokenizer, tokenizer.eos_token_id)
+    assert len(data) == 3 and "1 questions skipped" in capsys.readouterr().out
+    assert len(training_data(warm_args(data_dir), kwargs, tokenizer, tokenizer.eos_token_id)) == 4
+
+
+@needs_data
+def test_the_cache_key_follows_the_data_content_not_its_path_or_time(tmp_path):
+    first = small_hotpotqa(tmp_path / "a", questions=3)
+    copy = tmp_path / "b"
+    shutil.copytree(first, copy)
+    os.utime(copy / "hotpotqa" / "hotpot_train_distractor_subset.json", (0, 0))
+    assert QASource.of("HotpotQA-v0", first).key == QASource.of("HotpotQA-v0", copy).key
+    (copy / "wiki" / "paragraphs.jsonl").write_text('{"id": "1", "contents": "\\"T\\"\\ntext"}\n')
+    assert QASource.of("HotpotQA-v0", first).key != QASource.of("HotpotQA-v0", copy).key
+    assert content_digest(copy / "wiki" / "paragraphs.jsonl") in QASource.of("HotpotQA-v0", copy).key
+    assert warm_start_model("smollm2-135m", "HotpotQA-v0", first) == "smollm2-135m"
+    assert warm_start_model("warm-start", "HotpotQA-v0", first).endswith("/model")
+    with pytest.raises(ValueError, match="SynthHop-v0 has none"):
+        warm_start_model("warm-start", "SynthHop-v0", first)
+
+
+def test_a_manifest_finds_a_truncated_or_altered_file(tmp_path):
+    model, _ = load_model("tiny-random")
+    directory = tmp_path / "start" / "model"
+    model.save_pretrained(directory)
+    weights = directory / "model.safetensors"
+    assert structural_damage(directory) is None and damage(directory) is None  # and writes the manifest
+    assert (tmp_path / "start" / "manifest.json").is_file()
+    data = weights.read_bytes()
+    weights.write_bytes(data[:-10] + bytes(10))
+    assert "content differs" in damage(directory)
+    weights.write_bytes(data[:-10])
+    assert "bytes, not the" in damage(directory)
+    assert "its header describes" in structural_damage(directory)
+    (tmp_path / "start" / "manifest.json").unlink()
+    assert "its header describes" in damage(directory)  # no manifest: the structure still finds it
+    weights.write_bytes(data)
+    write_manifest(directory)
+    weights.unlink()
+    assert damage(directory) == "model.safetensors is missing"
+
+
+@needs_data
+def test_a_damaged_cached_start_is_detected_and_trained_again(tmp_path, capsys):
+    data_dir = small_hotpotqa(tmp_path / "data", questions=3)
+    source = QASource.of("HotpotQA-v0", data_dir)
+    recipe = ("--model", "scratch", "--hidden-size", "32", "--layers", "1", "--heads", "2", "--questions", "2",
+              "--epochs", "1", "--cite")
+    model = cached_warm_start(source, recipe, topk=2, cache_dir=tmp_path / "cache")
+    weights = model / "model.safetensors"
+    whole = weights.read_bytes()
+    weights.write_bytes(whole[: len(whole) // 2])
+    capsys.readouterr()
+    again = cached_warm_start(source, recipe, topk=2, cache_dir=tmp_path / "cache")
+    assert again == model and "is damaged" in capsys.readouterr().out
+    assert weights.read_bytes() == whole  # the same recipe and seed train the same start
+    load_model(str(model))
+
+
+def test_the_recipe_is_one_declaration_of_warmstart_options():
+    args = parse_args(list(QA_START_RECIPE))
+    assert args.cite and args.require_gold and args.lora_rank and args.model == "smollm2-135m"
+
+
+def test_on_a_cpu_the_real_qa_env_trains_from_its_warm_start_with_the_cpu_defaults(monkeypatch):
+    from experiments.qa_start import CPU_QA_DEFAULTS
+    from experiments.settings import RunSettings, lora_settings
+
+    settings = RunSettings()
+    assert settings.env == "HotpotQA-v0" and settings.model == "warm-start"
+    assert {name: getattr(settings, name) for name in CPU_QA_DEFAULTS} == CPU_QA_DEFAULTS
+    assert lora_settings(settings).layers == 10 and "down_proj" in lora_settings(settings).target_modules
+    given = RunSettings(topk=3, M=2)  # what the user gives wins
+    assert (given.topk, given.M, given.passage_words) == (3, 2, CPU_QA_DEFAULTS["passage_words"])
+    full = RunSettings(lora_rank=None)  # full fine-tuning of the start: the LoRA options go together
+    assert full.lora_rank is None and full.lora_layers is None
+    other = RunSettings(model="smollm2-135m")  # another model keeps the generic defaults
+    assert (other.topk, other.passage_words, other.lora_rank, other.M) == (3, None, None, 2)
+    assert RunSettings(env="SynthHop-v0").model == "smollm2-135m"
+    with pytest.raises(ValueError, match="lora_layers, lora_targets: place LoRA adapters, but lora_rank is None"):
+        RunSettings(model="smollm2-135m", lora_layers=4)
+
+
+def test_run_help_names_the_cpu_default_start_of_the_real_qa_envs(capsys):
+    from experiments.run import run_parser
+
+    help_text = " ".join(run_parser().format_help().split())
+    assert "default: on CPU warm-start for HotpotQA-v0" in help_text and "experiments/qa_start.py" in help_text
+
+
+def test_evaluate_takes_a_runs_observations_from_its_config(tmp_path):
+    from experiments.evaluate import parse_args as evaluate_args
+
+    checkpoint = tmp_path / "run" / "checkpoints" / "iter_000002"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "rllib_checkpoint.json").write_text("{}")
+    (tmp_path / "run" / "config.yaml").write_text("topk: 2\npassage_words: 48\nmax_step_tokens: 80\nmax_turns: 3\n")
+    args = evaluate_args(["--model", str(checkpoint), "--envs", "HotpotQA-v0"])
+    assert (args.topk, args.passage_words, args.max_step_tokens, args.max_turns) == (2, 48, 80, 3)
+    args = evaluate_args(["--model", str(checkpoint), "--envs", "HotpotQA-v0", "--topk", "5"])
+    assert args.topk == 5 and evaluate_args(["--model", "smollm2-135m", "--envs", "HotpotQA-v0"]).topk == 3
+
+
+@pytest.mark.slow
+@needs_data
+def test_a_small_warm_start_then_one_tree_grpo_iteration_on_real_questions_earns_a_reward(tmp_path, ray_session):
+    """Item 4 of issue 70: the real path end to end (pretrained tokenizer and chat template, BM25 over real passages,
+    exact match), with real weights: the warm start on 24 train questions, then one iteration from it."""
+    from experiments.run import main as run_main
+
+    recipe = (*QA_START_RECIPE, "--questions", "24")  # the later --questions wins
+    model = cached_warm_start(QASource.of("HotpotQA-v0", SHARED), recipe, topk=2, cache_dir=tmp_path / "cache")
+    run_main(["--env", "HotpotQA-v0", "--model", str(model), "--topk", "2", "--passage-words", "48",
+              "--M", "1", "--N", "2", "--L", "1", "--prompts-per-iteration", "4", "--max-step-tokens", "80",
+              "--lora-rank", "8", "--lora-layers", "4", "--iterations", "1", "--no-mlflow", "--quiet",
+              "--output", str(tmp_path / "run")])
+    row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert row["leaves"] == 12 and row["reward_mean"] > 0  # some leaf earned a reward (0.2: a valid answer)
