@@ -3,6 +3,7 @@
     python -m benchmarks.bench_learner_sharding                              # CPU: SmolLM2-135M's shape, world 1, 2
     python -m benchmarks.bench_learner_sharding --report docs/benchmarks.md
     python -m benchmarks.bench_learner_sharding --gpu                        # one GPU: Qwen2.5-1.5B's shape, world 1
+    python -m benchmarks.bench_learner_sharding --startup                    # the learners' build, not their steps
 
 No Ray: each configuration (sharding, world size, activation checkpointing) runs in ``world`` fresh processes that
 this script starts (``torch.multiprocessing``, a file-store process group: gloo on the CPU, nccl on GPUs), so it
@@ -25,6 +26,17 @@ same learners, sharding, precision, checkpointing and micro-batch (its packed to
 reference, no engine, no CUDA overhead; the table gives planned / measured. ``--gpu``: bf16 compute over float32
 masters (the learner's ``--dtype bfloat16``) and activation checkpointing, as a GPU run trains; world 1 only, where
 FSDP's sharding is trivial but its whole path (root, gathers, reductions, sharded optimizer) runs.
+
+``--startup``: the learners' build instead of their steps (``algos/tree_grpo/learner.py``, ``_make_module``), with a
+KL reference in the compute dtype: one unsharded learner (the model moved to the device whole, the reference copied
+beside it) and FSDP learners (the model kept on the host, ``broadcast_from_rank0``, then
+``policies.reference_model.shard_policy_and_reference``: the policy sharded unit by unit, the reference made from
+its shards). Measured per rank, above the level before the model is built and after a build of the tiny-random
+shape the same way (what a process loads once is then out of the measurement): the peak while the model is
+constructed (random weights: the constructor makes an untied LM head and drops it when it ties the weights, the
+embeddings' size more for a moment) and the peak of the learner's build from it; the larger against one learner's,
+the second against the plan's startup term (``policies.memory_plan.startup_parts``; on the CPU, whose device is the
+host, with ``host_is_device``).
 """
 
 from __future__ import annotations
@@ -32,6 +44,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import gc
 import json
 import os
 import statistics
@@ -43,12 +56,13 @@ from pathlib import Path
 
 from benchmarks.bench_memory import MMAP_THRESHOLD, resident_gib, tree_batch
 from benchmarks.report import machine_description, replace_section
-from policies.memory_plan import GIB, MemoryOptions, plan_memory
-from policies.model_shape import PRESETS, SMOLLM2, ModelShape
+from policies.memory_plan import GIB, MemoryOptions, plan_memory, startup_parts
+from policies.model_shape import PRESETS, SMOLLM2, TINY_RANDOM, ModelShape
 
 GPU_SHAPE = "qwen2.5-1.5b-instruct"
 ENTROPY_COEF = 0.001  # the learner's default entropy bonus
 SECTION_KEY, SECTION_TITLE = "learner-sharding", "Learner sharding: DDP replicas against FSDP shards (CPU)"
+STARTUP_KEY, STARTUP_TITLE = "learner-startup", "Learner startup: one learner against FSDP shards (CPU)"
 
 
 def build_model(shape: ModelShape, seed: int):
@@ -145,6 +159,71 @@ def rank_main(rank: int, world: int, store: str, args: argparse.Namespace, confi
     dist.destroy_process_group()
 
 
+def startup_rank_main(rank: int, world: int, store: str, args: argparse.Namespace, config: tuple[str, bool],
+                      out: str) -> None:
+    """One rank of a build (``--startup``): the model and its KL reference as the learner builds them (see the
+    module docstring), its peak to ``out/<rank>.json``."""
+    import torch
+    import torch.distributed as dist
+
+    from policies.fsdp import broadcast_from_rank0
+    from policies.memory import peak_memory_gib, reset_peak_memory
+    from policies.precision import precision_of
+    from policies.reference_model import ReferenceModel, shard_policy_and_reference
+
+    sharding = config[0]
+    torch.set_num_threads(args.threads)
+    cuda = args.device == "cuda"
+    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    if sharding == "fsdp":
+        dist.init_process_group("nccl" if cuda else "gloo", init_method=f"file://{store}", rank=rank,
+                                world_size=world, timeout=timedelta(minutes=10))
+    precision = precision_of(args.dtype)
+
+    def build(model: torch.nn.Module) -> None:  # the learner's _make_module, from the module RLlib built
+        if sharding == "fsdp":
+            broadcast_from_rank0(model, device)
+            shard_policy_and_reference(model, precision, reference=True)
+        else:
+            model.to(device)
+            ReferenceModel(model, dtype=precision.compute, device=device)
+
+    build(build_model(PRESETS[TINY_RANDOM], args.seed))  # what a process loads once: out of the measurement
+    gc.collect()
+    before = resident_gib("VmRSS")
+    reset_peak_memory(device)
+    model = build_model(PRESETS[args.shape], args.seed)  # on the host, as RLlib builds the module
+    constructed = peak_memory_gib(device) - (0.0 if cuda else before)
+    reset_peak_memory(device)
+    build(model)
+    learner = peak_memory_gib(device) - (0.0 if cuda else before)
+    options = MemoryOptions(learners=world, sharding=sharding, dtype=args.dtype, overhead_gib=0.0)
+    planned = sum(startup_parts(PRESETS[args.shape], options, host_is_device=not cuda).values()) / GIB
+    result = {"sharding": sharding, "world": world, "rank": rank, "constructed_gib": constructed,
+              "learner_gib": learner, "peak_gib": max(constructed, learner), "planned_gib": planned}
+    Path(out, f"{rank}.json").write_text(json.dumps(result))
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def startup_table(results: list[list[dict]]) -> str:
+    """One row per build, the largest rank's figures: the model's construction, the learner's build from it, the
+    startup's peak (the larger) and its share of one learner's, the plan's startup term against the learner's
+    build."""
+    lines = ["| learners | sharding | constructed (GiB) | learner's build (GiB) | startup peak (GiB) "
+             "| of one learner's | planned (GiB) | planned / learner's build |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|"]
+    one = max(r["peak_gib"] for r in results[0])
+    for ranks in results:
+        constructed, learner = (max(r[key] for r in ranks) for key in ("constructed_gib", "learner_gib"))
+        peak, planned = max(r["peak_gib"] for r in ranks), ranks[0]["planned_gib"]
+        lines.append(f"| {ranks[0]['world']} | {ranks[0]['sharding']} | {constructed:.3f} | {learner:.3f} | "
+                     f"{peak:.3f} | {peak / one:.2f} | {planned:.3f} | {planned / learner:.2f} |")
+    return "\n".join(lines)
+
+
 def planned_gib(args: argparse.Namespace, result: dict) -> float:
     """The plan's per-GPU total for a measured configuration (see the module docstring)."""
     options = MemoryOptions(learners=result["world"], sharding=result["sharding"], dtype=args.dtype,
@@ -154,12 +233,13 @@ def planned_gib(args: argparse.Namespace, result: dict) -> float:
     return plan_memory(PRESETS[args.shape], options).per_gpu_gib
 
 
-def measure(args: argparse.Namespace, config: tuple[str, bool], world: int) -> list[dict]:
-    """One configuration (sharding, checkpointing) on ``world`` fresh processes; each rank's measurements."""
+def measure(args: argparse.Namespace, config: tuple[str, bool], world: int, target=rank_main) -> list[dict]:
+    """One configuration (sharding, checkpointing) on ``world`` fresh processes running ``target`` (``rank_main``,
+    or ``startup_rank_main``); each rank's measurements."""
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as out:
-        mp.spawn(rank_main, args=(world, str(Path(out) / "store"), args, config, out), nprocs=world, join=True)
+        mp.spawn(target, args=(world, str(Path(out) / "store"), args, config, out), nprocs=world, join=True)
         return [json.loads(Path(out, f"{rank}.json").read_text()) for rank in range(world)]
 
 
@@ -206,6 +286,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--checkpointing", choices=("off", "on", "both"), default=None,
                    help="activation checkpointing (default: both, each configuration without then with; on with --gpu)")
     p.add_argument("--shardings", nargs="+", choices=("ddp", "fsdp"), default=["ddp", "fsdp"])
+    p.add_argument("--startup", action="store_true", help="measure the learners' build (one learner, then FSDP at "
+                                                          "each --worlds size above 1) instead of their steps")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--micro-batches", type=int, default=4, help="micro-batches per optimizer step (K)")
     p.add_argument("--rows", type=int, default=4)
@@ -237,9 +319,26 @@ def measured_options(argv: list[str] | None) -> list[str]:
     return options
 
 
+def startup(args: argparse.Namespace, argv: list[str] | None) -> list[list[dict]]:
+    """``--startup``: one learner's build, then FSDP's at each world size above 1; the table, the report."""
+    results = [measure(args, ("ddp", False), 1, startup_rank_main)]
+    results += [measure(args, ("fsdp", False), world, startup_rank_main) for world in args.worlds if world > 1]
+    text = startup_table(results)
+    print(text)
+    if args.report:
+        command = " ".join(["python -m benchmarks.bench_learner_sharding", *measured_options(argv)])
+        replace_section(args.report, STARTUP_KEY, STARTUP_TITLE,
+                        f"`{command}` on {machine_description()}.\n\n{PRESETS[args.shape].name}'s shape (random "
+                        f"weights), {args.dtype} compute, a KL reference; peak: the process's resident set above "
+                        f"its level before the build (CPU) or peak allocated (GPU).\n\n{text}\n")
+    return results
+
+
 def main(argv: list[str] | None = None) -> list[list[dict]]:
     args = parse_args(argv)
     os.environ[MMAP_THRESHOLD] = str(2**20)  # inherited by the spawned ranks (see the module docstring)
+    if args.startup:
+        return startup(args, argv)
     results = []
     checkpointing = {"off": [False], "on": [True], "both": [False, True]}[args.checkpointing]
     for sharding in args.shardings:

@@ -13,6 +13,14 @@ parameter: 28 GiB for 7B), the memory sharding exists to free; verl and torchtit
 The log-prob passes (:func:`policies.logprobs.sequence_logprobs`) call the decoder and the LM head separately, not
 the model's ``forward``, so FSDP's root is :class:`ShardedRoot`: a module over the model whose ``forward`` runs the
 given pass, so that the root's parameters are gathered around the whole pass and its gradients reduced after it.
+The root's parameters stay gathered from a pass's forward to its backward (``reshard_after_forward=False``, as
+torchtitan and NeMo-RL keep their root; pinned, since FSDP2 forced it before torch 2.8 and honours it from 2.8 on: a
+root resharded after its forward is gathered again in every backward); a pass without gradients has no backward to
+free them, so :func:`run_pass` frees them after it.
+
+Startup (:func:`policies.reference_model.shard_policy_and_reference`): the policy is sharded from the host copy it
+was built in, each unit moved to the device whole only while its own shard is cut (``fully_shard`` does so), so the
+device never holds the whole model; the KL reference is made from the policy's shards, never whole.
 
 Precision (:func:`mixed_precision`): with ``--dtype bfloat16`` over float32 master shards, FSDP's
 ``MixedPrecisionPolicy`` all-gathers each unit's parameters cast to bf16 (half the bytes of float32 gathers) and
@@ -30,6 +38,7 @@ order.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -74,11 +83,16 @@ class ShardedRoot(torch.nn.Module):
         return fn(*args, **kwargs)
 
 
-def broadcast_from_rank0(model: torch.nn.Module) -> None:
+def broadcast_from_rank0(model: torch.nn.Module, device: torch.device | str) -> None:
     """Give every rank rank 0's parameters and buffers, as DDP's replicas start (a rank's own random
-    initialisation, e.g. of LoRA adapters, would otherwise give each shard another model's values). A collective."""
+    initialisation, e.g. of LoRA adapters, would otherwise give each shard another model's values), one tensor at a
+    time through ``device`` (NCCL sends device memory; the model may be on the host: one tensor is on the device at
+    once). A collective."""
     for tensor in [*model.parameters(), *model.buffers()]:
-        dist.broadcast(tensor.detach(), src=0)
+        staged = tensor.detach().to(device)
+        dist.broadcast(staged, src=0)
+        if staged.data_ptr() != tensor.data_ptr():
+            tensor.detach().copy_(staged)
 
 
 def mixed_precision(compute: torch.dtype, master: torch.dtype) -> MixedPrecisionPolicy:
@@ -100,9 +114,17 @@ def shard_model(model: torch.nn.Module, *, mp_policy: MixedPrecisionPolicy | Non
         options["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
     for layer in layers:
         fully_shard(layer, **options)
-    # the root's parameters are freed after each pass too (the default keeps them for the backward): a pass without
-    # gradients (old or reference log-probs) would otherwise leave them gathered
-    return fully_shard(ShardedRoot(model), reshard_after_forward=True, **options)
+    # kept gathered from a pass's forward to its backward whatever the torch version (see the module docstring)
+    return fully_shard(ShardedRoot(model), reshard_after_forward=False, **options)
+
+
+def run_pass(root: ShardedRoot, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``, a pass over the model of FSDP's ``root``; after a pass without gradients (old or
+    reference log-probs) the root's gathered parameters are freed: no backward will free them."""
+    out = root(fn, *args, **kwargs)
+    if not torch.is_grad_enabled():
+        root.reshard()
+    return out
 
 
 def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
@@ -121,18 +143,28 @@ def full_state(module: torch.nn.Module, dtype: torch.dtype | None = None) -> Ite
         yield name, value.cpu()
 
 
+def squared_norms(tensors: list[torch.Tensor]) -> list[float]:
+    """Each tensor's squared L2 norm, accumulated in float64 (a float32 sum over millions of small gradient entries
+    drifts by 1e-5 of the norm, more than the learners' reduction order moves it); of the full tensor when it is a
+    ``DTensor`` shard: the shards' partial sums of all the tensors in one all-reduce (a collective) and one host
+    sync, however many tensors. NaN or inf where an entry is."""
+    if not tensors:
+        return []
+    sharded = [isinstance(tensor, DTensor) for tensor in tensors]
+    squares = torch.stack([torch.linalg.vector_norm(tensor.to_local() if shard else tensor, dtype=torch.float64)
+                           for tensor, shard in zip(tensors, sharded, strict=True)]).square()
+    if any(sharded):
+        partial = torch.tensor(sharded, device=squares.device)
+        summed = torch.where(partial, squares, 0.0)  # a plain (replicated) tensor's is whole on every rank already
+        dist.all_reduce(summed)
+        squares = torch.where(partial, summed, squares)
+    return squares.tolist()
+
+
 def global_norm(tensors: list[torch.Tensor]) -> float:
-    """The L2 norm of ``tensors`` taken together, each accumulated in float64 (a float32 sum over millions of small
-    gradient entries drifts by 1e-5 of the norm, more than the learners' reduction order moves it); of the full
-    tensors when they are ``DTensor`` shards (the shards' sums of squares all-reduced: a collective). NaN or inf
-    when an entry is."""
-    squares = torch.zeros((), dtype=torch.float64, device=tensors[0].device if tensors else "cpu")
-    for tensor in tensors:
-        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
-        squares += torch.linalg.vector_norm(local, dtype=torch.float64).square()
-    if any(isinstance(tensor, DTensor) for tensor in tensors):
-        dist.all_reduce(squares)
-    return float(squares.sqrt())
+    """The L2 norm of ``tensors`` taken together (:func:`squared_norms`: of the full tensors, one collective when
+    they are shards). NaN or inf when an entry is."""
+    return math.sqrt(sum(squared_norms(tensors)))
 
 
 def local_bytes(tensors: Iterable[torch.Tensor]) -> int:

@@ -43,3 +43,11 @@ def peak_memory_gib(device: torch.device | str) -> float:
                 return int(line.split()[1]) * 1024 / GIB
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / GIB if sys.platform == "darwin" else peak * 1024 / GIB  # bytes on macOS, KiB elsewhere
+
+
+def release_cached_memory(device: torch.device | str) -> None:
+    """Hand the CUDA caching allocator's unused blocks back to the driver (``torch.cuda.empty_cache``; nothing on
+    another device): after the learner's build, whose transients would otherwise stay reserved, out of reach of an
+    engine that starts later on the same GPU."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()

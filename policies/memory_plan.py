@@ -45,6 +45,9 @@ parameters, counted in the optimizer row; on the CPU it runs per tensor); the no
 (old and reference log-probs: an offloaded reference is brought in then, while no gradients exist, which assumes
 the learner frees them at the end of each update); and, with a sleeping vLLM engine, the rollout (the engine awake,
 the learner's weights and optimizer state kept, no gradients). The parts reported are those of the phase that peaks.
+
+The learner's build is a phase too (:func:`startup_parts`): with FSDP the policy is sharded unit by unit from the
+host and the reference made from its shards, so it peaks at the shards plus one unit whole.
 """
 
 from __future__ import annotations
@@ -329,6 +332,39 @@ def rollout_engine_bytes(shape: ModelShape, options: MemoryOptions) -> float:
     return engine_weights_and_kv_bytes(shape, options)
 
 
+def startup_parts(shape: ModelShape, options: MemoryOptions, *, host_is_device: bool = False) -> dict[str, float]:
+    """Bytes per GPU at the peak of a learner's build, before its first update, by part (:data:`PARTS`; no
+    gradients, optimizer state or activations yet; the engine and the overhead are the plan's):
+
+    - one learner or DDP: RLlib moves the whole module to the device (weights as loaded: the trained ones in their
+      dtype, a LoRA base in the compute dtype and its float32 adapters), then the KL reference is copied there in
+      the compute dtype (on the host when offloaded; none with LoRA);
+    - FSDP over K learners: the module stays on the host where it is built; ``fully_shard`` moves each unit to the
+      device whole while its shard is cut (the largest unit: the root's embeddings and untied LM head, or one
+      decoder layer), beside the shards cut so far (at most the weights / K); then the reference's shards (its
+      bytes / K, on the host when offloaded) are copied from the policy's, the unit gone.
+
+    ``host_is_device``: a CPU run, whose device is the host: the whole module as built counts (and the first unit's
+    shard while it is cut: the units are then halved one by one), and so does an offloaded reference."""
+    k, c = options.learners, _compute_bytes(options)
+    master = 2 if options.pure_bf16 else 4
+    lora = options.lora_rank is not None
+    loaded = c if lora else master  # the bytes of a parameter as the module is built (a LoRA base: compute dtype)
+    weights = loaded * shape.parameters + (4 * shape.lora_parameters(options.lora_rank) if lora else 0)
+    reference = c * shape.parameters if options.reference and not lora else 0.0
+    if options.reference_offload and not host_is_device:
+        reference = 0.0
+    if options.sharding == "ddp":
+        learner = {"weights": weights, "reference": reference}
+    else:
+        if host_is_device:  # the whole module, and the first unit's shard beside it (a layer: the root is cut last)
+            cutting = {"weights": weights + loaded * shape.layer_parameters / k}
+        else:
+            cutting = {"weights": weights / k + loaded * max(shape.embedding_parameters, shape.layer_parameters)}
+        learner = max(cutting, {"weights": weights / k, "reference": reference / k}, key=lambda p: sum(p.values()))
+    return {part: learner.get(part, 0.0) for part in PARTS if part not in ("rollout_engine", "overhead")}
+
+
 def plan_memory(shape: ModelShape, options: MemoryOptions) -> MemoryPlan:
     """The memory plan of training ``shape`` as ``options`` say (see the module docstring for the model)."""
     k = options.learners if options.sharding == "fsdp" else 1
@@ -371,6 +407,7 @@ def plan_memory(shape: ModelShape, options: MemoryOptions) -> MemoryPlan:
                            "reference": no_grad_reference, "activations": no_grad_activation_bytes(shape, options),
                            "rollout_engine": engine_in_update, "overhead": overhead},
     }
+    phases["startup"] = {**startup_parts(shape, options), "rollout_engine": engine_in_update, "overhead": overhead}
     if engine != engine_in_update:
         phases["rollout"] = {"weights": weights, "gradients": 0.0, "optimizer": optimizer,
                              "reference": resident_reference, "activations": 0.0, "rollout_engine": engine,

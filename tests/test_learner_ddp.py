@@ -12,6 +12,7 @@ row (fewer rows than learners).
 from __future__ import annotations
 
 import gc
+import math
 import traceback
 from datetime import timedelta
 from pathlib import Path
@@ -105,19 +106,20 @@ def build(name: str, num_learners: int, sharding: str = "ddp", model_config: dic
 def run_update(learner, arrays: dict[str, np.ndarray]) -> dict:
     """One update; its logged metrics, each optimizer step's gradient norm and the weights after it."""
     norms = []
-    measure = learner_module.gradient_norm
+    measure = learner_module.squared_norms
 
-    def spy(gradients):
-        norms.append(measure(gradients))
-        return norms[-1]
+    def spy(gradients):  # the step's gradient norm, before clipping
+        squares = measure(gradients)
+        norms.append(math.sqrt(sum(squares)))
+        return squares
 
-    learner_module.gradient_norm = spy
+    learner_module.squared_norms = spy
     try:
         batch = MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch({k: v.copy() for k, v in arrays.items()})},
                                 env_steps=len(arrays[INPUT_IDS]))
         results = learner.update(batch=batch, timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: len(arrays[INPUT_IDS])})
     finally:
-        learner_module.gradient_norm = measure
+        learner_module.squared_norms = measure
     model = learner.module[DEFAULT_MODULE_ID].unwrapped().model
     return {"metrics": {key: float(stats.peek()) for key, stats in results[DEFAULT_MODULE_ID].items()},
             "step_grad_norms": norms,
@@ -146,21 +148,52 @@ def run_rank(name: str, rank: int, world: int = WORLD, sharding: str = "ddp", **
         return switch(*args, **kwargs)
 
     setattr(spied, name_of_switch, spy)
+    reductions = count_gradient_reductions(learner) if sharding == "fsdp" else []
+    compute = learner.module[DEFAULT_MODULE_ID].unwrapped().model
+    compute = compute.get_base_model() if hasattr(compute, "get_base_model") else compute
+    dtypes = set()  # (weight, input) dtypes of a decoder layer's projection in the update's passes
+    hook = compute.model.layers[0].mlp.down_proj.register_forward_pre_hook(
+        lambda mod, args: dtypes.add((mod.weight.dtype, args[0].dtype)))
     try:
         result = run_update(learner, {k: np.asarray(v) for k, v in shard.items()})
     finally:
         delattr(spied, name_of_switch)
-    return {**result, "no_sync_entered": len(entered), "rows": len(shard),
-            "tokens": float(shard[GENERATED_MASK].sum())}
+        hook.remove()
+    return {**result, "no_sync_entered": len(entered), "rows": len(shard), "gradient_reductions": reductions,
+            "compute_dtypes": dtypes, "tokens": float(shard[GENERATED_MASK].sum())}
+
+
+def count_gradient_reductions(learner) -> list[int]:
+    """A list that gets, per optimizer step of ``learner``, the all-reduces it issued (c10d's and the functional
+    ones of DTensor) besides the learner's own of host values (``_all_reduce``: the step's token count)."""
+    from tests.test_fsdp import all_reduces, communication
+
+    step, own_reduce, counts = learner._optimizer_step, learner._all_reduce, []
+    own = []
+
+    def counted_own(*args, **kwargs):
+        own.append(1)
+        return own_reduce(*args, **kwargs)
+
+    def counted_step(*args, **kwargs):
+        own.clear()
+        out = []
+        total = all_reduces(communication(lambda: out.append(step(*args, **kwargs))))
+        counts.append(total - len(own))
+        return out[0]
+
+    learner._optimizer_step, learner._all_reduce = counted_step, counted_own
+    return counts
 
 
 def rank_main(rank: int, world: int, out: str, plan: list[tuple[str, str, dict]]) -> None:
     """Each (case, sharding, ``build`` options) of ``plan`` on this rank of ``world``, in one process group; the
     i-th result (or error) to ``out/<i>-<rank>.pt``."""
     torch.set_num_threads(1)
-    # a file store (no port to collide on a shared machine); the short timeout bounds a collective left waiting
+    # a file store (no port to collide on a shared machine); the timeout bounds a collective left waiting, and is
+    # long enough for a rank starved of CPU on a loaded machine to catch up (a minute was not, at load 10 on 2 cores)
     dist.init_process_group("gloo", init_method=f"file://{Path(out) / 'store'}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=60))
+                            timeout=timedelta(minutes=5))
     try:
         for i, (name, sharding, options) in enumerate(plan):
             try:

@@ -115,6 +115,22 @@ def test_first_step_kl_in_bf16_is_zero_under_fsdp(world_two):
         assert rank["metrics"][metric_keys.KL] < FIRST_STEP_KL
 
 
+def test_a_bf16_run_under_fsdp_computes_in_bf16(world_two):
+    """The units gather the float32 master shards cast to bf16, and the layers compute in bf16 (a mixed precision
+    policy without ``param_dtype`` would gather and compute in float32; the comparisons above would not see it)."""
+    for rank in world_two[FIRST_STEP_CASE, "fsdp", "bf16"]:
+        assert rank["compute_dtypes"] == {(torch.bfloat16, torch.bfloat16)}
+    for rank in world_two[CORE_CASE, "fsdp", "plain"]:
+        assert rank["compute_dtypes"] == {(torch.float32, torch.float32)}
+
+
+def test_clipping_takes_one_reduction_per_optimizer_step(world_two):
+    """The gradient norm (before clipping, and the clip's scale) is one all-reduce of every sharded gradient's
+    partial norm; no reduction per parameter (RLlib's clipping and its finiteness checks take one each)."""
+    for rank in world_two[CORE_CASE, "fsdp", "plain"] + world_two[FIRST_STEP_CASE, "fsdp", "bf16"]:
+        assert rank["gradient_reductions"] == [1] * int(rank["metrics"][metric_keys.OPTIMIZER_STEPS])
+
+
 def test_each_rank_holds_about_half_of_the_trained_state(world_two):
     one = one_learner(CORE_CASE)["trained_bytes"]
     fsdp, ddp = world_two[CORE_CASE, "fsdp", "plain"], world_two[CORE_CASE, "ddp", "plain"]

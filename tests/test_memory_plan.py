@@ -20,6 +20,7 @@ from policies.memory_plan import (
     MemoryOptions,
     layer_activation_bytes,
     plan_memory,
+    startup_parts,
     sync_bytes,
 )
 from policies.memory_report import plan_line
@@ -200,6 +201,26 @@ def test_fsdp_in_bf16_gathers_bf16_without_autocast_copies_and_keeps_an_offloade
     offloaded = plan_memory(QWEN3B, MemoryOptions(learners=4, sharding="fsdp", gradient_checkpointing=True,
                                                   reference_offload=True))
     assert resident.phases["no-grad passes"] - offloaded.phases["no-grad passes"] == pytest.approx(2 * p / 4 / GIB)
+
+
+def test_the_startup_holds_one_learner_whole_and_a_sharded_one_its_shards_and_one_unit():
+    qwen7b = PRESETS["qwen2.5-7b-instruct"]
+    p, root = qwen7b.parameters, qwen7b.embedding_parameters  # the root (untied embeddings, LM head): the largest
+    one = startup_parts(qwen7b, MemoryOptions())
+    assert sum(one.values()) / GIB == pytest.approx(42.6, abs=0.05)  # float32 policy + bf16 reference, whole
+    assert one["gradients"] == one["optimizer"] == one["activations"] == 0
+    assert sum(startup_parts(qwen7b, MemoryOptions(reference_offload=True)).values()) == 4 * p
+    eight = startup_parts(qwen7b, MemoryOptions(learners=8, sharding="fsdp"))
+    assert eight == {**one, "weights": 4 * p / 8 + 4 * root, "reference": 0.0}  # the root cut while whole
+    plan = plan_memory(qwen7b, MemoryOptions(learners=8, sharding="fsdp", gpu_memory_gib=80))
+    assert plan.phases["startup"] == pytest.approx((sum(eight.values()) + GIB) / GIB)  # plus the CUDA overhead
+    # when the reference's shards outweigh the largest unit, they set the peak after the cutting
+    two = startup_parts(QWEN3B, MemoryOptions(learners=2, sharding="fsdp", dtype="float32"))
+    assert QWEN3B.parameters * 4 / 2 > 4 * QWEN3B.embedding_parameters
+    assert two["weights"] == two["reference"] == 4 * QWEN3B.parameters / 2
+    # on the CPU the host is the device: the whole module as built, and the first layer's shard as it is cut
+    cpu = startup_parts(QWEN3B, MemoryOptions(learners=2, sharding="fsdp", dtype="float32"), host_is_device=True)
+    assert sum(cpu.values()) == pytest.approx(4 * QWEN3B.parameters + 4 * QWEN3B.layer_parameters / 2)
 
 
 def test_the_weight_sync_is_the_compute_dtype_weights():

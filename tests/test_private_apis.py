@@ -92,6 +92,9 @@ def make_module_and_ddp_wrapping() -> None:
 
     learner = torch_learner()
     expect_parameters(learner._make_module, ["self"])
+    # a sharded learner calls Learner._make_module itself: the module built, without TorchLearner's move to the device
+    expect_parameters(Learner._make_module, ["self"])
+    expect_calls(learner._make_module, "self._map_module_to_device(")
     build = source_of(Learner.build)
     expect(build.index("self._make_module(") < build.index("self.configure_optimizers("),
            "Learner.build configures the optimizers before making the module: they would not hold the shards")

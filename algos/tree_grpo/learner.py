@@ -9,9 +9,10 @@ Per update (one iteration's batch, or this learner's shard of it):
 2. ``ppo_epochs`` passes over ``ppo_mini_batches`` mini-batches of whole prompt groups, one optimizer step
    each: for each micro-batch the clipped policy loss + k3 KL - entropy bonus, token-mean over the generated
    tokens of the mini-batch (micro-batch losses weighted by their token share), backward (DDP syncs gradients on
-   the mini-batch's last micro-batch only); then RLlib's gradient postprocessing (``grad_clip`` /
-   ``grad_clip_by``), the scheduled learning rate (``algos.lr_schedule``) and the AdamW step, which is skipped
-   when the gradient norm is NaN or infinite (``skip_nonfinite_grad``, as verl). From the second
+   the mini-batch's last micro-batch only); then the gradient norm, the clipping (``grad_clip`` /
+   ``grad_clip_by``, RLlib's modes, with the norms taken once: :func:`clip_gradients`), the scheduled learning rate
+   (``algos.lr_schedule``) and the AdamW step, which is skipped when the gradient norm is NaN or infinite
+   (``skip_nonfinite_grad``, as verl). From the second
    step on, the policy has moved away from the old log-probs: the ratio and its clipping act.
 Observation and prompt tokens never enter the loss (``generated_mask``).
 
@@ -28,11 +29,13 @@ the others wait for; every learner takes the same steps.
 With ``learner_sharding="fsdp"`` the learners hold the policy sharded (:mod:`policies.fsdp`) instead of as DDP
 replicas: the same steps (FSDP averages the gradients as DDP does, so the loss scale is the same), the passes run
 through the shards' root, every micro-batch's gradients are reduce-scattered into the shards (no whole-model
-gradient is kept), the gradient norm and its clipping are over the whole sharded gradient, AdamW steps on the
-shards. In bf16 the units gather their parameters in bf16 (FSDP's mixed precision) and the passes run without
-autocast. The KL reference is sharded the same way, its shards in host memory when offloaded; LoRA adapters are
-sharded with the layers that hold them. The weights and the optimizer state are then shards
-(``algos/tree_grpo/learner_state.py``: how they are saved and gathered).
+gradient is kept), the gradient norm and its clipping are over the whole sharded gradient (one all-reduce per
+step, whatever the number of parameters), AdamW steps on the shards. In bf16 the units gather their parameters in
+bf16 (FSDP's mixed precision) and the passes run without autocast. The policy is built on the host and sharded unit
+by unit onto the device, and the KL reference made from its shards (its shards in host memory when offloaded), so
+that no learner ever holds the whole model on its device; LoRA adapters are sharded with the layers that hold them.
+The weights and the optimizer state are then shards (``algos/tree_grpo/learner_state.py``: how they are saved and
+gathered).
 
 The schedule position (``OPTIMIZER_STEPS``, optimizer steps taken) is part of the learner's state next to
 the optimizer state, so a resumed run continues its warm-up and decay instead of restarting them.
@@ -49,6 +52,7 @@ import time
 import torch
 import torch.distributed as dist
 from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.core.learner.learner import Learner
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.utils.annotations import override
 
@@ -73,7 +77,7 @@ from algos.tree_grpo.learner_rows import OLD, REF, TIS, micro_batch, mini_batch_
 from algos.tree_grpo.learner_state import OPTIMIZER_STEPS as OPTIMIZER_STEPS  # re-exported: the learner's state key
 from algos.tree_grpo.learner_state import LearnerState
 from algos.tree_grpo.settings import check_learner_sharding
-from policies.fsdp import broadcast_from_rank0, global_norm, mixed_precision, shard_model, world_size
+from policies.fsdp import broadcast_from_rank0, run_pass, squared_norms, world_size
 from policies.logprobs import (
     ENTROPY,
     GENERATED_MASK,
@@ -84,8 +88,8 @@ from policies.logprobs import (
     PackedRows,
     pack_rows,
 )
-from policies.memory import peak_memory_gib, reset_peak_memory
-from policies.reference_model import ReferenceModel
+from policies.memory import peak_memory_gib, release_cached_memory, reset_peak_memory
+from policies.reference_model import ReferenceModel, shard_policy_and_reference
 
 MISMATCH = "mismatch"  # a step's sampler mismatch metrics (the first step's, when the old log-probs are the sampler's)
 def old_logprobs_source(choice: str, compute_dtype: torch.dtype, generator: str = "hf", stale: bool = False) -> str:
@@ -98,11 +102,26 @@ def old_logprobs_source(choice: str, compute_dtype: torch.dtype, generator: str 
     return "sampler" if generator == "hf" and compute_dtype == torch.float32 and not stale else "recompute"
 
 
-def gradient_norm(gradients: list[torch.Tensor]) -> float:
-    """The global L2 norm of ``gradients`` (of the whole gradients when they are shards), NaN or inf when one of
-    them is (RLlib's ``compute_global_norm`` replaces those by 0 and 1e9, which would hide them); see
-    :func:`policies.fsdp.global_norm`."""
-    return global_norm([g.detach() for g in gradients])
+def clip_gradients(gradients: list[torch.Tensor], squares: list[float], clip: float | None, by: str) -> None:
+    """Clip ``gradients`` in place as RLlib's ``clip_gradients`` does (``global_norm``: all scaled by clip /
+    max(their norm + 1e-6, clip); ``norm``: each tensor whose norm exceeds clip scaled down to it; ``value``: each
+    entry into [-clip, clip]), from each gradient's squared norm taken before (``squares``: of the whole gradient
+    when it is a shard, :func:`policies.fsdp.squared_norms`), so that no norm is taken here: RLlib takes one per
+    tensor, under FSDP a reduction and a host sync each."""
+    if clip is None:
+        return
+    if by == "value":
+        for gradient in gradients:
+            gradient.clamp_(-clip, clip)
+    elif by == "norm":
+        for gradient, square in zip(gradients, squares, strict=True):
+            if math.sqrt(square) > clip:
+                gradient.mul_(clip / math.sqrt(square))
+    else:
+        scale = clip / max(math.sqrt(sum(squares)) + 1e-6, clip)
+        if scale < 1:
+            for gradient in gradients:
+                gradient.mul_(scale)
 
 
 class TreeGRPOTorchLearner(LearnerState, TorchLearner):
@@ -130,29 +149,29 @@ class TreeGRPOTorchLearner(LearnerState, TorchLearner):
 
     @override(TorchLearner)
     def _make_module(self):
-        """RLlib's module on the learner's device, then the KL reference (in the compute dtype: the passes run in it
-        anyway) copied from its initial weights; with fsdp, both sharded (the reference unless offloaded) before
-        RLlib builds the optimizer, which then holds the shards."""
-        modules = super()._make_module()
-        module = modules[DEFAULT_MODULE_ID]
-        self._uses_lora = hasattr(module.model, "disable_adapter")
+        """RLlib's module and the KL reference (in the compute dtype: the passes run in it anyway) copied from its
+        initial weights, before RLlib builds the optimizer. Unsharded: both on the learner's device (RLlib moves the
+        module there). Sharded (fsdp): the module stays on the host where RLlib builds it (not TorchLearner's move of
+        the whole model), then the policy is sharded unit by unit onto the device and the reference made from its
+        shards (``shard_policy_and_reference``): no learner ever holds the whole model on its device, and the
+        optimizer holds the shards. Then the device's cached memory is released (the startup's transients)."""
         sharded, offload = self.config.learner_sharding == "fsdp", self.config.reference_offload
         if sharded:
             check_learner_sharding(self.config.learner_sharding, self.config.num_learners)
-            broadcast_from_rank0(module.model)  # before the reference copies it: every rank's reference is rank 0's
-        self._reference = None
-        if not self._uses_lora and self.config.kl_coef > 0:
-            # sharded and offloaded, FSDP keeps the reference's shards in host memory and brings them in unit by unit
-            self._reference = ReferenceModel(module.model, dtype=module.precision.compute,
-                                             device="cpu" if sharded and offload else self._device,
-                                             offload=offload and not sharded)
-        self._policy_root = self._reference_root = None  # FSDP's roots: every pass over shards runs through one
+        modules = Learner._make_module(self) if sharded else super()._make_module()
+        module = modules[DEFAULT_MODULE_ID]
+        self._uses_lora = hasattr(module.model, "disable_adapter")
+        reference = not self._uses_lora and self.config.kl_coef > 0
+        self._reference = self._policy_root = self._reference_root = None  # FSDP's roots: passes over shards use one
         if sharded:
-            policy = mixed_precision(module.precision.compute, module.precision.master)
-            self._policy_root = shard_model(module.model, mp_policy=policy)
-            if self._reference is not None:
-                self._reference_root = shard_model(self._reference.model, mp_policy=policy, offload=offload)
+            broadcast_from_rank0(module.model, self._device)  # before sharding: every rank's shards are rank 0's
+            self._policy_root, self._reference_root = shard_policy_and_reference(
+                module.model, module.precision, reference=reference, offload=offload)
             module.autocast_passes = False  # FSDP gathers the parameters in the compute dtype (policies/fsdp.py)
+        elif reference:
+            self._reference = ReferenceModel(module.model, dtype=module.precision.compute, device=self._device,
+                                             offload=offload)
+        release_cached_memory(self._device)
         return modules
 
     @override(TorchLearner)
@@ -175,7 +194,7 @@ class TreeGRPOTorchLearner(LearnerState, TorchLearner):
         module's model is sharded (``_policy_root`` or ``_reference_root``; None when not sharded)."""
         call = functools.partial(module.forward_train, part, share_prefixes=self.config.prefix_sharing,
                                  temperature=self.config.temperature, **kwargs)
-        return call() if root is None else root(call)
+        return call() if root is None else run_pass(root, call)
 
     def _reference_logprobs(self, part: dict[str, torch.Tensor]) -> torch.Tensor:
         module = self.module[DEFAULT_MODULE_ID].unwrapped()
@@ -183,8 +202,9 @@ class TreeGRPOTorchLearner(LearnerState, TorchLearner):
             with module.model.disable_adapter():
                 return self._forward(module, part, self._policy_root)[LOGPROBS]
         live = module.model
-        module.model = self._reference.model  # the same log-prob code path, on the frozen weights
-        try:  # not sharded when offloaded: a whole copy comes in
+        # the same log-prob code path, on the frozen weights (sharded: the reference root's model)
+        module.model = self._reference.model if self._reference_root is None else self._reference_root.model
+        try:
             return self._forward(module, part, self._reference_root)[LOGPROBS]
         finally:
             module.model = live
@@ -279,8 +299,9 @@ class TreeGRPOTorchLearner(LearnerState, TorchLearner):
         sampler's: the first step measures it then)."""
         cfg, module = self.config, self.module[DEFAULT_MODULE_ID].unwrapped()
         olds, refs = [], []
+        # an offloaded unsharded reference comes in once for all the micro-batches (sharded: FSDP brings its units in)
         reference = self._reference.on_device() if self._reference is not None else contextlib.nullcontext()
-        with torch.no_grad(), reference:  # an offloaded reference comes in once for all the micro-batches
+        with torch.no_grad(), reference:
             for i in range(max(passes, len(pieces))):
                 part = micro_batch(data, pieces[i], packings) if i < len(pieces) else stand_in(data)
                 old = (self._forward(module, part, self._policy_root)[LOGPROBS] if self._old_source == "recompute"
@@ -306,7 +327,7 @@ class TreeGRPOTorchLearner(LearnerState, TorchLearner):
         """One optimizer step on a mini-batch (``data``: this learner's rows of it, ``parts``: their micro-batches,
         none when it has no rows here, then stand-ins up to ``passes``, see ``_pass_counts``): accumulated
         micro-batch gradients of the token-mean over the mini-batch's tokens on all learners (module docstring),
-        RLlib's gradient postprocessing (clipping), the scheduled learning rate, AdamW. Returns this learner's
+        the clipping (:meth:`_step`), the scheduled learning rate, AdamW. Returns this learner's
         partial sums of the step's metrics, token-weighted (``value * tokens / the mini-batch's tokens on all
         learners``; ``across_learners`` adds them up), the ratio bounds as extremes (infinite without tokens), the
         gradient norm (the same on every learner); with ``measure_mismatch`` also the sampler mismatch of the
@@ -344,8 +365,9 @@ class TreeGRPOTorchLearner(LearnerState, TorchLearner):
                         totals[key] = (max if key == metric_keys.RATIO_MAX else min)(totals[key], value)
                 else:
                     totals[key] = totals.get(key, 0.0) + value * weight
-        grads = {self.get_param_ref(p): p.grad for p in params if p.grad is not None}
-        grad_norm = gradient_norm(list(grads.values()))  # before clipping, whatever grad_clip_by says
+        grads = [p.grad for p in params if p.grad is not None]
+        squares = squared_norms(grads)  # every gradient's norm in one reduction: the metric's and the clipping's
+        grad_norm = math.sqrt(sum(squares))  # before clipping, whatever grad_clip_by says
         self._optimizer_steps += 1  # the schedule position advances on a skipped step too (verl's does)
         lr = scheduled_lr(cfg.lr, self._optimizer_steps, warmup_steps=self._warmup_steps,
                           total_steps=self._total_steps, schedule=cfg.lr_schedule)
@@ -358,13 +380,27 @@ class TreeGRPOTorchLearner(LearnerState, TorchLearner):
             # so the rate is set through the learner's own setter on each optimizer (``get_optimizers_for_module``).
             for _, optimizer in self.get_optimizers_for_module(DEFAULT_MODULE_ID):
                 self._set_optimizer_lr(optimizer, lr)
-            self.apply_gradients(self.postprocess_gradients(grads))  # clips by grad_clip_by
+            self._step(grads, squares)
         totals.update({metric_keys.GRAD_NORM: grad_norm, metric_keys.NONFINITE_GRAD_SHARE: float(nonfinite),
                        metric_keys.LEARNING_RATE: lr})
         if measure_mismatch:  # the weights before this first step are the sampler's: their log-probs are the old
             totals[MISMATCH] = mismatch_sums(torch.cat(current) if current else data[SAMPLING_LOGPROBS],
                                              data[SAMPLING_LOGPROBS], data[TIS], data[GENERATED_MASK])
         return totals
+
+    def _step(self, grads: list[torch.Tensor], squares: list[float]) -> None:
+        """Clip the parameters' gradients ``grads`` in place (:func:`clip_gradients`, with their squared norms
+        ``squares``) and step the optimizers: RLlib's ``postprocess_gradients`` and ``apply_gradients`` would take a
+        norm, and check finiteness, per parameter (under FSDP a reduction and a host sync each). Non-finite entries
+        (a step taken with ``skip_nonfinite_grad`` off) are zeroed, as RLlib zeroes them, and the norms taken
+        again."""
+        if not math.isfinite(sum(squares)):
+            for grad in grads:
+                torch.nan_to_num_(grad, nan=0.0, posinf=0.0, neginf=0.0)
+            squares = squared_norms(grads)
+        clip_gradients(grads, squares, self.config.grad_clip, self.config.grad_clip_by)
+        for _, optimizer in self.get_optimizers_for_module(DEFAULT_MODULE_ID):
+            optimizer.step()
 
     @override(TorchLearner)
     def compute_loss_for_module(self, *, module_id, config, batch: dict, fwd_out: dict) -> torch.Tensor:
