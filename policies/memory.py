@@ -49,5 +49,5 @@ def release_cached_memory(device: torch.device | str) -> None:
     """Hand the CUDA caching allocator's unused blocks back to the driver (``torch.cuda.empty_cache``; nothing on
     another device): after the learner's build, whose transients would otherwise stay reserved, out of reach of an
     engine that starts later on the same GPU."""
-    if torch.device(device).type == "cuda":
+    if torch.device(device).type == "cuda" and torch.cuda.is_available():
         torch.cuda.empty_cache()

@@ -55,6 +55,7 @@ from policies.generation import (
     end_of_turn_ids,
     generate_steps,
 )
+from policies.memory import release_cached_memory
 from policies.stops import StopStrings
 
 # KV block size on the CPU build: its default (128) reuses only whole 128-token blocks of a shared prefix, so a
@@ -155,12 +156,12 @@ class VLLMEngine:
     def sleep(self) -> None:
         """Free the engine's GPU memory (weights and KV cache) while the learner updates on the same GPU."""
         self.llm.sleep(level=2)  # level 2 drops the weights too: the next load_weights brings new ones
-        _release_cached_memory()  # what the engine let go of through torch's allocator, back to the GPU
+        release_cached_memory("cuda")  # what the engine let go of through torch's allocator, back to the GPU
 
     def wake_up(self) -> None:
         """Take the engine's GPU memory back (before the next weight sync), after this process's cached blocks are
         released: a learner in this process keeps its freed memory cached, where the engine cannot map it."""
-        _release_cached_memory()
+        release_cached_memory("cuda")
         self.llm.wake_up()
 
     def generate(self, prompts: Sequence[Sequence[int]], params: Sequence[Any]) -> list[Any]:
@@ -177,13 +178,6 @@ class VLLMEngine:
 
         (output,) = self.generate([token_ids], [SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)])
         return [output.prompt_logprobs[i][token_ids[i]].logprob for i in range(start, len(token_ids))]
-
-
-def _release_cached_memory() -> None:
-    """Return the blocks torch's caching allocator holds unused to the GPU, as verl and OpenRLHF do around their
-    engines' sleep and wake (nothing on the CPU)."""
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 def _write_config(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, directory: str) -> None:

@@ -131,8 +131,12 @@ def test_cached_memory_is_released_on_cuda_only(monkeypatch):
 
     calls = []
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append(1))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     release_cached_memory(torch.device("cpu"))
     assert calls == []
     release_cached_memory(torch.device("cuda", 0))
+    assert calls == [1]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a CPU-only vLLM engine's sleep and wake
+    release_cached_memory("cuda")
     assert calls == [1]
 
