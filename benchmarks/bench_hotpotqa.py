@@ -121,14 +121,14 @@ def arm_summary(output: Path, arm: str, seeds: list[int], start: list[dict], typ
         metrics = load_metrics(run / "metrics.jsonl")
         curves[seed] = {key: [row.get(key) for row in metrics]
                         for key in (metric_keys.REWARD, metric_keys.NONZERO_ADVANTAGE_SHARE,
-                                    metric_keys.ITERATION_TIME_S)}
+                                    "time_s")}  # metrics.jsonl names the iteration's seconds time_s
     a = np.array(after)
     b = np.tile([r["em"] for r in start], (len(a), 1))
     pooled = paired_bootstrap_interval(a, b)
     changes = [s["em_after"] - s["em_before"] for s in per_seed.values()]
     mixed = [float(np.mean([x for x in c[metric_keys.NONZERO_ADVANTAGE_SHARE] if x is not None]))
              for c in curves.values()]
-    seconds = [float(np.median([x for x in c[metric_keys.ITERATION_TIME_S][1:] if x is not None] or [np.nan]))
+    seconds = [float(np.median([x for x in c["time_s"][1:] if x is not None] or [np.nan]))
                for c in curves.values()]
     # the share of expansions made before any observation on their path named the answer (chains make none)
     made = [sum(row.get(key) or 0 for row in load_metrics(run / "metrics.jsonl")) for run in runs.values()
