@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -80,12 +80,7 @@ class RolloutCounters:
         return self.total_tokens / (self.chain_tokens / chains) / self.prompts
 
 
-def named_answers(answers: tuple[str, ...] | list[str]) -> list[str]:
-    """The gold answers a passage can name: yes / no (a comparison's verdict) left out."""
-    return [answer for answer in answers if answer.strip().lower() not in ("yes", "no")]
-
-
-def names_any(texts: list[str], answers: list[str]) -> bool:
+def names_any(texts: list[str], answers: Sequence[str]) -> bool:
     """Whether any of ``texts`` names any of ``answers`` (case-insensitive)."""
     text = " ".join(texts).lower()
     return any(answer.lower() in text for answer in answers)
@@ -144,8 +139,8 @@ class TreeRollout:
 
         def start_round(growth: _Growth, nodes: list[Node]) -> None:
             growth.running = len(nodes)
-            answers = named_answers(self.env.records[growth.tree.prompt_index].answers)
-            if growth.round > 0 and answers:
+            answers = self.env.records[growth.tree.prompt_index].named_answers if growth.round > 0 else ()
+            if answers:
                 self.counters.expansions += len(nodes)
                 self.counters.expansions_before_answer_read += sum(
                     not names_any([n.observation for n in node.path()], answers) for node in nodes)

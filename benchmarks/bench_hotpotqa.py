@@ -114,11 +114,14 @@ def arm_summary(output: Path, arm: str, seeds: list[int], start: list[dict], typ
     if not runs:
         return None
     per_seed, after, curves = {}, [], {}
+    expansions = {metric_keys.EXPANSIONS: 0, metric_keys.EXPANSIONS_BEFORE_ANSWER_READ: 0}  # over the arm's runs
     for seed, run in runs.items():
         rows = question_rows(run / "eval" / "eval.json")
         per_seed[seed] = seed_summary(start, rows, types)
         after.append([r["em"] for r in rows])
         metrics = load_metrics(run / "metrics.jsonl")
+        for key in expansions:
+            expansions[key] += sum(row.get(key) or 0 for row in metrics)
         curves[seed] = {key: [row.get(key) for row in metrics]
                         for key in (metric_keys.REWARD, metric_keys.NONZERO_ADVANTAGE_SHARE,
                                     "time_s")}  # metrics.jsonl names the iteration's seconds time_s
@@ -131,9 +134,8 @@ def arm_summary(output: Path, arm: str, seeds: list[int], start: list[dict], typ
     seconds = [float(np.median([x for x in c["time_s"][1:] if x is not None] or [np.nan]))
                for c in curves.values()]
     # the share of expansions made before any observation on their path named the answer (chains make none)
-    made = [sum(row.get(key) or 0 for row in load_metrics(run / "metrics.jsonl")) for run in runs.values()
-            for key in (metric_keys.EXPANSIONS, metric_keys.EXPANSIONS_BEFORE_ANSWER_READ)]
-    before_answer = sum(made[1::2]) / sum(made[0::2]) if sum(made[0::2]) else None
+    made = expansions[metric_keys.EXPANSIONS]
+    before_answer = expansions[metric_keys.EXPANSIONS_BEFORE_ANSWER_READ] / made if made else None
     return {"seeds": sorted(runs), "per_seed": per_seed,
             "pooled_change_bootstrap": {"mean": pooled.mean, "low": pooled.low, "high": pooled.high},
             "pooled_change_t_over_seeds": interval(changes),

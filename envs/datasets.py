@@ -52,6 +52,11 @@ class QARecord:
     answers: tuple[str, ...]
     supporting_titles: tuple[str, ...] = ()
 
+    @property
+    def named_answers(self) -> tuple[str, ...]:
+        """The gold answers a passage can name: a comparison's verdict (yes / no) left out."""
+        return tuple(answer for answer in self.answers if answer.strip().lower() not in ("yes", "no"))
+
 
 @dataclass(frozen=True)
 class Passage:

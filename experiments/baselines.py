@@ -167,7 +167,7 @@ class OracleAgent:
             thought = ". ".join(part for part in (sentence, goal) if part) or "I need this passage"
             return in_format(thought, "search", query)
         answer = self.record.answers[0]
-        if self.read and answer.lower() not in ("yes", "no"):
+        if self.read and answer in self.record.named_answers:
             self.unread += named_form(answer, self.observations) is None
         sentence = sentence_naming(self.observations, answer) if self.cite else None
         return in_format(sentence or "I have what I need", "answer", answer)

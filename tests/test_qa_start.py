@@ -271,12 +271,13 @@ def test_a_small_warm_start_then_one_tree_grpo_iteration_on_real_questions_earns
     """Item 4 of issue 70: the real path end to end (pretrained tokenizer and chat template, BM25 over real passages,
     exact match), with real weights: the warm start on 32 train questions (three epochs at a higher rate, so that so
     few steps teach the format), then one iteration from it at the CPU defaults, on 2 prompts."""
+    from experiments.cli import flag
     from experiments.run import main as run_main
 
     recipe = (*QA_START_RECIPE, "--questions", "32", "--epochs", "3", "--lr", "1e-3")  # the later options win
     model = cached_warm_start(QASource.of("HotpotQA-v0", SHARED), recipe, topk=2, cache_dir=tmp_path / "cache")
     defaults = {**CPU_QA_DEFAULTS, "model": str(model), "prompts_per_iteration": 2}
-    run_main([*(part for name, value in defaults.items() for part in (f"--{name.replace('_', '-')}", str(value))),
+    run_main([*(part for name, value in defaults.items() for part in (flag(name), str(value))),
               "--env", "HotpotQA-v0", "--iterations", "1", "--no-mlflow", "--quiet", "--output", str(tmp_path / "run")])
     row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
     assert row["leaves"] == 6 and row["reward_mean"] > 0  # some leaf earned a reward (0.2: a valid answer)

@@ -14,8 +14,9 @@ import envs  # noqa: F401  (registers the env ids)
 from algos.batch import leaf_records
 from algos.branching import ENTROPY_TOKENS
 from algos.evaluation import QUERIES, greedy_chains
-from algos.rollout import TreeRollout, TreeShape, named_answers, names_any
+from algos.rollout import TreeRollout, TreeShape, names_any
 from algos.tree import Node
+from envs.datasets import QARecord
 from envs.retrieval import Retriever, get_retriever
 from policies.generation import (
     GenerationCounters,
@@ -292,7 +293,8 @@ def test_expansions_are_counted_with_those_made_before_an_observation_named_the_
         rollout = TreeRollout(env, SearchesFirst(tokenizer, 0, query), tokenizer, seed=0, branching="at_depth_1")
         rollout.grow([2], TreeShape(1, 2, 1))
         assert (rollout.counters.expansions, rollout.counters.expansions_before_answer_read) == (2, before)
-    assert named_answers(["Yes", "Art Bell"]) == ["Art Bell"] and named_answers(("no",)) == []
+    verdict_and_name = QARecord("q", "Who?", ("Yes", "Art Bell"))
+    assert verdict_and_name.named_answers == ("Art Bell",) and QARecord("q", "Who?", ("no",)).named_answers == ()
     assert names_any(["x", "met ART BELL"], ["Art Bell"]) and not names_any(["x"], ["Art Bell"])
 
 
