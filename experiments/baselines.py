@@ -37,6 +37,11 @@ class Agent(Protocol):
     def act(self, observation: str) -> str: ...
 
 
+# With ``cite``, the words each thought of the oracle opens with: its decision, before the quote it cites.
+SEARCH_DECISION = "I need to search"
+ANSWER_DECISION = "I can answer"
+
+
 def in_format(thought: str, action: str, argument: str) -> str:
     return f"<think>{thought}</think>\n<{action}> {argument} </{action}>"
 
@@ -125,7 +130,10 @@ class OracleAgent:
     it has one ("I need the chair of Tosafen Works": a plan that later thoughts can copy). With ``cite`` (real
     questions), the thought before each later search and before the answer quotes the passage sentence that names
     the next query or the answer, as the passage states it ("Modern Men's pilot featured Wendie Malick as the life
-    coach" before searching Wendie Malick): what the next action copies is written down first. With ``read`` (real
+    coach" before searching Wendie Malick): what the next action copies is written down first. Each of its thoughts
+    opens with the decision (``SEARCH_DECISION`` or ``ANSWER_DECISION``), the quote after it: a small model copies a
+    quote poorly and falls back on the commonest opening, so the choice between searching and answering is written
+    first, in words that do not depend on the quote. With ``read`` (real
     questions), it searches first the titles the question names and writes each query as the question or a passage
     read before names it (``named_form``); ``unread`` counts the queries and answers named nowhere before them (a
     policy could not have read them: a trajectory to skip)."""
@@ -164,13 +172,16 @@ class OracleAgent:
                         sentence_naming(self.observations, query) if self.cite else None)
             goal = self.goals.get(self.issued)
             self.issued += 1
-            thought = ". ".join(part for part in (sentence, goal) if part) or "I need this passage"
+            parts = (SEARCH_DECISION if self.cite else None, sentence, goal)
+            thought = ". ".join(part for part in parts if part) or "I need this passage"
             return in_format(thought, "search", query)
         answer = self.record.answers[0]
         if self.read and answer in self.record.named_answers:
             self.unread += named_form(answer, self.observations) is None
-        sentence = sentence_naming(self.observations, answer) if self.cite else None
-        return in_format(sentence or "I have what I need", "answer", answer)
+        if self.cite:
+            sentence = sentence_naming(self.observations, answer)
+            return in_format(". ".join(part for part in (ANSWER_DECISION, sentence) if part), "answer", answer)
+        return in_format("I have what I need", "answer", answer)
 
 
 @dataclass

@@ -24,7 +24,7 @@ first run and cached (``$TREEGRPO_CACHE_DIR``, default ``~/.cache/tree-grpo``), 
 once. Then Tree-GRPO, (M, N, L) = (2, 2, 1), 8 prompts per iteration, the paper's update (PPO mini-batches,
 warm-up). Sibling leaves that branch after the same first search, one answering and one searching again, earn
 different rewards: the step-level signal the trees give. (Chain GRPO learns the second search as well on this task:
-docs/benchmarks.md, "Learning: tree vs chain".)
+results/learning_synthhop/README.md.)
 
 Before, halfway and after, the same held-out questions are answered greedily; the summary gives each metric's mean
 with its 95% interval and the paired change (per question) with its interval, the failure mix, the tokens
@@ -61,7 +61,7 @@ MAX_STEP_TOKENS = 48
 # too; eight epochs of a cosine to a tenth of the peak, then up to two more at 0.3 of it while greedy exact match on
 # 100 held-out one-search questions of the first extra world is below CHECK_EM (when a start learns to copy names
 # depends on the seed: the check trains on while it has not). A 70% mix made the share answered one hop short the
-# same on every seed but taught copying more slowly: docs/benchmarks.md, "The demo across seeds, protocol 2"
+# same on every seed but taught copying more slowly: docs/protocol_demo.md, "Outcome (protocol 2)"
 CHECK_EM = 0.8
 PEAK_LR, EXTRA_LR = "3e-3", 0.3  # the warm start's peak learning rate, and its extra epochs' fraction of it
 WARM_START = ("--extra-worlds", "4", "--epochs", "8", "--premature", "0.5", "--observation-weight", "0.5",
@@ -72,7 +72,7 @@ WARM_START = ("--extra-worlds", "4", "--epochs", "8", "--premature", "0.5", "--o
 # than ONE_HOP_SHORT_CHECK of 50 held-out 2-hop questions of the first extra world come out one hop short. The first
 # stage leaves each 2-hop template on a coin's edge, tipped by the seed (0-50% of the held-out questions answered one
 # hop short); this stage tips every seed's greedy start to answering (nearly) all of them after the first search,
-# while sampling still searches again on some, and copying is kept (docs/benchmarks.md, "protocol 6", "protocol 7")
+# while sampling still searches again on some, and copying is kept (docs/protocol_demo.md, protocols 6 and 7)
 ONE_HOP_SHORT_CHECK = 0.7
 ONE_HOP_SHORT = ("--extra-worlds", "4", "--questions", "44", "--epochs", "1", "--premature", "0.7",
                  "--premature-among", "multi-hop", "--observation-weight", "0.5", "--batch-size", "8",

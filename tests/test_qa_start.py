@@ -15,7 +15,7 @@ import pytest
 
 import envs  # noqa: F401  (registers the env ids)
 from envs.search_qa import first_words, format_passages
-from experiments.baselines import OracleAgent, in_format, run_episode, sentence_naming
+from experiments.baselines import ANSWER_DECISION, SEARCH_DECISION, OracleAgent, in_format, run_episode, sentence_naming
 from experiments.model_manifest import damage, structural_damage, write_manifest
 from experiments.qa_start import CPU_QA_DEFAULTS, QA_START_RECIPE, QASource, content_digest, warm_start_model
 from experiments.warmstart import build_model, cached_warm_start, parse_args, training_data
@@ -95,6 +95,9 @@ def test_the_citing_oracle_writes_down_the_bridge_and_the_answer_before_using_th
     assert reward == 1.0 and info["em"] == 1.0
     assert "Wendie Malick played the life coach" in steps[1] and steps[1].endswith("<search> Wendie Malick </search>")
     assert "Wendie Malick" in steps[2].split("</think>")[0] and "<answer> Wendie Malick </answer>" in steps[2]
+    # the decision opens each thought, in the same words whatever the quote
+    assert [step.startswith(f"<think>{SEARCH_DECISION}") for step in steps] == [True, True, False]
+    assert steps[2].startswith(f"<think>{ANSWER_DECISION}. ")
 
 
 @needs_data
@@ -147,10 +150,10 @@ def test_the_reading_oracle_searches_what_it_has_read_as_it_read_it_and_counts_w
     agent.start("prompt", record)
     assert "<search> Blue Fire </search>" in agent.act("prompt")
     first = "<information>Doc 1(Title: Blue Fire) Blue Fire signed with Sunset Records in 1990.</information>"
-    assert (agent.act(first)
-            == "<think>Blue Fire signed with Sunset Records in 1990</think>\n<search> Sunset Records </search>")
-    assert "<answer> Ann Lee </answer>" in agent.act("<information>Doc 1(Title: Sunset Records (label)) It grew."
-                                                      "</information>")
+    assert (agent.act(first) == f"<think>{SEARCH_DECISION}. Blue Fire signed with Sunset Records in 1990</think>\n"
+                                "<search> Sunset Records </search>")
+    assert agent.act("<information>Doc 1(Title: Sunset Records (label)) It grew.</information>") == (
+        f"<think>{ANSWER_DECISION}</think>\n<answer> Ann Lee </answer>")  # no passage names Ann Lee: nothing to quote
     assert agent.unread == 1  # the answer: no passage named Ann Lee
     unread = OracleAgent(2, read=True)
     unread.start("prompt", QARecord(id="q2", question="Who?", answers=("yes",), supporting_titles=("A", "B")))
