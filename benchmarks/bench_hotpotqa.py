@@ -28,6 +28,7 @@ import numpy as np
 
 from algos.tree_grpo import metrics as metric_keys
 from envs.datasets import dataset_path, resolve_data_dir
+from experiments.cli import flag
 from experiments.confidence import (
     mean_interval,
     paired_bootstrap_interval,
@@ -35,16 +36,20 @@ from experiments.confidence import (
     sign_flip_p_value,
 )
 from experiments.plot import load_metrics
-from experiments.qa_start import qa_warm_start
+from experiments.qa_start import CPU_QA_DEFAULTS, qa_warm_start
 
 ENV = "HotpotQA-v0"
-ITERATIONS = 40  # the protocol's fixed training length (docs/protocol_hotpotqa.md)
+ITERATIONS = 20  # the protocol's fixed training length (docs/protocol_hotpotqa.md)
 ARMS: dict[str, tuple[str, ...]] = {
     "tree": ("--algo", "tree_grpo"),
     "chain": ("--algo", "grpo"),
     "tree_entropy": ("--algo", "tree_grpo", "--branching", "entropy"),
 }
 ROOT = Path(__file__).resolve().parents[1]
+# the start is a model directory, which carries no run's settings: it is evaluated with the runs' observations and
+# step cap, as every run's checkpoint is
+START_OBSERVATIONS = tuple(part for name in ("topk", "passage_words", "max_step_tokens")
+                           for part in (flag(name), str(CPU_QA_DEFAULTS[name])))
 
 
 def run_dir(output: Path, arm: str, seed: int) -> Path:
@@ -73,11 +78,12 @@ def train(output: Path, arm: str, seed: int, iterations: int) -> Path:
     return run
 
 
-def evaluate(model: str, out: Path) -> Path:
-    """evaluate.py on the env's whole evaluation split (the run's own observations and step cap), once."""
+def evaluate(model: str, out: Path, options: tuple[str, ...] = ()) -> Path:
+    """evaluate.py on the env's whole evaluation split, once: a run's checkpoint with the run's own observations and
+    step cap (evaluate.py reads them from its config), a model directory with ``options``."""
     if not (out / "eval.json").is_file():
         subprocess.run([sys.executable, str(ROOT / "experiments" / "evaluate.py"), "--model", model, "--envs", ENV,
-                        "--output", str(out), "--batch-size", "32", "--quiet"], check=True)
+                        *options, "--output", str(out), "--batch-size", "32", "--quiet"], check=True)
     return out / "eval.json"
 
 
@@ -194,7 +200,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--report", action="store_true", help="summarise what has finished; train nothing")
     args = parser.parse_args(argv)
     output = args.output.resolve()
-    start_eval = evaluate(str(qa_warm_start(ENV)), output / "start" / "eval")
+    start_eval = evaluate(str(qa_warm_start(ENV)), output / "start" / "eval", START_OBSERVATIONS)
     if not args.report:
         for seed in args.seeds:  # seed by seed, so that a short session ends with whole pairs of arms
             for arm in args.arms:

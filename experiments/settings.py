@@ -21,7 +21,7 @@ from algos.tree_grpo import settings as algorithm_settings
 from algos.tree_grpo.settings import ALGORITHM_FIELDS, TreeGRPOSettings, per_device
 from envs.datasets import resolve_data_dir
 from envs.retrieval import check_retriever_spec
-from experiments.qa_start import CPU_QA_DEFAULTS, QA_START_ENVS, WARM_START_MODEL, warm_start_model
+from experiments.qa_start import BUILD_MINUTES, CPU_QA_DEFAULTS, QA_START_ENVS, WARM_START_MODEL, warm_start_model
 from policies.logprobs import FLEX_ATTENTION
 from policies.memory_plan import CUDA_OVERHEAD_GIB, MemoryOptions, rollout_sequences
 from policies.models import LORA_TARGETS, LoraSettings
@@ -111,8 +111,8 @@ class RunSettings(TreeGRPOSettings):
                     f"Llama-3.2 architectures and chat formats), smollm2-135m, a Hugging Face hub id, a model "
                     f"directory (e.g. one written by experiments/export.py), or {WARM_START_MODEL} (the env's "
                     f"oracle warm start: SmolLM2-135M-Instruct fine-tuned on the retrieval oracle's search "
-                    f"trajectories of the env's train split, built once, about 30 minutes on 2 cores, and cached; "
-                    f"experiments/qa_start.py) (default: on CPU {WARM_START_MODEL} for "
+                    f"trajectories of the env's train split, built once, about {BUILD_MINUTES} minutes on 2 cores, and "
+                    f"cached; experiments/qa_start.py) (default: on CPU {WARM_START_MODEL} for "
                     f"{', '.join(QA_START_ENVS)} and smollm2-135m for the others; with a GPU the paper's smallest "
                     f"model, {GPU_DEFAULT_MODEL}, downloaded from the hub on first use, about 3 GB). On CPU "
                     f"{', '.join(QA_START_ENVS)} trained from {WARM_START_MODEL} also default to {CPU_QA_DEFAULTS}")
