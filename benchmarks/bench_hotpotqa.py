@@ -28,7 +28,6 @@ import numpy as np
 
 from algos.tree_grpo import metrics as metric_keys
 from envs.datasets import dataset_path, resolve_data_dir
-from experiments.cli import flag
 from experiments.confidence import (
     mean_interval,
     paired_bootstrap_interval,
@@ -36,7 +35,7 @@ from experiments.confidence import (
     sign_flip_p_value,
 )
 from experiments.plot import load_metrics
-from experiments.qa_start import CPU_QA_DEFAULTS, qa_warm_start
+from experiments.qa_start import CPU_OBSERVATION_OPTIONS, qa_warm_start
 
 ENV = "HotpotQA-v0"
 ITERATIONS = 20  # the protocol's fixed training length (docs/protocol_hotpotqa.md)
@@ -46,10 +45,6 @@ ARMS: dict[str, tuple[str, ...]] = {
     "tree_entropy": ("--algo", "tree_grpo", "--branching", "entropy"),
 }
 ROOT = Path(__file__).resolve().parents[1]
-# the start is a model directory, which carries no run's settings: it is evaluated with the runs' observations and
-# step cap, as every run's checkpoint is
-START_OBSERVATIONS = tuple(part for name in ("topk", "passage_words", "max_step_tokens")
-                           for part in (flag(name), str(CPU_QA_DEFAULTS[name])))
 
 
 def run_dir(output: Path, arm: str, seed: int) -> Path:
@@ -200,7 +195,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--report", action="store_true", help="summarise what has finished; train nothing")
     args = parser.parse_args(argv)
     output = args.output.resolve()
-    start_eval = evaluate(str(qa_warm_start(ENV)), output / "start" / "eval", START_OBSERVATIONS)
+    start_eval = evaluate(str(qa_warm_start(ENV)), output / "start" / "eval", CPU_OBSERVATION_OPTIONS)
     if not args.report:
         for seed in args.seeds:  # seed by seed, so that a short session ends with whole pairs of arms
             for arm in args.arms:

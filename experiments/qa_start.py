@@ -46,6 +46,10 @@ QA_START_RECIPE = ("--model", "smollm2-135m", "--cite", "--require-gold", "--rea
                    "--lr", "3e-4", "--lr-floor", "0.1", "--batch-size", "4",
                    "--passage-words", str(CPU_QA_DEFAULTS["passage_words"]), "--seed", "0")
 QA_START_TOPK = CPU_QA_DEFAULTS["topk"]
+# evaluate.py's options for the start (a model directory, which carries no run's settings): the CPU runs'
+# observations and step cap, as a run's checkpoint is evaluated with its own
+CPU_OBSERVATION_OPTIONS = ("--topk", str(QA_START_TOPK), "--passage-words", str(CPU_QA_DEFAULTS["passage_words"]),
+                           "--max-step-tokens", str(CPU_QA_DEFAULTS["max_step_tokens"]))
 BUILD_MINUTES = 60  # about, on 2 cores (results/hotpotqa_cpu/README.md)
 DIGEST_CHUNK = 1 << 20
 WHOLE_FILE_DIGEST_LIMIT = 1 << 30  # larger files (wiki-18) are keyed by size and their first and last MiB
@@ -124,9 +128,7 @@ def evaluate_start(model_dir: Path, env_id: str, data_dir: str | os.PathLike | N
     from experiments.confidence import mean_interval
     from experiments.evaluate import main as evaluate
 
-    evaluate(["--model", str(model_dir), "--envs", env_id, "--topk", str(QA_START_TOPK),
-              "--passage-words", str(CPU_QA_DEFAULTS["passage_words"]),
-              "--max-step-tokens", str(CPU_QA_DEFAULTS["max_step_tokens"]), "--output", str(output),
+    evaluate(["--model", str(model_dir), "--envs", env_id, *CPU_OBSERVATION_OPTIONS, "--output", str(output),
               "--batch-size", "32", "--quiet", *(["--data-dir", str(data_dir)] if data_dir else [])])
     rows = json.loads((output / "eval.json").read_text(encoding="utf-8"))["questions"][env_id]
     summary = {name: asdict(mean_interval([row[name] for row in rows])) for name in ("em", "answered")}
