@@ -7,11 +7,16 @@ evaluated greedily on the 594 HotpotQA dev questions with evaluate.py, as a user
 
 Arms (``ARMS``), each with run.py's CPU defaults for HotpotQA-v0 and nothing else changed: ``tree`` (the default,
 (M,N,L) = (1,2,1), uniform branching), ``chain`` (chain GRPO, G = 2: the same full-chain budget, 2) and
-``tree_entropy`` ((1,2,1), entropy branching). Writes OUTPUT/start/eval (the start, evaluated once), OUTPUT/ARM_sSEED
-(each run's directory, its eval/) and OUTPUT/summary.json + summary.md: held-out EM before and after with the paired
-95% interval per seed (t over questions, bootstrap over questions) and pooled over the seeds (bootstrap over seeds and
-questions; t over the seeds' means, with the exact sign-flip p), EM by question type (bridge, comparison), the answer
-rate, each arm's share of prompts with mixed rewards, and arm against arm (paired by seed).
+``tree_entropy`` ((1,2,1), entropy branching). Writes OUTPUT/start/DIGEST/eval (the start, evaluated once),
+OUTPUT/ARM_sSEED (each run's directory, its eval/) and OUTPUT/summary.json + summary.md: held-out EM before and after
+with the paired 95% interval per seed (t over questions, bootstrap over questions) and pooled over the seeds
+(bootstrap over seeds and questions; t over the seeds' means, with the exact sign-flip p), EM by question type
+(bridge, comparison), the answer rate, each arm's share of prompts with mixed rewards, and arm against arm (paired by
+seed).
+
+The start is rebuilt on each machine that has no cached copy, and builds on CPUs with different vector units differ
+in the last bits: each run records the digest of the start it trained from (RUN/start.json) and is paired with that
+start's evaluation (OUTPUT/start/DIGEST/eval, once per digest).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from experiments.confidence import (
     paired_difference_interval,
     sign_flip_p_value,
 )
+from experiments.model_manifest import weights_digest
 from experiments.plot import load_metrics
 from experiments.qa_start import CPU_OBSERVATION_OPTIONS, qa_warm_start
 
@@ -45,10 +51,38 @@ ARMS: dict[str, tuple[str, ...]] = {
     "tree_entropy": ("--algo", "tree_grpo", "--branching", "entropy"),
 }
 ROOT = Path(__file__).resolve().parents[1]
+START_RECORD = "start.json"  # in a run's directory: {"start": the digest of the start it trained from}
 
 
 def run_dir(output: Path, arm: str, seed: int) -> Path:
     return output / f"{arm}_s{seed}"
+
+
+def start_eval_dir(output: Path, digest: str) -> Path:
+    return output / "start" / digest / "eval"
+
+
+def bind_start(run: Path, digest: str) -> None:
+    """Record that ``run`` trains from the start ``digest``; a run begun from another build is refused, naming both."""
+    record = run / START_RECORD
+    if record.is_file():
+        recorded = json.loads(record.read_text(encoding="utf-8"))["start"]
+        if recorded != digest:
+            raise SystemExit(f"{run} began from the start {recorded}; this machine's start is {digest} (another "
+                             f"build, e.g. on a CPU with other vector units): finish the run where it began, or "
+                             f"delete {run} to run it again from this start")
+        return
+    run.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps({"start": digest}), encoding="utf-8")
+
+
+def run_start(run: Path) -> str:
+    """The digest of the start ``run`` trained from."""
+    record = run / START_RECORD
+    if not record.is_file():
+        raise SystemExit(f"{run} has no {START_RECORD}: which start it trained from is unknown, so it has no "
+                         f"'before' to be paired with")
+    return json.loads(record.read_text(encoding="utf-8"))["start"]
 
 
 def finished_iterations(run: Path) -> int:
@@ -56,9 +90,11 @@ def finished_iterations(run: Path) -> int:
     return len(load_metrics(metrics)) if metrics.is_file() else 0
 
 
-def train(output: Path, arm: str, seed: int, iterations: int) -> Path:
-    """The arm's run for ``seed`` to ``iterations`` (resumed where a killed one stopped)."""
+def train(output: Path, arm: str, seed: int, iterations: int, start: str) -> Path:
+    """The arm's run for ``seed`` to ``iterations`` from the start ``start`` (a digest), resumed where a killed one
+    stopped."""
     run = run_dir(output, arm, seed)
+    bind_start(run, start)
     done = finished_iterations(run)
     if done >= iterations:
         return run
@@ -109,16 +145,19 @@ def seed_summary(before: list[dict], after: list[dict], types: list[str]) -> dic
             "answered_after": float(np.mean([r["answered"] for r in after])), "by_type": by_type}
 
 
-def arm_summary(output: Path, arm: str, seeds: list[int], start: list[dict], types: list[str]) -> dict | None:
+def arm_summary(output: Path, arm: str, seeds: list[int], types: list[str]) -> dict | None:
+    """The arm's finished runs, each paired with the evaluation of the start it trained from."""
     runs = {seed: run_dir(output, arm, seed) for seed in seeds}
     runs = {seed: run for seed, run in runs.items() if (run / "eval" / "eval.json").is_file()}
     if not runs:
         return None
-    per_seed, after, curves = {}, [], {}
+    per_seed, before, after, curves = {}, [], [], {}
     expansions = {metric_keys.EXPANSIONS: 0, metric_keys.EXPANSIONS_BEFORE_ANSWER_READ: 0}  # over the arm's runs
     for seed, run in runs.items():
+        start = question_rows(start_eval_dir(output, run_start(run)) / "eval.json")
         rows = question_rows(run / "eval" / "eval.json")
-        per_seed[seed] = seed_summary(start, rows, types)
+        per_seed[seed] = seed_summary(start, rows, types) | {"start": run_start(run)}
+        before.append([r["em"] for r in start])
         after.append([r["em"] for r in rows])
         metrics = load_metrics(run / "metrics.jsonl")
         for key in expansions:
@@ -126,9 +165,7 @@ def arm_summary(output: Path, arm: str, seeds: list[int], start: list[dict], typ
         curves[seed] = {key: [row.get(key) for row in metrics]
                         for key in (metric_keys.REWARD, metric_keys.NONZERO_ADVANTAGE_SHARE,
                                     "time_s")}  # metrics.jsonl names the iteration's seconds time_s
-    a = np.array(after)
-    b = np.tile([r["em"] for r in start], (len(a), 1))
-    pooled = paired_bootstrap_interval(a, b)
+    pooled = paired_bootstrap_interval(np.array(after), np.array(before))
     changes = [s["em_after"] - s["em_before"] for s in per_seed.values()]
     mixed = [float(np.mean([x for x in c[metric_keys.NONZERO_ADVANTAGE_SHARE] if x is not None]))
              for c in curves.values()]
@@ -146,18 +183,17 @@ def arm_summary(output: Path, arm: str, seeds: list[int], start: list[dict], typ
 
 
 def markdown(summary: dict) -> str:
-    start = summary["start"]
-    lines = [f"Start (the warm start): dev EM {start['em']['mean']:.3f} [{start['em']['low']:.3f}, "
+    lines = [f"Start {digest} (the warm start): dev EM {start['em']['mean']:.3f} [{start['em']['low']:.3f}, "
              f"{start['em']['high']:.3f}], answer rate {start['answered']['mean']:.3f} over {start['questions']} "
-             f"questions.", "",
-             "| arm | seeds | EM before | EM after (mean of seeds) | pooled change (bootstrap) | t over seeds | "
+             f"questions." for digest, start in summary["starts"].items()]
+    lines += ["", "| arm | seeds | EM before | EM after (mean of seeds) | pooled change (bootstrap) | t over seeds | "
              "sign-flip p | mixed-reward share | expansions before the answer was read | s / iteration |",
              "|" + "---|" * 10]
     for arm, s in summary["arms"].items():
-        after = np.mean([x["em_after"] for x in s["per_seed"].values()])
+        before, after = (np.mean([x[key] for x in s["per_seed"].values()]) for key in ("em_before", "em_after"))
         p, t, m = s["pooled_change_bootstrap"], s["pooled_change_t_over_seeds"], s["mixed_reward_share"]
         before_answer = s["expansions_before_answer_read"]
-        lines.append(f"| {arm} | {len(s['seeds'])} | {start['em']['mean']:.3f} | {after:.3f} | {p['mean']:+.3f} "
+        lines.append(f"| {arm} | {len(s['seeds'])} | {before:.3f} | {after:.3f} | {p['mean']:+.3f} "
                      f"[{p['low']:+.3f}, {p['high']:+.3f}] | [{t['low']:+.3f}, {t['high']:+.3f}] | "
                      f"{s['sign_flip_p']:.3f} | {m['mean']:.3f} | "
                      f"{'-' if before_answer is None else format(before_answer, '.3f')} | "
@@ -177,8 +213,9 @@ def markdown(summary: dict) -> str:
 
 def save_records(output: Path, records: Path) -> None:
     """Each finished run's metrics.jsonl and evaluation, and the start's, gzipped under ``records``."""
-    for source in [output / "start" / "eval" / "eval.json", *output.glob("*_s*/eval/eval.json"),
-                   *output.glob("*_s*/metrics.jsonl"), *output.glob("*_s*/config.yaml")]:
+    for source in [*output.glob("start/*/eval/eval.json"), *output.glob("*_s*/eval/eval.json"),
+                   *output.glob(f"*_s*/{START_RECORD}"), *output.glob("*_s*/metrics.jsonl"),
+                   *output.glob("*_s*/config.yaml")]:
         target = records / source.relative_to(output).with_suffix(source.suffix + ".gz")
         target.parent.mkdir(parents=True, exist_ok=True)
         with open(source, "rb") as f, gzip.open(target, "wb", mtime=0) as g:
@@ -195,18 +232,21 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--report", action="store_true", help="summarise what has finished; train nothing")
     args = parser.parse_args(argv)
     output = args.output.resolve()
-    start_eval = evaluate(str(qa_warm_start(ENV)), output / "start" / "eval", CPU_OBSERVATION_OPTIONS)
     if not args.report:
+        model = qa_warm_start(ENV)
+        digest = weights_digest(model)
+        evaluate(str(model), start_eval_dir(output, digest), CPU_OBSERVATION_OPTIONS)
         for seed in args.seeds:  # seed by seed, so that a short session ends with whole pairs of arms
             for arm in args.arms:
-                run = train(output, arm, seed, args.iterations)
+                run = train(output, arm, seed, args.iterations, digest)
                 evaluate(str(run / "checkpoints" / "latest"), run / "eval")
-    start = question_rows(start_eval)
+    starts = {path.parents[1].name: question_rows(path) for path in sorted(output.glob("start/*/eval/eval.json"))}
     types = question_types(resolve_data_dir(None))
     summary = {"env": ENV, "iterations": args.iterations,
-               "start": {"questions": len(start), "em": interval([r["em"] for r in start]),
-                         "answered": interval([r["answered"] for r in start])},
-               "arms": {arm: s for arm in ARMS if (s := arm_summary(output, arm, args.seeds, start, types))}}
+               "starts": {digest: {"questions": len(rows), "em": interval([r["em"] for r in rows]),
+                                   "answered": interval([r["answered"] for r in rows])}
+                          for digest, rows in starts.items()},
+               "arms": {arm: s for arm in ARMS if (s := arm_summary(output, arm, args.seeds, types))}}
     (output / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
     (output / "summary.md").write_text(markdown(summary), encoding="utf-8")
     print(markdown(summary))

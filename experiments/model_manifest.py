@@ -32,6 +32,20 @@ def write_manifest(model: Path) -> None:
     os.replace(staged, manifest_path(model))
 
 
+def weights_digest(model: Path) -> str:
+    """A short digest of ``model``'s weights (its safetensors files' sha256, from the manifest where there is one):
+    two builds of one recipe on CPUs with different vector units differ in the last bits, and this tells them apart."""
+    recorded = manifest_path(model)
+    entries = json.loads(recorded.read_text(encoding="utf-8")) if recorded.is_file() else {}
+    weights = sorted(model.glob("*.safetensors"))
+    if not weights:
+        raise FileNotFoundError(f"{model} holds no *.safetensors weights")
+    digest = hashlib.sha256()
+    for path in weights:
+        digest.update(path.name.encode() + (entries.get(path.name, {}).get("sha256") or file_sha256(path)).encode())
+    return digest.hexdigest()[:12]
+
+
 def damage(model: Path) -> str | None:
     """What is wrong with ``model`` against its manifest (a file missing, of another size or content), or None.
     A directory cached before manifests were written is checked for what a load needs (``config.json`` parses, each

@@ -1,10 +1,15 @@
-"""benchmarks/bench_hotpotqa.py: the start and the runs are evaluated on the same observations."""
+"""benchmarks/bench_hotpotqa.py: the start and the runs are evaluated on the same observations, and each run is
+paired with the build of the start it trained from."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import pytest
+
 import benchmarks.bench_hotpotqa as bench
+from experiments.model_manifest import weights_digest, write_manifest
 from experiments.qa_start import CPU_OBSERVATION_OPTIONS, CPU_QA_DEFAULTS
 
 
@@ -21,3 +26,50 @@ def test_the_start_is_evaluated_with_the_runs_observations_and_a_run_with_its_ow
     (tmp_path / "done" / "eval.json").write_text("{}")
     bench.evaluate("START_DIR", Path(tmp_path / "done"), CPU_OBSERVATION_OPTIONS)
     assert len(commands) == 2  # evaluated once
+
+
+def write_eval(directory: Path, ems: list[float]) -> None:
+    directory.mkdir(parents=True)
+    rows = [{"em": em, "answered": 1.0} for em in ems]
+    (directory / "eval.json").write_text(json.dumps({"questions": {bench.ENV: rows}}))
+
+
+def test_each_run_is_paired_with_the_start_it_trained_from(tmp_path):
+    """Two builds of the start (two machines) give two 'before's: a run is compared with its own, never another's."""
+    write_eval(bench.start_eval_dir(tmp_path, "aaaa"), [0, 0, 0, 0])
+    write_eval(bench.start_eval_dir(tmp_path, "bbbb"), [1, 1, 0, 0])
+    for seed, digest in ((0, "aaaa"), (1, "bbbb")):
+        run = bench.run_dir(tmp_path, "tree", seed)
+        bench.bind_start(run, digest)
+        write_eval(run / "eval", [1, 1, 1, 0])
+        (run / "metrics.jsonl").write_text(json.dumps({"reward_mean": 0.1, "nonzero_advantage_share": 0.5,
+                                                       "time_s": 60.0}) + "\n")
+    summary = bench.arm_summary(tmp_path, "tree", [0, 1], ["bridge", "bridge", "comparison", "comparison"])
+    assert [summary["per_seed"][seed]["em_before"] for seed in (0, 1)] == [0.0, 0.5]
+    assert [summary["per_seed"][seed]["start"] for seed in (0, 1)] == ["aaaa", "bbbb"]
+    assert summary["pooled_change_bootstrap"]["mean"] == pytest.approx((0.75 + 0.25) / 2)
+    with pytest.raises(SystemExit, match=r"aaaa.*bbbb"):  # a run is not continued from another build
+        bench.bind_start(bench.run_dir(tmp_path, "tree", 0), "bbbb")
+
+
+def test_a_run_without_its_start_record_is_refused_by_name(tmp_path):
+    run = bench.run_dir(tmp_path, "chain", 0)
+    write_eval(run / "eval", [1.0])
+    with pytest.raises(SystemExit, match=f"chain_s0 has no {bench.START_RECORD}"):
+        bench.arm_summary(tmp_path, "chain", [0], ["bridge"])
+
+
+def test_the_weights_digest_tells_two_builds_apart(tmp_path):
+    builds = []
+    for byte in (b"\0", b"\1"):
+        model = tmp_path / f"build{byte[0]}" / "model"
+        model.mkdir(parents=True)
+        (model / "model.safetensors").write_bytes(b"weights" + byte)
+        (model / "config.json").write_text("{}")
+        builds.append(model)
+    assert weights_digest(builds[0]) != weights_digest(builds[1])
+    before = weights_digest(builds[0])
+    write_manifest(builds[0])  # the manifest's sha256 stands for the file, with the same digest
+    assert weights_digest(builds[0]) == before
+    (builds[0] / "config.json").write_text('{"changed": 1}')  # only the weights count
+    assert weights_digest(builds[0]) == before
