@@ -14,7 +14,7 @@ import envs
 from algos.tree_grpo import settings as algorithm_settings
 from envs.datasets import DataError, MissingDataError
 from experiments.cli import SettingsError
-from experiments.qa_start import WARM_START_MODEL, qa_warm_start
+from experiments.qa_start import QA_START_BASE_MODEL, WARM_START_MODEL, qa_warm_start
 from experiments.settings import (
     DEVICE_DEFAULTS,
     RunSettings,
@@ -165,8 +165,8 @@ def check_memory(settings: RunSettings) -> None:
     from policies.memory_report import plan_line
     from policies.model_shape import ModelShapeError, model_shape
 
-    try:
-        shape = model_shape(settings.model)
+    try:  # the warm start, not built yet, has its base model's shape
+        shape = model_shape(QA_START_BASE_MODEL if settings.model == WARM_START_MODEL else settings.model)
     except ModelShapeError as error:
         print(f"memory plan: not made ({error})", file=sys.stderr)
         return

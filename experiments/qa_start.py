@@ -41,7 +41,8 @@ CPU_QA_DEFAULTS: dict[str, Any] = {
 # Oracle SFT of SmolLM2-135M-Instruct: LoRA (rank 16, every projection) on the top 10 of its 30 layers, two epochs
 # at 3e-4 over the readable trajectories of 640 train questions (about an hour on 2 quiet cores), laid out with the
 # CPU runs' passages (CPU_QA_DEFAULTS).
-QA_START_RECIPE = ("--model", "smollm2-135m", "--cite", "--require-gold", "--read", "--lora-rank", "16",
+QA_START_BASE_MODEL = "smollm2-135m"  # the start has its shape: the adapters are merged into it
+QA_START_RECIPE = ("--model", QA_START_BASE_MODEL, "--cite", "--require-gold", "--read", "--lora-rank", "16",
                    "--lora-layers", "10", "--lora-targets", "all", "--questions", "640", "--epochs", "2",
                    "--lr", "3e-4", "--lr-floor", "0.1", "--batch-size", "4",
                    "--passage-words", str(CPU_QA_DEFAULTS["passage_words"]), "--seed", "0")
@@ -105,7 +106,7 @@ def qa_warm_start(env_id: str, data_dir: str | os.PathLike | None = None,
                          f"{', '.join(QA_START_ENVS)}); pass --model")
     source = QASource.of(env_id, data_dir)
     if not (warm_start_dir(source, QA_START_RECIPE, topk=QA_START_TOPK, cache_dir=cache_dir) / "config.json").exists():
-        print(f"warm start: {env_id} has no cached start yet: fine-tuning {QA_START_RECIPE[1]} on the retrieval "
+        print(f"warm start: {env_id} has no cached start yet: fine-tuning {QA_START_BASE_MODEL} on the retrieval "
               f"oracle's trajectories of its train split ({source.data_dir}), about {BUILD_MINUTES} minutes on 2 "
               f"cores, once (killed, it resumes); training starts after it", flush=True)
     return cached_warm_start(source, QA_START_RECIPE, topk=QA_START_TOPK, cache_dir=cache_dir)

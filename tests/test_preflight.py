@@ -10,6 +10,7 @@ import torch
 
 from experiments.cli import SettingsError
 from experiments.preflight import check_memory
+from experiments.qa_start import QA_START_BASE_MODEL
 from experiments.run import plan
 from experiments.settings import memory_options
 from policies.memory import GIB
@@ -66,6 +67,13 @@ def test_a_model_without_a_known_shape_is_planned_later(tmp_path, capsys, gpu_of
     gpu_of(80.0)
     check_memory(settings_of("--model", "nobody/not-downloaded-model", tmp_path=tmp_path))
     assert capsys.readouterr().err.startswith("memory plan: not made (no config for model 'nobody/not-downloaded")
+
+
+def test_the_warm_start_is_planned_before_it_is_built_with_its_base_models_shape(tmp_path, capsys, gpu_of):
+    gpu_of(80.0)
+    check_memory(settings_of("--env", "HotpotQA-v0", "--model", "warm-start", tmp_path=tmp_path))
+    line = capsys.readouterr().err
+    assert line.startswith(f"memory plan: {QA_START_BASE_MODEL} (0.13B)") and line.rstrip().endswith(")"), line
 
 
 def test_the_object_store_holds_one_weight_sync(tmp_path):
