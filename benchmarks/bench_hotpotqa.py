@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from matplotlib.figure import Figure
 
 from algos.tree_grpo import metrics as metric_keys
 from envs.datasets import dataset_path, resolve_data_dir
@@ -51,6 +52,7 @@ ARMS: dict[str, tuple[str, ...]] = {
     "tree_entropy": ("--algo", "tree_grpo", "--branching", "entropy"),
 }
 ROOT = Path(__file__).resolve().parents[1]
+PLOT = "hotpotqa.png"  # in --records: the README's figure (``figure``)
 START_RECORD = "start.json"  # in a run's directory: {"start": the digest of the start it trained from}
 
 
@@ -211,6 +213,34 @@ def markdown(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def figure(summary: dict) -> Figure:
+    """The study's plot: left, held-out EM before (the start) and after ITERATIONS per arm, each seed a pair of
+    points joined by a line, the pooled change's 95% bootstrap interval written under the arm; right, each arm's
+    training reward per iteration, the mean over its seeds (sampled on the iteration's prompts)."""
+    fig = Figure(figsize=(11, 4), layout="constrained")
+    em, reward = fig.subplots(1, 2)
+    for position, (arm, s) in enumerate(summary["arms"].items()):
+        for x in s["per_seed"].values():
+            em.plot([position - 0.15, position + 0.15], [x["em_before"], x["em_after"]], marker="o", color="tab:blue",
+                    alpha=0.6)
+        p = s["pooled_change_bootstrap"]
+        em.annotate(f"change {p['mean']:+.3f}\n[{p['low']:+.3f}, {p['high']:+.3f}]", (position, 0.98), ha="center",
+                    va="top", fontsize="small", xycoords=("data", "axes fraction"))
+        curves = [c[metric_keys.REWARD] for c in s["curves"].values()]
+        length = min(len(c) for c in curves)
+        mean = np.mean([[np.nan if v is None else v for v in c[:length]] for c in curves], axis=0)
+        reward.plot(np.arange(1, length + 1), mean, marker=".", label=f"{arm} ({len(curves)} seeds)")
+    arms = list(summary["arms"])
+    em.set(xticks=range(len(arms)), xticklabels=[f"{arm}\nbefore -> after" for arm in arms],
+           ylabel=f"dev EM, greedy ({ENV}, 594 questions)", xlim=(-0.5, len(arms) - 0.5))
+    reward.set(xlabel="iteration (4 prompts)", ylabel="training reward (sampled)")
+    em.margins(y=0.3)  # room for the intervals written above the points
+    for ax in (em, reward):
+        ax.grid(alpha=0.3)
+    reward.legend(fontsize="small")
+    return fig
+
+
 def save_records(output: Path, records: Path) -> None:
     """Each finished run's metrics.jsonl and evaluation, and the start's, gzipped under ``records``."""
     for source in [*output.glob("start/*/eval/eval.json"), *output.glob("*_s*/eval/eval.json"),
@@ -253,6 +283,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.records:
         save_records(output, args.records)
         (args.records / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
+        if summary["arms"]:
+            figure(summary).savefig(args.records / PLOT, format="png", dpi=120)
     return summary
 
 

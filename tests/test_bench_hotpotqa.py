@@ -48,6 +48,9 @@ def test_each_run_is_paired_with_the_start_it_trained_from(tmp_path):
     assert [summary["per_seed"][seed]["em_before"] for seed in (0, 1)] == [0.0, 0.5]
     assert [summary["per_seed"][seed]["start"] for seed in (0, 1)] == ["aaaa", "bbbb"]
     assert summary["pooled_change_bootstrap"]["mean"] == pytest.approx((0.75 + 0.25) / 2)
+    em, reward = bench.figure({"arms": {"tree": summary}}).axes  # the plot draws each seed against its own start
+    assert sorted(tuple(line.get_ydata()) for line in em.get_lines()) == [(0.0, 0.75), (0.5, 0.75)]
+    assert list(reward.get_lines()[0].get_ydata()) == [0.1]
     with pytest.raises(SystemExit, match=r"aaaa.*bbbb"):  # a run is not continued from another build
         bench.bind_start(bench.run_dir(tmp_path, "tree", 0), "bbbb")
 
