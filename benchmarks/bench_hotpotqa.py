@@ -4,6 +4,8 @@ evaluated greedily on the 594 HotpotQA dev questions with evaluate.py, as a user
 
     python benchmarks/bench_hotpotqa.py --arms tree --seeds 0 1 2     # runs (each resumable), evaluations, summary
     python benchmarks/bench_hotpotqa.py --report                      # the summary of what has finished
+    python benchmarks/bench_hotpotqa.py --arms tree chain tree_entropy --output outputs/hotpotqa_cpu \
+        --records results/hotpotqa_cpu    # restores the study's records first, saves the finished runs after
 
 Arms (``ARMS``), each with run.py's CPU defaults for HotpotQA-v0 and nothing else changed: ``tree`` (the default,
 (M,N,L) = (1,2,1), uniform branching), ``chain`` (chain GRPO, G = 2: the same full-chain budget, 2) and
@@ -22,9 +24,7 @@ start's evaluation (OUTPUT/start/DIGEST/eval, once per digest).
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -33,6 +33,8 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from algos.tree_grpo import metrics as metric_keys
+from benchmarks.run_records import output_files, read_archive, write_archive
+from benchmarks.studies import ARCHIVE
 from envs.datasets import dataset_path, resolve_data_dir
 from experiments.confidence import (
     mean_interval,
@@ -96,10 +98,10 @@ def train(output: Path, arm: str, seed: int, iterations: int, start: str) -> Pat
     """The arm's run for ``seed`` to ``iterations`` from the start ``start`` (a digest), resumed where a killed one
     stopped."""
     run = run_dir(output, arm, seed)
-    bind_start(run, start)
     done = finished_iterations(run)
-    if done >= iterations:
+    if done >= iterations:  # finished (here, or on another machine and restored from the records)
         return run
+    bind_start(run, start)
     command = [sys.executable, str(ROOT / "experiments" / "run.py"), "--env", ENV, *ARMS[arm], "--seed", str(seed),
                "--iterations", str(iterations), "--checkpoint-every", "5", "--no-mlflow", "--quiet",
                "--output", str(run)]
@@ -241,15 +243,36 @@ def figure(summary: dict) -> Figure:
     return fig
 
 
+RUN_RECORDS = ("eval/eval.json", START_RECORD, "metrics.jsonl", "config.yaml")  # a finished run's, in its folder
+
+
+def record_files(output: Path) -> list[Path]:
+    """What the records keep of ``output``, relative to it: each start's evaluation and each finished run's files
+    (a run is finished once evaluated; an unfinished one is of no use without its checkpoints)."""
+    kept = sorted(path.relative_to(output) for path in output.glob("start/*/eval/eval.json"))
+    for end in sorted(output.glob("*_s*/eval/eval.json")):
+        run = end.parents[1]
+        kept += [(run / name).relative_to(output) for name in RUN_RECORDS if (run / name).is_file()]
+    return kept
+
+
 def save_records(output: Path, records: Path) -> None:
-    """Each finished run's metrics.jsonl and evaluation, and the start's, gzipped under ``records``."""
-    for source in [*output.glob("start/*/eval/eval.json"), *output.glob("*_s*/eval/eval.json"),
-                   *output.glob(f"*_s*/{START_RECORD}"), *output.glob("*_s*/metrics.jsonl"),
-                   *output.glob("*_s*/config.yaml")]:
-        target = records / source.relative_to(output).with_suffix(source.suffix + ".gz")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with open(source, "rb") as f, gzip.open(target, "wb", mtime=0) as g:
-            shutil.copyfileobj(f, g)
+    """The starts' evaluations and the finished runs' records, into ``records``/records.tar.gz (one top-level folder
+    named after ``output``; the same bytes for the same files), beside those kept before."""
+    archive = read_archive(records / ARCHIVE)
+    archive.update({f"{output.name}/{name.as_posix()}": (output / name).read_bytes() for name in record_files(output)})
+    write_archive(records / ARCHIVE, archive)
+
+
+def restore_records(output: Path, records: Path) -> int:
+    """The kept records of ``output`` written back where this machine has none (a new machine goes on with the runs
+    left, a run finished elsewhere is reported, never trained again); returns how many files were written."""
+    kept = output_files(read_archive(records / ARCHIVE), output.name)
+    missing = {name: data for name, data in kept.items() if not (output / name).exists()}
+    for name, data in missing.items():
+        (output / name).parent.mkdir(parents=True, exist_ok=True)
+        (output / name).write_bytes(data)
+    return len(missing)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -258,10 +281,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--iterations", type=int, default=ITERATIONS)
     parser.add_argument("--output", type=Path, default=Path("outputs/hotpotqa"))
-    parser.add_argument("--records", type=Path, default=None, help="also keep the records here (gzipped)")
+    parser.add_argument("--records", type=Path, default=None,
+                        help="a study folder: its records.tar.gz is restored into --output first (runs finished on "
+                             "another machine are not trained again), and the finished runs are saved into it after")
     parser.add_argument("--report", action="store_true", help="summarise what has finished; train nothing")
     args = parser.parse_args(argv)
     output = args.output.resolve()
+    if args.records:
+        print(f"records: {restore_records(output, args.records)} files restored from {args.records / ARCHIVE}")
     if not args.report:
         model = qa_warm_start(ENV)
         digest = weights_digest(model)

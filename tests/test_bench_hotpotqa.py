@@ -76,3 +76,26 @@ def test_the_weights_digest_tells_two_builds_apart(tmp_path):
     assert weights_digest(builds[0]) == before
     (builds[0] / "config.json").write_text('{"changed": 1}')  # only the weights count
     assert weights_digest(builds[0]) == before
+
+
+def test_records_carry_finished_runs_to_a_new_machine_which_does_not_train_them_again(tmp_path, monkeypatch):
+    here, records, there = tmp_path / "hotpotqa_cpu", tmp_path / "study", tmp_path / "new" / "hotpotqa_cpu"
+    write_eval(bench.start_eval_dir(here, "aaaa"), [0, 1])
+    finished, unfinished = bench.run_dir(here, "tree", 0), bench.run_dir(here, "chain", 0)
+    for run in (finished, unfinished):
+        bench.bind_start(run, "aaaa")
+        (run / "metrics.jsonl").write_text("".join(json.dumps({"iteration": i}) + "\n" for i in (1, 2)))
+    write_eval(finished / "eval", [1, 1])
+    bench.save_records(here, records)
+    first = (records / bench.ARCHIVE).read_bytes()
+    bench.save_records(here, records)
+    assert (records / bench.ARCHIVE).read_bytes() == first  # saving again changes nothing git sees
+    assert bench.restore_records(there, records) == 4  # the start's evaluation and the finished run's three files
+    assert not bench.run_dir(there, "chain", 0).exists()  # an unfinished run is of no use without its checkpoints
+    assert (bench.run_dir(there, "tree", 0) / "eval" / "eval.json").read_bytes() == (finished / "eval" /
+                                                                                     "eval.json").read_bytes()
+    trained = []
+    monkeypatch.setattr(bench.subprocess, "run", lambda command, check: trained.append(command))
+    bench.train(there, "tree", 0, 2, "bbbb")  # finished under another build of the start: reported, not retrained
+    assert trained == []
+    assert bench.restore_records(there, records) == 0  # what the machine has is left alone
