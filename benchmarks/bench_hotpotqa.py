@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=["tree"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--iterations", type=int, default=ITERATIONS)
-    parser.add_argument("--output", type=Path, default=Path("outputs/hotpotqa"))
+    parser.add_argument("--output", type=Path, default=Path("outputs/hotpotqa_cpu"))
     parser.add_argument("--records", type=Path, default=None,
                         help="a study folder: its records.tar.gz is restored into --output first (runs finished on "
                              "another machine are not trained again), and the finished runs are saved into it after")
