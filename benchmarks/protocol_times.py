@@ -17,7 +17,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.studies import FORMER_RECORDS, RESULTS, Protocol, Study, study
+from benchmarks.studies import FORMER_RECORDS, README, RESULTS, Protocol, Study, study
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADING = re.compile(r"^(#+)\s+(.*)$")
@@ -64,7 +64,9 @@ def record_paths(entry: Study) -> list[str]:
 
 
 def first_record(entry: Study, root: Path = ROOT) -> Commit | None:
-    added = commits("--diff-filter=A", "--", *record_paths(entry), root=root)
+    """The commit that added the study's first record (its folder's README, written before any run, is not one)."""
+    readme = f":(exclude){RESULTS}/{entry.folder}/{README}"
+    added = commits("--diff-filter=A", "--", *record_paths(entry), readme, root=root)
     return added[0] if added else None
 
 

@@ -168,6 +168,8 @@ DECLARED = "# Protocols\n## The design\nten seeds\n## Another\n"
      "PROTOCOL COMMITTED AFTER ITS FIRST RECORD"),
     ([{"docs/protocol.md": DECLARED, "results/toy/records.tar.gz": "r"}],
      "PROTOCOL COMMITTED IN THE SAME COMMIT AS ITS FIRST RECORD"),
+    ([{"results/toy/README.md": "the question"}, {"docs/protocol.md": DECLARED},  # the folder's README is no record
+      {"results/toy/records.tar.gz": "r"}], "and not edited since"),
     ([{"docs/protocol.md": DECLARED}, {"results/bench/seed0/held_out.json": "r"},  # before the study's folder
       {"docs/protocol.md": DECLARED.replace("ten", "twelve")}, {"results/toy/records.tar.gz": "r"}],
      "PROTOCOL EDITED AFTER ITS FIRST RECORD"),
