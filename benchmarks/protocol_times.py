@@ -1,6 +1,7 @@
 """Whether a study's protocol was committed before its first record and left alone since, from git's history: the
 protocol's section (``studies.Protocol``: a file and the start of a heading) as it stood just before the commit that
-added the study's first record file, against every later commit of that file and the working tree.
+added the study's first record file, against every later commit of that file and the working tree. A subsection
+headed "Log" (the runs' events, appended as they happen) is not part of the rules compared.
 
     python benchmarks/protocol_times.py budget_table
 
@@ -21,6 +22,7 @@ from benchmarks.studies import FORMER_RECORDS, README, RESULTS, Protocol, Study,
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADING = re.compile(r"^(#+)\s+(.*)$")
+LOG = "Log"  # the title of a protocol's log subsection
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,14 @@ def section(text: str, title: str) -> str | None:
         if found is None and match.group(2).startswith(title):
             found, level = index, len(match.group(1))
     return "\n".join(lines[found:]).rstrip() if found is not None else None
+
+
+def rules(text: str | None) -> str | None:
+    """A protocol section less its Log subsection (``LOG``), which grows as runs go and declares nothing."""
+    if text is None:
+        return None
+    log = section("\n".join(text.splitlines()[1:]), LOG)  # a subsection: below the section's own heading
+    return text if log is None else text.replace(log, "").rstrip()
 
 
 def git(*args: str, root: Path = ROOT) -> str:
@@ -76,7 +86,7 @@ def protocol_text_at(protocol: Protocol, revision: str, root: Path = ROOT) -> st
         text = git("show", f"{revision}:{protocol.path}", root=root)
     except subprocess.CalledProcessError:
         return None
-    return section(text, protocol.title)
+    return rules(section(text, protocol.title))
 
 
 def protocol_reading(entry: Study, root: Path = ROOT) -> str:
@@ -105,7 +115,7 @@ def protocol_reading(entry: Study, root: Path = ROOT) -> str:
             changed.append(f"{commit.sha[:7]} ({commit.date})")
             previous = text
     path = root / protocol.path
-    if path.is_file() and section(path.read_text(encoding="utf-8"), protocol.title) != previous:
+    if path.is_file() and rules(section(path.read_text(encoding="utf-8"), protocol.title)) != previous:
         changed.append("the working tree (not committed)")
     before = commits("-1", parent, "--", protocol.path, root=root)[-1]  # the section existed: so did a commit
     since = (f"the section as committed at {before.sha[:7]} ({before.date}), before the first record "

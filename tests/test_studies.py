@@ -155,6 +155,7 @@ def commit(root: Path, files: dict[str, str], when: int) -> None:
 
 PROTOCOL = Protocol("docs/protocol.md", "The design")
 DECLARED = "# Protocols\n## The design\nten seeds\n## Another\n"
+LOGGED = "# Protocols\n## The design\nten seeds\n### Log\n- started\n## Another\n"
 
 
 @pytest.mark.parametrize(("history", "reading"), [
@@ -168,6 +169,10 @@ DECLARED = "# Protocols\n## The design\nten seeds\n## Another\n"
      "PROTOCOL COMMITTED AFTER ITS FIRST RECORD"),
     ([{"docs/protocol.md": DECLARED, "results/toy/records.tar.gz": "r"}],
      "PROTOCOL COMMITTED IN THE SAME COMMIT AS ITS FIRST RECORD"),
+    ([{"docs/protocol.md": LOGGED}, {"results/toy/records.tar.gz": "r"},  # the log grows as runs go: no edit
+      {"docs/protocol.md": LOGGED.replace("- started\n", "- started\n- seed 0 done\n")}], "and not edited since"),
+    ([{"docs/protocol.md": LOGGED}, {"results/toy/records.tar.gz": "r"},
+      {"docs/protocol.md": LOGGED.replace("ten", "twelve")}], "PROTOCOL EDITED AFTER ITS FIRST RECORD, in "),
     ([{"results/toy/README.md": "the question"}, {"docs/protocol.md": DECLARED},  # the folder's README is no record
       {"results/toy/records.tar.gz": "r"}], "and not edited since"),
     ([{"docs/protocol.md": DECLARED}, {"results/bench/seed0/held_out.json": "r"},  # before the study's folder
