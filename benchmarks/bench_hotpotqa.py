@@ -217,7 +217,7 @@ def markdown(summary: dict) -> str:
 
 def figure(summary: dict) -> Figure:
     """The study's plot: left, held-out EM before (the start) and after ITERATIONS per arm, each seed a pair of
-    points joined by a line, the pooled change's 95% bootstrap interval written under the arm; right, each arm's
+    points joined by a line, the pooled change's 95% bootstrap interval written above the arm; right, each arm's
     training reward per iteration, the mean over its seeds (sampled on the iteration's prompts)."""
     fig = Figure(figsize=(11, 4), layout="constrained")
     em, reward = fig.subplots(1, 2)
@@ -265,10 +265,13 @@ def save_records(output: Path, records: Path) -> None:
 
 
 def restore_records(output: Path, records: Path) -> int:
-    """The kept records of ``output`` written back where this machine has none (a new machine goes on with the runs
-    left, a run finished elsewhere is reported, never trained again); returns how many files were written."""
+    """The kept records of ``output`` written back where this machine has not finished the same (a new machine goes
+    on with the runs left; a run finished elsewhere is reported, never trained again, and replaces whatever part of it
+    this machine began, whole); returns how many files were written."""
     kept = output_files(read_archive(records / ARCHIVE), output.name)
-    missing = {name: data for name, data in kept.items() if not (output / name).exists()}
+    missing = {name: data for name, data in kept.items()
+               if not (output / name if name.parts[0] == "start" else output / name.parts[0] / "eval" / "eval.json")
+               .exists()}
     for name, data in missing.items():
         (output / name).parent.mkdir(parents=True, exist_ok=True)
         (output / name).write_bytes(data)

@@ -99,3 +99,8 @@ def test_records_carry_finished_runs_to_a_new_machine_which_does_not_train_them_
     bench.train(there, "tree", 0, 2, "bbbb")  # finished under another build of the start: reported, not retrained
     assert trained == []
     assert bench.restore_records(there, records) == 0  # what the machine has is left alone
+    elsewhere = tmp_path / "third" / "hotpotqa_cpu"  # a machine that began the run the records hold finished
+    (bench.run_dir(elsewhere, "tree", 0)).mkdir(parents=True)
+    (bench.run_dir(elsewhere, "tree", 0) / "metrics.jsonl").write_text(json.dumps({"iteration": 1}) + "\n")
+    assert bench.restore_records(elsewhere, records) == 4
+    assert bench.finished_iterations(bench.run_dir(elsewhere, "tree", 0)) == 2  # the finished run, whole
