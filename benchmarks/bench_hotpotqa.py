@@ -158,9 +158,10 @@ def arm_summary(output: Path, arm: str, seeds: list[int], types: list[str]) -> d
     per_seed, before, after, curves = {}, [], [], {}
     expansions = {metric_keys.EXPANSIONS: 0, metric_keys.EXPANSIONS_BEFORE_ANSWER_READ: 0}  # over the arm's runs
     for seed, run in runs.items():
-        start = question_rows(start_eval_dir(output, run_start(run)) / "eval.json")
+        digest = run_start(run)
+        start = question_rows(start_eval_dir(output, digest) / "eval.json")
         rows = question_rows(run / "eval" / "eval.json")
-        per_seed[seed] = seed_summary(start, rows, types) | {"start": run_start(run)}
+        per_seed[seed] = seed_summary(start, rows, types) | {"start": digest}
         before.append([r["em"] for r in start])
         after.append([r["em"] for r in rows])
         metrics = load_metrics(run / "metrics.jsonl")
