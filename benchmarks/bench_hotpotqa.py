@@ -149,22 +149,43 @@ def seed_summary(before: list[dict], after: list[dict], types: list[str]) -> dic
             "answered_after": float(np.mean([r["answered"] for r in after])), "by_type": by_type}
 
 
+def run_rows(output: Path, run: Path) -> tuple[list[dict], list[dict]]:
+    """A finished run's per-question evaluation before (the start it trained from) and after."""
+    return (question_rows(start_eval_dir(output, run_start(run)) / "eval.json"),
+            question_rows(run / "eval" / "eval.json"))
+
+
+def em_change(output: Path, run: Path) -> np.ndarray:
+    """A finished run's per-question EM after minus before."""
+    before, after = run_rows(output, run)
+    return np.array([r["em"] for r in after]) - np.array([r["em"] for r in before])
+
+
+def mixed_reward_share(metrics: list[dict]) -> float:
+    """A run's share of prompts with mixed rewards, the mean over its iterations (the protocol's mechanism metric)."""
+    return float(np.mean([x for row in metrics if (x := row.get(metric_keys.NONZERO_ADVANTAGE_SHARE)) is not None]))
+
+
+def finished_runs(output: Path, arm: str, seeds: list[int]) -> dict[int, Path]:
+    """The arm's runs that have been evaluated, by seed."""
+    runs = {seed: run_dir(output, arm, seed) for seed in seeds}
+    return {seed: run for seed, run in runs.items() if (run / "eval" / "eval.json").is_file()}
+
+
 def arm_summary(output: Path, arm: str, seeds: list[int], types: list[str]) -> dict | None:
     """The arm's finished runs, each paired with the evaluation of the start it trained from."""
-    runs = {seed: run_dir(output, arm, seed) for seed in seeds}
-    runs = {seed: run for seed, run in runs.items() if (run / "eval" / "eval.json").is_file()}
+    runs = finished_runs(output, arm, seeds)
     if not runs:
         return None
     per_seed, before, after, curves = {}, [], [], {}
     expansions = {metric_keys.EXPANSIONS: 0, metric_keys.EXPANSIONS_BEFORE_ANSWER_READ: 0}  # over the arm's runs
     for seed, run in runs.items():
-        digest = run_start(run)
-        start = question_rows(start_eval_dir(output, digest) / "eval.json")
-        rows = question_rows(run / "eval" / "eval.json")
-        per_seed[seed] = seed_summary(start, rows, types) | {"start": digest}
+        start, rows = run_rows(output, run)
+        metrics = load_metrics(run / "metrics.jsonl")
+        per_seed[seed] = seed_summary(start, rows, types) | {"start": run_start(run),
+                                                            "mixed_reward_share": mixed_reward_share(metrics)}
         before.append([r["em"] for r in start])
         after.append([r["em"] for r in rows])
-        metrics = load_metrics(run / "metrics.jsonl")
         for key in expansions:
             expansions[key] += sum(row.get(key) or 0 for row in metrics)
         curves[seed] = {key: [row.get(key) for row in metrics]
@@ -172,8 +193,6 @@ def arm_summary(output: Path, arm: str, seeds: list[int], types: list[str]) -> d
                                     "time_s")}  # metrics.jsonl names the iteration's seconds time_s
     pooled = paired_bootstrap_interval(np.array(after), np.array(before))
     changes = [s["em_after"] - s["em_before"] for s in per_seed.values()]
-    mixed = [float(np.mean([x for x in c[metric_keys.NONZERO_ADVANTAGE_SHARE] if x is not None]))
-             for c in curves.values()]
     seconds = [float(np.median([x for x in c["time_s"][1:] if x is not None] or [np.nan]))
                for c in curves.values()]
     # the share of expansions made before any observation on their path named the answer (chains make none)
@@ -183,8 +202,33 @@ def arm_summary(output: Path, arm: str, seeds: list[int], types: list[str]) -> d
             "pooled_change_bootstrap": {"mean": pooled.mean, "low": pooled.low, "high": pooled.high},
             "pooled_change_t_over_seeds": interval(changes),
             "sign_flip_p": sign_flip_p_value(changes) if changes else None,
-            "mixed_reward_share": interval(mixed), "median_iteration_s": seconds,
-            "expansions_before_answer_read": before_answer, "curves": curves}
+            "mixed_reward_share": interval([s["mixed_reward_share"] for s in per_seed.values()]),
+            "median_iteration_s": seconds, "expansions_before_answer_read": before_answer, "curves": curves}
+
+
+CONTRASTS = (("tree", "chain"), ("tree_entropy", "tree"))  # the protocol's decision rules 2 and 3: first - second
+
+
+def arm_contrast(output: Path, first: str, second: str, seeds: list[int]) -> dict | None:
+    """EM(first) - EM(second) on the seeds both arms have finished, paired by seed and question.
+
+    Each arm is measured by its change from the start it trained from, so that two arms of a seed trained from two
+    builds of the start (two machines) are still compared fairly; from one start this is EM(first) - EM(second)
+    after training, exactly. The mixed-reward shares are compared by seed (t over the seeds' differences)."""
+    runs = {arm: finished_runs(output, arm, seeds) for arm in (first, second)}
+    paired = sorted(set(runs[first]) & set(runs[second]))
+    if not paired:
+        return None
+    changes = {arm: np.array([em_change(output, runs[arm][seed]) for seed in paired]) for arm in (first, second)}
+    pooled = paired_bootstrap_interval(changes[first], changes[second])
+    by_seed = [float(a.mean() - b.mean()) for a, b in zip(changes[first], changes[second], strict=True)]
+    shares = {arm: [mixed_reward_share(load_metrics(runs[arm][seed] / "metrics.jsonl")) for seed in paired]
+              for arm in (first, second)}
+    return {"first": first, "second": second, "seeds": paired,
+            "pooled_difference_bootstrap": {"mean": pooled.mean, "low": pooled.low, "high": pooled.high},
+            "difference_t_over_seeds": interval(by_seed), "difference_by_seed": by_seed,
+            "sign_flip_p": sign_flip_p_value(by_seed),
+            "mixed_reward_share_difference": interval(np.subtract(shares[first], shares[second]))}
 
 
 def markdown(summary: dict) -> str:
@@ -213,6 +257,15 @@ def markdown(summary: dict) -> str:
             lines.append(f"| {arm} | {seed} | {x['em_after']:.3f} | {t['mean']:+.3f} [{t['low']:+.3f}, "
                          f"{t['high']:+.3f}] | [{b['low']:+.3f}, {b['high']:+.3f}] | {kind.get('bridge', '')} | "
                          f"{kind.get('comparison', '')} | {x['answered_before']:.3f} -> {x['answered_after']:.3f} |")
+    if summary["contrasts"]:
+        lines += ["", "Arm against arm (rules 2 and 3; each arm's change from its start, paired by seed and question):",
+                  "", "| first - second | seeds | EM difference, pooled (bootstrap) | t over seeds | sign-flip p | "
+                  "mixed-reward share difference (t over seeds) |", "|" + "---|" * 6]
+    for c in summary["contrasts"]:
+        p, t, m = c["pooled_difference_bootstrap"], c["difference_t_over_seeds"], c["mixed_reward_share_difference"]
+        lines.append(f"| {c['first']} - {c['second']} | {len(c['seeds'])} | {p['mean']:+.3f} [{p['low']:+.3f}, "
+                     f"{p['high']:+.3f}] | [{t['low']:+.3f}, {t['high']:+.3f}] | {c['sign_flip_p']:.3f} | "
+                     f"{m['mean']:+.3f} [{m['low']:+.3f}, {m['high']:+.3f}] |")
     return "\n".join(lines) + "\n"
 
 
@@ -307,7 +360,9 @@ def main(argv: list[str] | None = None) -> dict:
                "starts": {digest: {"questions": len(rows), "em": interval([r["em"] for r in rows]),
                                    "answered": interval([r["answered"] for r in rows])}
                           for digest, rows in starts.items()},
-               "arms": {arm: s for arm in ARMS if (s := arm_summary(output, arm, args.seeds, types))}}
+               "arms": {arm: s for arm in ARMS if (s := arm_summary(output, arm, args.seeds, types))},
+               "contrasts": [c for first, second in CONTRASTS
+                             if (c := arm_contrast(output, first, second, args.seeds))]}
     (output / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
     (output / "summary.md").write_text(markdown(summary), encoding="utf-8")
     print(markdown(summary))

@@ -104,3 +104,35 @@ def test_records_carry_finished_runs_to_a_new_machine_which_does_not_train_them_
     (bench.run_dir(elsewhere, "tree", 0) / "metrics.jsonl").write_text(json.dumps({"iteration": 1}) + "\n")
     assert bench.restore_records(elsewhere, records) == 4
     assert bench.finished_iterations(bench.run_dir(elsewhere, "tree", 0)) == 2  # the finished run, whole
+
+
+def write_run(output: Path, arm: str, seed: int, start: str, ems: list[float], mixed: float) -> None:
+    run = bench.run_dir(output, arm, seed)
+    bench.bind_start(run, start)
+    write_eval(run / "eval", ems)
+    (run / "metrics.jsonl").write_text(json.dumps({"reward_mean": 0.1, "nonzero_advantage_share": mixed,
+                                                   "time_s": 60.0}) + "\n")
+
+
+def test_arms_are_compared_by_their_changes_on_the_seeds_both_finished(tmp_path):
+    """Rule 2 (tree - chain): each arm's change from its own start, paired by seed and question. Seed 1's chain
+    trained from another build of the start, whose 'before' is lower: comparing EM after training would credit the
+    tree with its start's head start (0.75 there, not 0.25)."""
+    write_eval(bench.start_eval_dir(tmp_path, "aaaa"), [0, 0, 0, 0])
+    write_eval(bench.start_eval_dir(tmp_path, "bbbb"), [1, 1, 0, 0])
+    write_run(tmp_path, "tree", 0, "aaaa", [1, 1, 1, 0], 0.5)  # change 0.75
+    write_run(tmp_path, "chain", 0, "aaaa", [1, 0, 0, 0], 0.25)  # change 0.25
+    write_run(tmp_path, "tree", 1, "bbbb", [1, 1, 1, 0], 0.5)  # change 0.25
+    write_run(tmp_path, "chain", 1, "aaaa", [0, 0, 0, 0], 0.25)  # change 0
+    write_run(tmp_path, "tree", 2, "aaaa", [1, 1, 1, 1], 0.5)  # its chain has not finished: not paired
+    c = bench.arm_contrast(tmp_path, "tree", "chain", [0, 1, 2])
+    assert c["seeds"] == [0, 1]
+    assert c["difference_by_seed"] == pytest.approx([0.5, 0.25])
+    assert c["pooled_difference_bootstrap"]["mean"] == pytest.approx(0.375)
+    t = c["difference_t_over_seeds"]  # mean 0.375, sd 0.25/sqrt(2), t(0.975, 1 df) = 12.706
+    assert (t["low"], t["high"]) == pytest.approx((0.375 - 1.5882, 0.375 + 1.5882), abs=1e-3)
+    assert c["sign_flip_p"] == pytest.approx(0.5)  # two positive differences: 1 sign pattern in 4 as extreme, twice
+    assert c["mixed_reward_share_difference"] == pytest.approx({"mean": 0.25, "low": 0.25, "high": 0.25})
+    assert bench.arm_contrast(tmp_path, "tree_entropy", "tree", [0, 1, 2]) is None  # nothing to pair
+    table = bench.markdown({"starts": {}, "arms": {}, "contrasts": [c]})
+    assert "| tree - chain | 2 | +0.375 [" in table
