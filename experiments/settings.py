@@ -212,9 +212,12 @@ class RunSettings(TreeGRPOSettings):
     @model_validator(mode="before")
     @classmethod
     def _schedule_spans_the_run(cls, data: Any) -> Any:
-        """A run's learning-rate schedule spans its --iterations unless total_iterations says otherwise."""
+        """A run's learning-rate schedule spans its --iterations unless total_iterations says otherwise. An invalid
+        --iterations is not copied: its error is reported once, under the option the user gave."""
         if isinstance(data, dict) and data.get("total_iterations") is None:
-            data = {**data, "total_iterations": data.get("iterations", cls.model_fields["iterations"].default)}
+            iterations = data.get("iterations", cls.model_fields["iterations"].default)
+            if isinstance(iterations, int) and iterations >= 1:
+                data = {**data, "total_iterations": iterations}
         return data
 
     @field_validator("retriever")

@@ -101,14 +101,19 @@ def test_shape_errors_come_before_ray_starts(tmp_path):
     assert not ray.is_initialized()
 
 
-def test_command_line_errors_exit_with_one_line(capsys):
+@pytest.mark.parametrize(("argv", "line"), [
+    (["--N", "-1"], "N: Input should be greater than or equal to 0 (got -1)"),
+    (["--iterations", "0"], "iterations: Input should be greater than or equal to 1 (got 0)"),  # not also as
+    # total_iterations, a setting derived from it that the user never gave
+])
+def test_command_line_errors_exit_with_one_line(capsys, argv, line):
     from experiments.run import main
 
     with pytest.raises(SystemExit) as caught:
-        main(["--N", "-1"])
+        main(argv)
     assert caught.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["run.py: error: N: Input should be greater than or equal to 0 (got -1)"]
+    assert err == [f"run.py: error: {line}"]
 
 
 @pytest.mark.parametrize(("argv", "environ", "message"), [
