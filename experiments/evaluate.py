@@ -16,14 +16,22 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import envs
 from algos.evaluation import EVAL_COLUMNS, QUERIES, greedy_chains, mean_results, route_taken
-from envs.datasets import resolve_data_dir
-from experiments.checkpoints import RLLIB_MARKER, is_sharded, restore_errors, sharded_policy, verify_checkpoint
+from envs.datasets import MissingDataError, resolve_data_dir
+from experiments.checkpoints import (
+    RLLIB_MARKER,
+    CheckpointError,
+    is_sharded,
+    restore_errors,
+    sharded_policy,
+    verify_checkpoint,
+)
 from policies.generation import GENERATORS
 from policies.vllm_generation import vllm_installed
 
@@ -101,7 +109,7 @@ def load_policy(model: str, dtype: str = "float32"):
             return module.model, module.tokenizer
         module_dir = checkpoint / "learner_group" / "learner" / "rl_module" / "default_policy"
         if not module_dir.is_dir():
-            raise FileNotFoundError(f"{checkpoint} is an RLlib checkpoint without a policy module at {module_dir} "
+            raise CheckpointError(f"{checkpoint} is an RLlib checkpoint without a policy module at {module_dir} "
                                     f"(expected a Tree-GRPO training checkpoint, e.g. OUTPUT/checkpoints/latest)")
         with restore_errors(checkpoint):
             module = RLModule.from_checkpoint(str(module_dir))
@@ -230,19 +238,32 @@ def trained_with(model: str) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> Path:
+    """The command line's entry point; a missing model, checkpoint or data file is one line naming it (exit 2)."""
     args = parse_args(argv)
+    from policies.models import ModelNotFoundError
+
+    try:
+        return evaluate(args)
+    except (ModelNotFoundError, MissingDataError, CheckpointError) as error:
+        print(f"evaluate.py: error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def evaluate(args: argparse.Namespace) -> Path:
+    """Greedy chains of ``args.model`` on each of ``args.envs``; writes eval.md and eval.json, returns eval.md."""
     import torch
     from tqdm import tqdm
 
     from policies.generation import SamplingSettings
     from policies.generators import resolve_generator, step_generator
 
+    data_dir = resolve_data_dir(args.data_dir).resolve()  # before the model loads: a wrong folder fails at once
     model, tokenizer = load_policy(args.model, args.dtype)
     model.to(args.device or ("cuda" if torch.cuda.is_available() else "cpu")).eval()
     cap = {} if args.max_step_tokens is None else {"max_step_tokens": args.max_step_tokens}
     sampling = SamplingSettings(greedy=True, **cap)  # without a cap given, SamplingSettings' one default
     generator = step_generator(resolve_generator(args.generator), model, tokenizer, sampling)
-    env_kwargs = {"data_dir": str(resolve_data_dir(args.data_dir).resolve()), "max_turns": args.max_turns,
+    env_kwargs = {"data_dir": str(data_dir), "max_turns": args.max_turns,
                   "topk": args.topk, "passage_words": args.passage_words}
     results, per_question = {}, {}
     for env_id in args.envs:

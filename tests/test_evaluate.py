@@ -8,6 +8,7 @@ import math
 import pytest
 
 from algos.evaluation import EVAL_COLUMNS, mean_results
+from experiments.checkpoints import RLLIB_MARKER
 from experiments.evaluate import group_averages, main, results_table
 
 
@@ -110,3 +111,21 @@ def test_the_vllm_generator_without_vllm_names_the_install(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         main(["--model", "tiny-random", "--generator", "vllm"])
     assert "pip install -e .[vllm]" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("case", ["model", "data", "checkpoint"])
+def test_what_is_missing_is_one_line_naming_it_and_nothing_is_written(case, tmp_path, capsys):
+    """A user's wrong --model, --data-dir or a damaged checkpoint: one line naming the path (exit 2), no traceback."""
+    missing = tmp_path / "nope"
+    argv = {"model": ["--model", str(missing)], "data": ["--model", "tiny-random", "--data-dir", str(missing)],
+            "checkpoint": ["--model", str(tmp_path / "checkpoint")]}[case]
+    if case == "checkpoint":  # an RLlib checkpoint whose policy module is gone
+        (tmp_path / "checkpoint").mkdir()
+        (tmp_path / "checkpoint" / RLLIB_MARKER).write_text("{}")
+    with pytest.raises(SystemExit) as caught:
+        main([*argv, "--envs", "HotpotQA-v0", "--output", str(tmp_path / "out"), "--quiet"])
+    assert caught.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("evaluate.py: error: ")
+    assert str(missing if case != "checkpoint" else tmp_path / "checkpoint") in err[0]
+    assert not (tmp_path / "out").exists()
