@@ -146,7 +146,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--evaluate", default=None, metavar="DIR",
                         help="also evaluate the start greedily on the env's evaluation split (eval.md, eval.json)")
     args = parser.parse_args(argv)
-    model = qa_warm_start(args.env, args.data_dir)
+    try:
+        model = qa_warm_start(args.env, args.data_dir)
+    except MissingDataError as error:  # a wrong folder or a missing train file: one line naming it
+        parser.exit(2, f"qa_start.py: error: {error}\n")
     print(f"model: {model} (run.py --model {WARM_START_MODEL} on {args.env} trains from it)")
     if args.evaluate:
         evaluate_start(model, args.env, args.data_dir, Path(args.evaluate))

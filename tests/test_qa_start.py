@@ -128,6 +128,24 @@ def test_an_env_without_a_train_split_names_the_file_the_warm_start_needs():
                       tokenizer.eos_token_id)
 
 
+@pytest.mark.parametrize("case", ["folder", "train file"])
+def test_the_command_names_a_missing_folder_or_train_file_in_one_line(case, tmp_path, capsys):
+    from experiments.qa_start import main
+
+    dev_only = tmp_path / "dev_only" / "hotpotqa"
+    dev_only.mkdir(parents=True)
+    for dev in (SHARED / "hotpotqa").glob("*dev*"):
+        (dev_only / dev.name).symlink_to(dev)
+    argv = ["--data-dir", str(tmp_path / "nope" if case == "folder" else dev_only.parent)]
+    with pytest.raises(SystemExit) as caught:
+        main(argv)
+    assert caught.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("qa_start.py: error: ")
+    assert (str(tmp_path / "nope") if case == "folder" else "train split, which is missing: no hotpotqa train") \
+        in err[0]
+
+
 def test_a_model_without_a_chat_template_is_named(tmp_path):
     model, tokenizer = load_model("tiny-random")
     tokenizer.chat_template = None
