@@ -146,7 +146,9 @@ def seed_summary(before: list[dict], after: list[dict], types: list[str]) -> dic
             "change_t": {"mean": t.mean, "low": t.low, "high": t.high},
             "change_bootstrap": {"mean": boot.mean, "low": boot.low, "high": boot.high},
             "answered_before": float(np.mean([r["answered"] for r in before])),
-            "answered_after": float(np.mean([r["answered"] for r in after])), "by_type": by_type}
+            "answered_after": float(np.mean([r["answered"] for r in after])),
+            "answered_change": interval([a["answered"] - b["answered"] for a, b in zip(after, before, strict=True)]),
+            "by_type": by_type}
 
 
 def run_rows(output: Path, run: Path) -> tuple[list[dict], list[dict]]:
@@ -231,6 +233,11 @@ def arm_contrast(output: Path, first: str, second: str, seeds: list[int]) -> dic
             "mixed_reward_share_difference": interval(np.subtract(shares[first], shares[second]))}
 
 
+def over_seeds(t: dict, seeds: int) -> str:
+    """A t-interval over the seeds, or a dash where one seed gives none."""
+    return f"[{t['low']:+.3f}, {t['high']:+.3f}]" if seeds > 1 else "- (1 seed)"
+
+
 def markdown(summary: dict) -> str:
     lines = [f"Start {digest} (the warm start): dev EM {start['em']['mean']:.3f} [{start['em']['low']:.3f}, "
              f"{start['em']['high']:.3f}], answer rate {start['answered']['mean']:.3f} over {start['questions']} "
@@ -243,20 +250,22 @@ def markdown(summary: dict) -> str:
         p, t, m = s["pooled_change_bootstrap"], s["pooled_change_t_over_seeds"], s["mixed_reward_share"]
         before_answer = s["expansions_before_answer_read"]
         lines.append(f"| {arm} | {len(s['seeds'])} | {before:.3f} | {after:.3f} | {p['mean']:+.3f} "
-                     f"[{p['low']:+.3f}, {p['high']:+.3f}] | [{t['low']:+.3f}, {t['high']:+.3f}] | "
+                     f"[{p['low']:+.3f}, {p['high']:+.3f}] | {over_seeds(t, len(s['seeds']))} | "
                      f"{s['sign_flip_p']:.3f} | {m['mean']:.3f} | "
                      f"{'-' if before_answer is None else format(before_answer, '.3f')} | "
                      f"{np.nanmedian(s['median_iteration_s']):.0f} |")
     lines += ["", "Per seed (change after - before, paired over the questions):", "",
-              "| arm | seed | EM after | change (t) | change (bootstrap) | bridge | comparison | answer rate |",
+              "| arm | seed | EM after | change (t) | change (bootstrap) | bridge | comparison | "
+              "answer rate (change, t) |",
               "|" + "---|" * 8]
     for arm, s in summary["arms"].items():
         for seed, x in s["per_seed"].items():
-            t, b, kinds = x["change_t"], x["change_bootstrap"], x["by_type"]
+            t, b, kinds, a = x["change_t"], x["change_bootstrap"], x["by_type"], x["answered_change"]
             kind = {k: f"{v['before']:.3f} -> {v['after']:.3f}" for k, v in kinds.items()}
             lines.append(f"| {arm} | {seed} | {x['em_after']:.3f} | {t['mean']:+.3f} [{t['low']:+.3f}, "
                          f"{t['high']:+.3f}] | [{b['low']:+.3f}, {b['high']:+.3f}] | {kind.get('bridge', '')} | "
-                         f"{kind.get('comparison', '')} | {x['answered_before']:.3f} -> {x['answered_after']:.3f} |")
+                         f"{kind.get('comparison', '')} | {x['answered_before']:.3f} -> {x['answered_after']:.3f} "
+                         f"({a['mean']:+.3f} [{a['low']:+.3f}, {a['high']:+.3f}]) |")
     if summary["contrasts"]:
         lines += ["", "Arm against arm (rules 2 and 3; each arm's change from its start, paired by seed and question):",
                   "", "| first - second | seeds | EM difference, pooled (bootstrap) | t over seeds | sign-flip p | "
@@ -264,8 +273,8 @@ def markdown(summary: dict) -> str:
     for c in summary["contrasts"]:
         p, t, m = c["pooled_difference_bootstrap"], c["difference_t_over_seeds"], c["mixed_reward_share_difference"]
         lines.append(f"| {c['first']} - {c['second']} | {len(c['seeds'])} | {p['mean']:+.3f} [{p['low']:+.3f}, "
-                     f"{p['high']:+.3f}] | [{t['low']:+.3f}, {t['high']:+.3f}] | {c['sign_flip_p']:.3f} | "
-                     f"{m['mean']:+.3f} [{m['low']:+.3f}, {m['high']:+.3f}] |")
+                     f"{p['high']:+.3f}] | {over_seeds(t, len(c['seeds']))} | {c['sign_flip_p']:.3f} | "
+                     f"{m['mean']:+.3f} {over_seeds(m, len(c['seeds']))} |")
     return "\n".join(lines) + "\n"
 
 
@@ -285,7 +294,8 @@ def figure(summary: dict) -> Figure:
         curves = [c[metric_keys.REWARD] for c in s["curves"].values()]
         length = min(len(c) for c in curves)
         mean = np.mean([[np.nan if v is None else v for v in c[:length]] for c in curves], axis=0)
-        reward.plot(np.arange(1, length + 1), mean, marker=".", label=f"{arm} ({len(curves)} seeds)")
+        seeds = f"{len(curves)} seed{'s' * (len(curves) > 1)}"
+        reward.plot(np.arange(1, length + 1), mean, marker=".", label=f"{arm} ({seeds})")
     arms = list(summary["arms"])
     em.set(xticks=range(len(arms)), xticklabels=[f"{arm}\nbefore -> after" for arm in arms],
            ylabel=f"dev EM, greedy ({ENV}, 594 questions)", xlim=(-0.5, len(arms) - 0.5))

@@ -136,3 +136,6 @@ def test_arms_are_compared_by_their_changes_on_the_seeds_both_finished(tmp_path)
     assert bench.arm_contrast(tmp_path, "tree_entropy", "tree", [0, 1, 2]) is None  # nothing to pair
     table = bench.markdown({"starts": {}, "arms": {}, "contrasts": [c]})
     assert "| tree - chain | 2 | +0.375 [" in table
+    one_seed = bench.markdown({"starts": {}, "arms": {}, "contrasts": [bench.arm_contrast(tmp_path, "tree", "chain",
+                                                                                          [0])]})
+    assert "| tree - chain | 1 | +0.500 [" in one_seed and "- (1 seed)" in one_seed  # no t-interval from one seed
