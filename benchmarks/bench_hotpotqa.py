@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -36,6 +37,7 @@ from algos.tree_grpo import metrics as metric_keys
 from benchmarks.run_records import output_files, read_archive, write_archive
 from benchmarks.studies import ARCHIVE
 from envs.datasets import dataset_path, resolve_data_dir
+from experiments.checkpoints import LATEST, checkpoint_iteration
 from experiments.confidence import (
     mean_interval,
     paired_bootstrap_interval,
@@ -43,7 +45,7 @@ from experiments.confidence import (
     sign_flip_p_value,
 )
 from experiments.model_manifest import weights_digest
-from experiments.plot import load_metrics
+from experiments.plot import METRICS_FILE, load_metrics
 from experiments.qa_start import CPU_OBSERVATION_OPTIONS, qa_warm_start
 
 ENV = "HotpotQA-v0"
@@ -90,24 +92,34 @@ def run_start(run: Path) -> str:
 
 
 def finished_iterations(run: Path) -> int:
-    metrics = run / "metrics.jsonl"
+    metrics = run / METRICS_FILE
     return len(load_metrics(metrics)) if metrics.is_file() else 0
 
 
+def saved_iteration(run: Path) -> int | None:
+    """The iteration of the run's newest checkpoint (None before its first)."""
+    latest = run / "checkpoints" / LATEST
+    return checkpoint_iteration(latest.resolve()) if latest.exists() else None
+
+
 def train(output: Path, arm: str, seed: int, iterations: int, start: str) -> Path:
-    """The arm's run for ``seed`` to ``iterations`` from the start ``start`` (a digest), resumed where a killed one
-    stopped."""
+    """The arm's run for ``seed`` to ``iterations`` from the start ``start`` (a digest), resumed from the newest
+    checkpoint of a killed one (its metrics' rows past that checkpoint are trained again), or begun again where it
+    was killed before its first checkpoint (same seed, same run)."""
     run = run_dir(output, arm, seed)
-    done = finished_iterations(run)
-    if done >= iterations:  # finished (here, or on another machine and restored from the records)
+    if finished_iterations(run) >= iterations:  # finished (here, or on another machine and restored from the records)
         return run
     bind_start(run, start)
+    saved = saved_iteration(run)
     command = [sys.executable, str(ROOT / "experiments" / "run.py"), "--env", ENV, *ARMS[arm], "--seed", str(seed),
                "--iterations", str(iterations), "--checkpoint-every", "5", "--no-mlflow", "--quiet",
                "--output", str(run)]
-    if (run / "checkpoints").exists():
+    if saved is not None:
         command = [sys.executable, str(ROOT / "experiments" / "run.py"), "--resume", str(run),
-                   "--iterations", str(iterations - done)]
+                   "--iterations", str(iterations - saved)]  # run.py's --iterations on resume: how many more
+    else:  # nothing to resume from: run.py refuses a directory holding a run's rows, so they go
+        (run / METRICS_FILE).unlink(missing_ok=True)
+        shutil.rmtree(run / "checkpoints", ignore_errors=True)
     print(" ".join(command), flush=True)
     subprocess.run(command, check=True)
     return run
@@ -183,7 +195,7 @@ def arm_summary(output: Path, arm: str, seeds: list[int], types: list[str]) -> d
     expansions = {metric_keys.EXPANSIONS: 0, metric_keys.EXPANSIONS_BEFORE_ANSWER_READ: 0}  # over the arm's runs
     for seed, run in runs.items():
         start, rows = run_rows(output, run)
-        metrics = load_metrics(run / "metrics.jsonl")
+        metrics = load_metrics(run / METRICS_FILE)
         per_seed[seed] = seed_summary(start, rows, types) | {"start": run_start(run),
                                                             "mixed_reward_share": mixed_reward_share(metrics)}
         before.append([r["em"] for r in start])
@@ -224,7 +236,7 @@ def arm_contrast(output: Path, first: str, second: str, seeds: list[int]) -> dic
     changes = {arm: np.array([em_change(output, runs[arm][seed]) for seed in paired]) for arm in (first, second)}
     pooled = paired_bootstrap_interval(changes[first], changes[second])
     by_seed = [float(a.mean() - b.mean()) for a, b in zip(changes[first], changes[second], strict=True)]
-    shares = {arm: [mixed_reward_share(load_metrics(runs[arm][seed] / "metrics.jsonl")) for seed in paired]
+    shares = {arm: [mixed_reward_share(load_metrics(runs[arm][seed] / METRICS_FILE)) for seed in paired]
               for arm in (first, second)}
     return {"first": first, "second": second, "seeds": paired,
             "pooled_difference_bootstrap": {"mean": pooled.mean, "low": pooled.low, "high": pooled.high},
@@ -307,7 +319,7 @@ def figure(summary: dict) -> Figure:
     return fig
 
 
-RUN_RECORDS = ("eval/eval.json", START_RECORD, "metrics.jsonl", "config.yaml")  # a finished run's, in its folder
+RUN_RECORDS = ("eval/eval.json", START_RECORD, METRICS_FILE, "config.yaml")  # a finished run's, in its folder
 
 
 def record_files(output: Path) -> list[Path]:

@@ -139,3 +139,24 @@ def test_arms_are_compared_by_their_changes_on_the_seeds_both_finished(tmp_path)
     one_seed = bench.markdown({"starts": {}, "arms": {}, "contrasts": [bench.arm_contrast(tmp_path, "tree", "chain",
                                                                                           [0])]})
     assert "| tree - chain | 1 | +0.500 [" in one_seed and "- (1 seed)" in one_seed  # no t-interval from one seed
+
+
+def test_a_killed_run_resumes_from_its_checkpoint_to_the_full_length_or_begins_again(tmp_path, monkeypatch):
+    """Killed at iteration 7 with its newest checkpoint at 5: run.py drops rows 6-7 and trains 15 more (not 13, which
+    the rows' count would give). Killed before its first checkpoint: begun again, its rows cleared (run.py refuses a
+    directory that holds a run's rows, and nothing could resume them)."""
+    commands = []
+    monkeypatch.setattr(bench.subprocess, "run", lambda command, check: commands.append(command))
+    rows = "".join(json.dumps({"iteration": i}) + "\n" for i in range(1, 8))
+    resumed, restarted = bench.run_dir(tmp_path, "tree", 0), bench.run_dir(tmp_path, "chain", 0)
+    (resumed / "checkpoints" / "iter_000005").mkdir(parents=True)
+    (resumed / "checkpoints" / "latest").symlink_to("iter_000005")
+    (restarted / "checkpoints").mkdir(parents=True)
+    for run in (resumed, restarted):
+        (run / "metrics.jsonl").write_text(rows if run is resumed else rows[:rows.index("\n") + 1])
+    bench.train(tmp_path, "tree", 0, 20, "aaaa")
+    bench.train(tmp_path, "chain", 0, 20, "aaaa")
+    resume, fresh = commands
+    assert resume[-4:] == ["--resume", str(resumed), "--iterations", "15"]
+    assert "--resume" not in fresh and fresh[fresh.index("--iterations") + 1] == "20"
+    assert not (restarted / "metrics.jsonl").exists() and not (restarted / "checkpoints").exists()
