@@ -110,7 +110,7 @@ def load_policy(model: str, dtype: str = "float32"):
         module_dir = checkpoint / "learner_group" / "learner" / "rl_module" / "default_policy"
         if not module_dir.is_dir():
             raise CheckpointError(f"{checkpoint} is an RLlib checkpoint without a policy module at {module_dir} "
-                                    f"(expected a Tree-GRPO training checkpoint, e.g. OUTPUT/checkpoints/latest)")
+                                  f"(expected a Tree-GRPO training checkpoint, e.g. OUTPUT/checkpoints/latest)")
         with restore_errors(checkpoint):
             module = RLModule.from_checkpoint(str(module_dir))
         return module.model, module.tokenizer
