@@ -16,9 +16,9 @@ from envs.datasets import DataError, MissingDataError
 from experiments.cli import SettingsError
 from experiments.qa_start import QA_START_BASE_MODEL, WARM_START_MODEL, qa_warm_start
 from experiments.settings import (
-    DEVICE_DEFAULTS,
     RunSettings,
     build_config,
+    device_following,
     engines_beside_a_learner,
     env_config,
     memory_options,
@@ -284,11 +284,11 @@ def check_resources(settings: RunSettings, available: dict[str, float],
 
 def check_device_defaults(settings: RunSettings, available: dict[str, float]) -> None:
     """Refuse a joined cluster whose GPUs (``available``) disagree with this process's, which chose the device
-    defaults (``experiments.settings.DEVICE_DEFAULTS``) when the settings were built, before Ray could say what the
+    defaults (``experiments.settings.device_following``) when the settings were built, before Ray could say what the
     cluster holds (a GPU-less head would give a GPU cluster CPU defaults), unless every one of them was given."""
     address = cluster_address(settings)
     gpus, here = available.get("GPU", 0), algorithm_settings.gpu_visible()
-    guessed = [name for name in DEVICE_DEFAULTS if name not in settings.model_fields_set]
+    guessed = [name for name in device_following(settings) if name not in settings.model_fields_set]
     if not address or bool(gpus) == here or not guessed:
         return
     option = f"--ray-address {address}" if settings.ray_address else f"$RAY_ADDRESS {address}"

@@ -37,6 +37,9 @@ CPU_QA_DEFAULTS: dict[str, Any] = {
     "model": WARM_START_MODEL, "topk": 2, "passage_words": 64, "M": 1, "N": 2, "L": 1, "group_size": 2,
     "max_step_tokens": 80, "lora_rank": 16, "lora_layers": 10, "lora_targets": "all", "lr": 1e-4,
 }
+# The profile's options that go with its LoRA adapters (its lr was measured for them): full fine-tuning of the start
+# keeps them all at their own defaults.
+CPU_QA_LORA_OPTIONS = ("lora_rank", "lora_layers", "lora_targets", "lr")
 
 # Oracle SFT of SmolLM2-135M-Instruct: LoRA (rank 16, every projection) on the top 10 of its 30 layers, two epochs
 # at 3e-4 over the readable trajectories of 640 train questions (about an hour on 2 quiet cores), laid out with the

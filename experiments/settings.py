@@ -21,7 +21,14 @@ from algos.tree_grpo import settings as algorithm_settings
 from algos.tree_grpo.settings import ALGORITHM_FIELDS, TreeGRPOSettings, per_device
 from envs.datasets import resolve_data_dir
 from envs.retrieval import check_retriever_spec
-from experiments.qa_start import BUILD_MINUTES, CPU_QA_DEFAULTS, QA_START_ENVS, WARM_START_MODEL, warm_start_model
+from experiments.qa_start import (
+    BUILD_MINUTES,
+    CPU_QA_DEFAULTS,
+    CPU_QA_LORA_OPTIONS,
+    QA_START_ENVS,
+    WARM_START_MODEL,
+    warm_start_model,
+)
 from policies.logprobs import FLEX_ATTENTION
 from policies.memory_plan import CUDA_OVERHEAD_GIB, MemoryOptions, rollout_sequences
 from policies.models import LORA_TARGETS, LoraSettings
@@ -35,6 +42,26 @@ GPU_DEFAULT_MODEL = "Qwen/Qwen2.5-1.5B-Instruct"  # the paper's smallest model: 
 # --model, which this list asks for, leaves them at their generic defaults.)
 DEVICE_DEFAULTS = ("model", "dtype", "gradient_checkpointing", "num_gpus_per_learner", "prompts_per_iteration",
                    "max_step_tokens", "skip_uniform_rewards")
+
+
+def cpu_qa_profile(data: Any, default_env: str) -> dict[str, Any]:
+    """The CPU defaults of a real QA env trained from its warm start that the options ``data`` do not give (see
+    ``RunSettings._cpu_defaults_of_real_questions``); empty where they do not apply."""
+    if not isinstance(data, dict) or algorithm_settings.gpu_visible():  # looked up: tests stand in for it
+        return {}
+    if data.get("env", default_env) not in QA_START_ENVS or data.get("model", WARM_START_MODEL) != WARM_START_MODEL:
+        return {}
+    full_fine_tuning = "lora_rank" in data or data.get("reference_offload", False)
+    return {name: value for name, value in CPU_QA_DEFAULTS.items()
+            if name not in data and not (full_fine_tuning and name in CPU_QA_LORA_OPTIONS)}
+
+
+def device_following(settings: RunSettings) -> tuple[str, ...]:
+    """The options whose defaults follow the device this process sees: ``DEVICE_DEFAULTS``, and where a real QA env
+    trains from its warm start, the CPU profile's options too (a GPU run keeps the paper's)."""
+    if settings.env in QA_START_ENVS and settings.model == WARM_START_MODEL:
+        return DEVICE_DEFAULTS + tuple(name for name in CPU_QA_DEFAULTS if name not in DEVICE_DEFAULTS)
+    return DEVICE_DEFAULTS
 
 
 def dashboard_dependency_error() -> ImportError | None:
@@ -191,23 +218,18 @@ class RunSettings(TreeGRPOSettings):
     experiment: str = Field("tree-grpo", description="MLflow experiment name")
     run_name: str | None = Field(None, description="MLflow run name (default: the output directory's name)")
 
-    @model_validator(mode="before")
+    @model_validator(mode="wrap")
     @classmethod
-    def _cpu_defaults_of_real_questions(cls, data: Any) -> Any:
+    def _cpu_defaults_of_real_questions(cls, data: Any, handler: Any) -> RunSettings:
         """On a CPU, a real QA env with a warm start, trained from it (no --model, or --model warm-start), takes
-        ``CPU_QA_DEFAULTS`` for every option not given (the LoRA options as one: a given ``lora_rank``, None
+        ``CPU_QA_DEFAULTS`` for every option not given (``CPU_QA_LORA_OPTIONS`` as one: a given ``lora_rank``, None
         included, or an offloaded reference, which only full fine-tuning has, keeps them all at their own defaults).
-        Another --model keeps the generic defaults."""
-        if not isinstance(data, dict) or algorithm_settings.gpu_visible():  # looked up: tests stand in for it
-            return data
-        if data.get("env", cls.model_fields["env"].default) not in QA_START_ENVS:
-            return data
-        if data.get("model", WARM_START_MODEL) != WARM_START_MODEL:
-            return data
-        full_fine_tuning = "lora_rank" in data or data.get("reference_offload", False)
-        profile = {name: value for name, value in CPU_QA_DEFAULTS.items()
-                   if not (name.startswith("lora_") and full_fine_tuning)}
-        return {**profile, **data}
+        Another --model keeps the generic defaults. They stay defaults, not choices: ``model_fields_set`` holds only
+        what was given (``check_device_defaults`` reads it)."""
+        profile = cpu_qa_profile(data, cls.model_fields["env"].default)
+        settings = handler({**profile, **data} if profile else data)
+        settings.model_fields_set.difference_update(profile.keys() - data.keys())
+        return settings
 
     @model_validator(mode="before")
     @classmethod

@@ -98,6 +98,23 @@ def test_a_cluster_with_gpus_refuses_the_defaults_a_gpu_less_driver_chose(tmp_pa
     check_resources(settings_of("--num-learners", "1", tmp_path=tmp_path), {"CPU": 64.0, "GPU": 8.0})  # local Ray
 
 
+def test_a_gpu_cluster_refuses_the_real_qa_cpu_profile_until_each_of_its_options_is_given(tmp_path, monkeypatch):
+    from experiments.qa_start import CPU_QA_DEFAULTS
+
+    monkeypatch.setattr(algorithm_settings, "gpu_visible", lambda: False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    device = ("--dtype", "bfloat16", "--gradient-checkpointing", "--num-gpus-per-learner", "1",
+              "--prompts-per-iteration", "32", "--max-step-tokens", "500", "--skip-uniform-rewards")
+    joined = ("--ray-address", "10.0.0.1:6379", "--num-learners", "1", "--output", str(tmp_path / "run"))
+    cpu_profile = plan([*device, *joined]).settings  # HotpotQA-v0 from its warm start, chosen for this CPU
+    with pytest.raises(SettingsError, match=r"sees none.*--model.*--topk.*--lr.*explicitly"):
+        check_resources(cpu_profile, {"CPU": 64.0, "GPU": 8.0})
+    profile = [part for name, value in CPU_QA_DEFAULTS.items() if name not in ("model", "max_step_tokens")
+               for part in (f"--{name.replace('_', '-')}", str(value))]
+    chosen = plan([*device, *joined, "--model", "warm-start", *profile]).settings
+    check_resources(chosen, {"CPU": 64.0, "GPU": 8.0})  # every option of the profile given: nothing was guessed
+
+
 def test_the_device_defaults_are_every_default_that_follows_the_driver(tmp_path, monkeypatch):
     from experiments.settings import DEVICE_DEFAULTS
 

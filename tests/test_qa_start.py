@@ -257,8 +257,12 @@ def test_on_a_cpu_the_real_qa_env_trains_from_its_warm_start_with_the_cpu_defaul
     assert lora_settings(settings).layers == 10 and "down_proj" in lora_settings(settings).target_modules
     given = RunSettings(topk=3, M=2)  # what the user gives wins
     assert (given.topk, given.M, given.passage_words) == (3, 2, CPU_QA_DEFAULTS["passage_words"])
-    full = RunSettings(lora_rank=None)  # full fine-tuning of the start: the LoRA options go together
+    full = RunSettings(lora_rank=None)  # full fine-tuning of the start: the LoRA options and their lr go together
     assert full.lora_rank is None and full.lora_layers is None
+    assert full.lr == RunSettings.model_fields["lr"].default != CPU_QA_DEFAULTS["lr"]
+    # defaults, not choices: only what the user gave counts as given (the device-defaults guard reads it)
+    assert not settings.model_fields_set & CPU_QA_DEFAULTS.keys()
+    assert given.model_fields_set & CPU_QA_DEFAULTS.keys() == {"topk", "M"}
     other = RunSettings(model="smollm2-135m")  # another model keeps the generic defaults
     assert (other.topk, other.passage_words, other.lora_rank, other.M) == (3, None, None, 2)
     assert RunSettings(env="SynthHop-v0").model == "smollm2-135m"
