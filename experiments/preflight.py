@@ -14,7 +14,7 @@ import envs
 from algos.tree_grpo import settings as algorithm_settings
 from envs.datasets import DataError, MissingDataError
 from experiments.cli import SettingsError
-from experiments.qa_start import QA_START_BASE_MODEL, WARM_START_MODEL, qa_warm_start
+from experiments.qa_start import QA_START_BASE_MODEL, WARM_START_MODEL, QASource, qa_warm_start
 from experiments.settings import (
     RunSettings,
     build_config,
@@ -37,6 +37,8 @@ def check_data(settings: RunSettings) -> None:
         for env_id in sorted(evaluated):
             envs.question_count(env_id, **{**config, "split": envs.eval_split(env_id)})
         hops = envs.world_hops(settings.env, **config)
+        if settings.model == WARM_START_MODEL:
+            QASource.of(settings.env, config["data_dir"])  # what its build reads
     except (MissingDataError, DataError) as error:
         raise SettingsError(str(error)) from None
     if hops is not None and hops > settings.max_turns:

@@ -84,14 +84,16 @@ class QASource:
 
     @classmethod
     def of(cls, env_id: str, data_dir: str | os.PathLike | None = None) -> QASource:
-        """The source of ``env_id``'s warm start; no train file is a MissingDataError naming the file it needs."""
+        """The source of ``env_id``'s warm start; no train file, or no corpus (its oracle searches it), is a
+        MissingDataError naming the file it needs."""
         dataset = envs.ENV_IDS[env_id][0]
         directory = resolve_data_dir(data_dir).resolve()
-        try:
-            dataset_path(dataset, "train", directory)
-        except MissingDataError as error:
-            raise MissingDataError(f"the warm start of {env_id} trains on its train split, which is missing: "
-                                   f"{error}") from None
+        for needed, find in (("trains on its train split", lambda: dataset_path(dataset, "train", directory)),
+                             ("searches its corpus", lambda: corpus_path(directory))):
+            try:
+                find()
+            except MissingDataError as error:
+                raise MissingDataError(f"the warm start of {env_id} {needed}, which is missing: {error}") from None
         return cls(dataset, directory)
 
     @property

@@ -146,6 +146,25 @@ def test_the_command_names_a_missing_folder_or_train_file_in_one_line(case, tmp_
         in err[0]
 
 
+@needs_data
+def test_the_mission_command_without_a_corpus_is_refused_in_one_line_naming_it(tmp_path, monkeypatch):
+    import algos.tree_grpo.settings as algorithm_settings
+    from experiments.cli import SettingsError
+    from experiments.preflight import check_before_ray
+    from experiments.run import plan
+
+    monkeypatch.setattr(algorithm_settings, "gpu_visible", lambda: False)  # the CPU command: from the warm start
+    questions_only = tmp_path / "data" / "hotpotqa"
+    questions_only.mkdir(parents=True)
+    for split in HOTPOT.iterdir():
+        (questions_only / split.name).symlink_to(split)
+    settings = plan(["--data-dir", str(questions_only.parent), "--output", str(tmp_path / "run")]).settings
+    assert settings.model == "warm-start"
+    with pytest.raises(SettingsError, match=rf"warm start of HotpotQA-v0 .* no corpus in {questions_only.parent}"):
+        check_before_ray(settings)
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_model_without_a_chat_template_is_named(tmp_path):
     model, tokenizer = load_model("tiny-random")
     tokenizer.chat_template = None
