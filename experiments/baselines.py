@@ -46,10 +46,14 @@ def in_format(thought: str, action: str, argument: str) -> str:
     return f"<think>{thought}</think>\n<{action}> {argument} </{action}>"
 
 
+# A retrieved passage's header; its title may hold a parenthetical ("Doc 1(Title: Fire (1996 film)) ...").
+PASSAGE_HEADER = r"Doc \d+\(Title: (?:[^()]|\([^()]*\))*\) "
+
+
 def passage_sentences(observation: str) -> list[str]:
     """The sentences of the retrieved passages in ``observation``, in order (the "Doc k(Title: ...)" headers left
     out)."""
-    texts = re.findall(r"\(Title: [^)]*\) (.*?)(?=\nDoc \d+\(Title: |</information>|$)", observation, flags=re.S)
+    texts = re.findall(rf"{PASSAGE_HEADER}(.*?)(?=\n{PASSAGE_HEADER}|</information>|$)", observation, flags=re.S)
     return [part for text in texts for part in re.split(r"(?<=\.) ", text.strip())]
 
 
@@ -61,15 +65,21 @@ def sentence_ending_with(observation: str, words: str) -> str | None:
                 None)
 
 
+def mention(text: str, words: str) -> re.Match | None:
+    """Where ``text`` names ``words`` as whole words (case-insensitive: "no" is not named by "known"), or None."""
+    return re.search(rf"(?<!\w){re.escape(words)}(?!\w)", text, flags=re.IGNORECASE)
+
+
 def sentence_naming(observations: Sequence[str], words: str, max_words: int = 30) -> str | None:
-    """The first sentence of the retrieved passages that names ``words`` (case-insensitive), the latest observation
+    """The first sentence of the retrieved passages that names ``words`` (``mention``), the latest observation
     first, without its full stop; a longer one than ``max_words`` words cut to that many around the first mention.
     None when no passage names them."""
     for observation in reversed(observations):
         for sentence in passage_sentences(observation):
-            at = sentence.lower().find(words.lower())
-            if at < 0:
+            named = mention(sentence, words)
+            if named is None:
                 continue
+            at = named.start()
             tokens = sentence.rstrip(".").split()
             if len(tokens) <= max_words:
                 return " ".join(tokens)
@@ -85,10 +95,10 @@ def without_qualifier(title: str) -> str:
 
 
 def named_form(title: str, texts: Sequence[str]) -> str | None:
-    """How ``texts`` name ``title`` (case-insensitive): the title, else the title without its qualifier; None when
-    they name neither."""
-    read = " ".join(texts).lower()
-    return next((form for form in (title, without_qualifier(title)) if form.lower() in read), None)
+    """How ``texts`` name ``title`` (``mention``): the title, else the title without its qualifier; None when they
+    name neither."""
+    read = " ".join(texts)
+    return next((form for form in (title, without_qualifier(title)) if mention(read, form)), None)
 
 
 def reading_order(question: str, titles: Sequence[str]) -> list[str]:
@@ -178,8 +188,8 @@ class OracleAgent:
         answer = self.record.answers[0]
         if self.read and answer in self.record.named_answers:
             self.unread += named_form(answer, self.observations) is None
-        if self.cite:
-            sentence = sentence_naming(self.observations, answer)
+        if self.cite:  # a comparison's verdict (yes / no) is named by no passage: nothing to quote
+            sentence = sentence_naming(self.observations, answer) if answer in self.record.named_answers else None
             return in_format(". ".join(part for part in (ANSWER_DECISION, sentence) if part), "answer", answer)
         return in_format("I have what I need", "answer", answer)
 

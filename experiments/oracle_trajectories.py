@@ -19,7 +19,7 @@ from envs.synthetic import SPECS, SynthQuestion, branch_questions, read_spec, wo
 from experiments.baselines import OracleAgent, in_format
 from policies.generation import observation_ids, prompt_ids
 
-ORACLE_FORMAT = 2
+ORACLE_FORMAT = 3
 """The version of the text the oracle writes (its thoughts, searches and answers): cached warm starts are keyed by it
 (``warmstart.cached_warm_start``), so a change to that text bumps it; tests/test_warmstart.py pins what it renders."""
 

@@ -5,6 +5,7 @@ thoughts."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -14,8 +15,18 @@ import gymnasium as gym
 import pytest
 
 import envs  # noqa: F401  (registers the env ids)
+from envs.datasets import QARecord
 from envs.search_qa import first_words, format_passages
-from experiments.baselines import ANSWER_DECISION, SEARCH_DECISION, OracleAgent, in_format, run_episode, sentence_naming
+from experiments.baselines import (
+    ANSWER_DECISION,
+    SEARCH_DECISION,
+    OracleAgent,
+    in_format,
+    named_form,
+    passage_sentences,
+    run_episode,
+    sentence_naming,
+)
 from experiments.model_manifest import damage, structural_damage, write_manifest
 from experiments.qa_start import CPU_QA_DEFAULTS, QA_START_RECIPE, QASource, content_digest, warm_start_model
 from experiments.warmstart import build_model, cached_warm_start, parse_args, training_data
@@ -82,6 +93,42 @@ def test_sentence_naming_quotes_the_passage_and_cuts_a_long_one_around_the_name(
     long = "<information>Doc 1(Title: Z) " + " ".join(f"w{i}" for i in range(50)) + " Ann Lee w.</information>"
     cut = sentence_naming([long], "Ann Lee", max_words=10).split()
     assert len(cut) == 10 and "Ann" in cut and "Lee" in cut
+
+
+def test_the_oracle_reads_passages_under_parenthesised_titles_and_names_whole_words_only():
+    observation = ("<information>Doc 1(Title: Fire (1996 film)) Fire is a film. It starred Nandita Das.\n"
+                   "Doc 2(Title: Known (band)) He is known for music. Yesterday it rained.</information>")
+    assert passage_sentences(observation) == ["Fire is a film.", "It starred Nandita Das.", "He is known for music.",
+                                              "Yesterday it rained."]
+    assert sentence_naming([observation], "Nandita Das") == "It starred Nandita Das"
+    assert sentence_naming([observation], "no") is None and sentence_naming([observation], "yes") is None
+    assert named_form("US", ["thus it was"]) is None and named_form("Fire (1996 film)", ["She saw Fire."]) == "Fire"
+    agent = OracleAgent(1, cite=True, read=True)  # a comparison's verdict is named by no passage: no quote
+    agent.start("", QARecord("q", "Was Fire made before Known?", ("no",), ("Fire (1996 film)",)))
+    agent.act("")
+    answer = agent.act("<information>Doc 1(Title: Fire (1996 film)) No one knew it. It came out in 1996.</information>")
+    assert answer == in_format(ANSWER_DECISION, "answer", "no") and agent.unread == 0
+
+
+# what ORACLE_FORMAT's oracle renders on real questions in test_the_oracles_text_on_real_questions_is_pinned
+QA_ORACLE_TEXT = (3, "8e046a84632e9a31")
+
+
+@needs_data
+def test_the_oracles_text_on_real_questions_is_pinned():
+    from experiments.oracle_trajectories import ORACLE_FORMAT, oracle_trajectory
+
+    env = gym.make("HotpotQA-v0", split="train", data_dir=SHARED, topk=2, passage_words=64)
+    records = env.unwrapped.records
+    _, tokenizer = load_model("tiny-random")
+    verdict = next(i for i, r in enumerate(records) if not r.named_answers)  # yes / no: nothing to quote
+    qualified = next(i for i, r in enumerate(records) if any("(" in t for t in r.supporting_titles))
+    rendered = [oracle_trajectory(env, tokenizer, i, 3, tokenizer.eos_token_id, cite=True, read=True)
+                for i in (0, verdict, qualified)]
+    digest = hashlib.sha256(json.dumps(rendered).encode()).hexdigest()[:16]
+    assert (ORACLE_FORMAT, digest) == QA_ORACLE_TEXT, (
+        "the oracle's trajectories of real questions changed: bump ORACLE_FORMAT (else cached warm starts trained on "
+        "the old text are reused) and pin the new (format, digest) here and in tests/test_warmstart.py")
 
 
 @needs_data

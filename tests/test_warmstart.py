@@ -230,7 +230,7 @@ def test_goal_stating_thoughts_carry_the_asked_role_from_the_question_to_the_dec
 
 
 # what ORACLE_FORMAT's oracle renders in test_the_oracles_text_is_the_version_cached_warm_starts_are_keyed_by
-ORACLE_TEXT = (2, "e6d4271f24c3fe6a")
+ORACLE_TEXT = (3, "e6d4271f24c3fe6a")
 
 
 def test_the_oracles_text_is_the_version_cached_warm_starts_are_keyed_by(setup, tmp_path, monkeypatch):
