@@ -5,7 +5,8 @@
     python experiments/evaluate.py --model Qwen/Qwen2.5-3B-Instruct            # all seven envs, full splits
 
 ``--model`` takes what ``run.py --model`` takes (a name, or a model directory such as one written by
-``experiments/export.py``), or a training checkpoint (``OUTPUT/checkpoints/latest``).
+``experiments/export.py``; a warm start by its directory, which ``experiments/qa_start.py`` prints), or a training
+checkpoint (``OUTPUT/checkpoints/latest``), evaluated with its run's observations and retriever.
 Writes OUTPUT/eval.md (a table shaped like the paper's: single-hop sets, their average, multi-hop sets,
 their average; rows EM, F1, tool calls, turns, answer rate) and OUTPUT/eval.json (the same numbers plus every
 question's result). The questions of a batch advance together through the generator.
@@ -24,6 +25,7 @@ from typing import Any
 import envs
 from algos.evaluation import EVAL_COLUMNS, QUERIES, greedy_chains, mean_results, route_taken
 from envs.datasets import MissingDataError, resolve_data_dir
+from envs.retrieval import DEFAULT_BACKEND, check_retriever_spec
 from experiments.checkpoints import (
     RLLIB_MARKER,
     CheckpointError,
@@ -40,7 +42,9 @@ SINGLE_HOP = ("NQ-v0", "TriviaQA-v0", "PopQA-v0")
 MULTI_HOP = ("HotpotQA-v0", "2WikiMultihopQA-v0", "Musique-v0", "Bamboogle-v0")
 # evaluate.py's options that a training run fixes, with their defaults where no run says otherwise (None: the env's
 # or the sampler's own default)
-RUN_OPTIONS: dict[str, int | None] = {"max_turns": 3, "topk": 3, "passage_words": None, "max_step_tokens": None}
+RUN_OPTIONS: dict[str, int | str | None] = {"max_turns": 3, "topk": 3, "passage_words": None, "max_step_tokens": None,
+                                            "retriever": DEFAULT_BACKEND}
+COUNTS = ("limit", "batch_size", "max_turns", "topk", "passage_words", "max_step_tokens")  # each at least 1
 ROW_NAMES = {"em": "EM", "f1": "F1", "tool_calls": "tool calls", "turns": "turns", "answered": "answer rate",
              "questions": "questions"}
 
@@ -192,6 +196,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-step-tokens", type=int, default=None,
                    help="token cap of one step (default: the run's; else training's default, 500 with a GPU and "
                         "128 on CPU)")
+    p.add_argument("--retriever", default=None,
+                   help=f"a retrieval backend or a retrieval server's URL, as run.py --retriever takes (default: the "
+                        f"run's, for a training checkpoint; else {DEFAULT_BACKEND})")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                    help="model weights' dtype (default: %(default)s)")
     p.add_argument("--device", default=None, help="where the model runs (default: cuda when a GPU is visible)")
@@ -211,10 +218,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--device must be a torch device such as cpu, cuda or cuda:1, got {args.device!r}")
     if args.generator == "vllm" and not vllm_installed():
         p.error("--generator vllm: vLLM is not installed (GPU: pip install -e .[vllm]; CPU: make test-vllm)")
-    for name in ("limit", "batch_size", *RUN_OPTIONS):
+    for name in COUNTS:
         value = getattr(args, name)
         if value is not None and value < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if args.retriever is not None:
+        try:
+            check_retriever_spec(args.retriever)
+        except ValueError as error:
+            p.error(f"--retriever: {error}")
     trained = trained_with(args.model)
     for name, fallback in RUN_OPTIONS.items():
         if getattr(args, name) is None:
@@ -263,8 +275,8 @@ def evaluate(args: argparse.Namespace) -> Path:
     cap = {} if args.max_step_tokens is None else {"max_step_tokens": args.max_step_tokens}
     sampling = SamplingSettings(greedy=True, **cap)  # without a cap given, SamplingSettings' one default
     generator = step_generator(resolve_generator(args.generator), model, tokenizer, sampling)
-    env_kwargs = {"data_dir": str(data_dir), "max_turns": args.max_turns,
-                  "topk": args.topk, "passage_words": args.passage_words}
+    env_kwargs = {"data_dir": str(data_dir), "max_turns": args.max_turns, "topk": args.topk,
+                  "passage_words": args.passage_words, "retriever": args.retriever}
     results, per_question = {}, {}
     for env_id in args.envs:
         split = args.split or envs.eval_split(env_id)
@@ -275,7 +287,7 @@ def evaluate(args: argparse.Namespace) -> Path:
         per_question[env_id] = rows
     details = {"model": args.model, "split": args.split or "evaluation split", "limit": args.limit,
                "max_turns": args.max_turns, "topk": args.topk, "passage_words": args.passage_words,
-               "max_step_tokens": args.max_step_tokens}
+               "max_step_tokens": args.max_step_tokens, "retriever": args.retriever}
     markdown, data = write_results(args.output, results, details, per_question)
     print(markdown.read_text(encoding="utf-8"))
     print(f"table: {markdown}; JSON: {data}")

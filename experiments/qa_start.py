@@ -26,8 +26,8 @@ from typing import Any
 import envs
 from envs.datasets import MissingDataError, corpus_path, dataset_path, resolve_data_dir
 from experiments.warmstart import cached_warm_start, warm_start_dir
+from policies.models import WARM_START_MODEL
 
-WARM_START_MODEL = "warm-start"  # --model: the env's cached oracle warm start (below)
 # The real QA envs whose CPU runs start from their warm start: those with a train split to build it from.
 QA_START_ENVS = ("HotpotQA-v0",)
 # On a CPU, a real QA env's defaults: an iteration that 2 cores finish in about a minute, from a start that answers.

