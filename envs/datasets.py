@@ -22,6 +22,7 @@ the smaller one).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Callable, Iterator
@@ -345,6 +346,32 @@ def corpus_path(data_dir: str | os.PathLike | None = None) -> Path:
         if (root / rel).is_file():
             return root / rel
     raise MissingDataError(f"no corpus in {root}: looked for {', '.join(CORPUS_CANDIDATES)}; expected {CORPUS_LAYOUT}")
+
+
+DIGEST_CHUNK = 1 << 20
+WHOLE_FILE_DIGEST_LIMIT = 1 << 30  # larger files (wiki-18) are keyed by size and their first and last MiB
+
+
+def content_digest(path: Path) -> str:
+    """A short digest of a file's content (a large one's size, first and last MiB): unlike the mtime, it survives a
+    copy or a fresh checkout, so a cached start is found again."""
+    digest, size = hashlib.sha256(), path.stat().st_size
+    with open(path, "rb") as f:
+        if size <= WHOLE_FILE_DIGEST_LIMIT:
+            for chunk in iter(lambda: f.read(DIGEST_CHUNK), b""):
+                digest.update(chunk)
+        else:
+            digest.update(str(size).encode() + f.read(DIGEST_CHUNK))
+            f.seek(size - DIGEST_CHUNK)
+            digest.update(f.read())
+    return digest.hexdigest()[:12]
+
+
+def train_and_corpus_digest(dataset: str, data_dir: str | os.PathLike | None = None) -> str:
+    """What a warm start of ``dataset`` is built from, by content: its train split's and the corpus's digests (a
+    moved or copied data directory gives the same)."""
+    root = resolve_data_dir(data_dir)
+    return f"{content_digest(dataset_path(dataset, 'train', root))}-corpus-{content_digest(corpus_path(root))}"
 
 
 def split_contents(contents: str) -> tuple[str, str]:

@@ -16,7 +16,6 @@ recipe and by the content of the train file and the corpus, so a changed recipe 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass
@@ -24,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import envs
-from envs.datasets import MissingDataError, corpus_path, dataset_path, resolve_data_dir
+from envs.datasets import MissingDataError, corpus_path, dataset_path, resolve_data_dir, train_and_corpus_digest
 from experiments.warmstart import cached_warm_start, warm_start_dir
 from policies.models import WARM_START_MODEL
 
@@ -55,25 +54,6 @@ QA_START_TOPK = CPU_QA_DEFAULTS["topk"]
 CPU_OBSERVATION_OPTIONS = ("--topk", str(QA_START_TOPK), "--passage-words", str(CPU_QA_DEFAULTS["passage_words"]),
                            "--max-step-tokens", str(CPU_QA_DEFAULTS["max_step_tokens"]))
 BUILD_MINUTES = 60  # about, on 2 cores (results/hotpotqa_cpu/README.md)
-DIGEST_CHUNK = 1 << 20
-WHOLE_FILE_DIGEST_LIMIT = 1 << 30  # larger files (wiki-18) are keyed by size and their first and last MiB
-
-
-def content_digest(path: Path) -> str:
-    """A short digest of a file's content (a large one's size, first and last MiB): unlike the mtime, it survives a
-    copy or a fresh checkout, so a cached start is found again."""
-    digest, size = hashlib.sha256(), path.stat().st_size
-    with open(path, "rb") as f:
-        if size <= WHOLE_FILE_DIGEST_LIMIT:
-            for chunk in iter(lambda: f.read(DIGEST_CHUNK), b""):
-                digest.update(chunk)
-        else:
-            digest.update(str(size).encode() + f.read(DIGEST_CHUNK))
-            f.seek(size - DIGEST_CHUNK)
-            digest.update(f.read())
-    return digest.hexdigest()[:12]
-
-
 @dataclass(frozen=True)
 class QASource:
     """A real QA set's train split and corpus, as ``cached_warm_start`` takes a generated world: ``DATASET``, a cache
@@ -98,8 +78,7 @@ class QASource:
 
     @property
     def key(self) -> str:
-        train = dataset_path(self.DATASET, "train", self.data_dir)
-        return f"{self.DATASET}-{content_digest(train)}-corpus-{content_digest(corpus_path(self.data_dir))}"
+        return f"{self.DATASET}-{train_and_corpus_digest(self.DATASET, self.data_dir)}"
 
 
 def qa_warm_start(env_id: str, data_dir: str | os.PathLike | None = None,

@@ -50,8 +50,8 @@ import torch
 import envs
 from algos.evaluation import ANSWERED_EARLY, failure_kind
 from envs.cache import WARM_START_LOCK, WARM_START_RECIPE, WARM_START_STAGING, WARM_STARTS_DIR, default_cache_dir
-from envs.datasets import MissingDataError, resolve_data_dir
-from envs.synthetic import BranchSpec, WorldSpec, question_path, world_data_dir
+from envs.datasets import MissingDataError, resolve_data_dir, train_and_corpus_digest
+from envs.synthetic import SPECS, BranchSpec, WorldSpec, question_path, world_data_dir
 from experiments.evaluate import chains_in_batches, evaluate_env
 from experiments.model_manifest import damage, write_manifest
 from experiments.oracle_trajectories import (
@@ -196,11 +196,25 @@ def cached_warm_start(world: WorldSpec | BranchSpec | DataSource, recipe: Sequen
     return model
 
 
+def trained_data(args: argparse.Namespace) -> str:
+    """The data ``args`` trains on: a real QA set by content (``train_and_corpus_digest``: a killed build resumes
+    from its data moved or copied elsewhere), a generated world by its directory (written from its spec); by path
+    where a file is missing (``training_data`` then names it)."""
+    dataset = envs.ENV_IDS[args.env][0]
+    if dataset in SPECS:
+        return str(args.data_dir)
+    try:
+        return train_and_corpus_digest(dataset, args.data_dir)
+    except MissingDataError:
+        return str(args.data_dir)
+
+
 def claim_output(output: Path, args: argparse.Namespace) -> tuple[Path, Path]:
     """The training checkpoint in ``output`` and the file recording the settings it was written with; a checkpoint
     left by other settings is refused (resuming it would train a mixture), naming both."""
     checkpoint, settings = output / "checkpoint.pt", output / "checkpoint_settings.json"
     wanted = {k: v for k, v in vars(args).items() if k not in ("output", "max_minutes", "dev_questions")}
+    wanted["data_dir"] = trained_data(args)
     if checkpoint.exists():
         found = json.loads(settings.read_text(encoding="utf-8")) if settings.exists() else None
         if found != wanted:

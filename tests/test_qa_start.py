@@ -15,7 +15,7 @@ import gymnasium as gym
 import pytest
 
 import envs  # noqa: F401  (registers the env ids)
-from envs.datasets import QARecord
+from envs.datasets import QARecord, content_digest
 from envs.search_qa import first_words, format_passages
 from experiments.baselines import (
     ANSWER_DECISION,
@@ -28,7 +28,7 @@ from experiments.baselines import (
     sentence_naming,
 )
 from experiments.model_manifest import damage, structural_damage, write_manifest
-from experiments.qa_start import CPU_QA_DEFAULTS, QA_START_RECIPE, QASource, content_digest, warm_start_model
+from experiments.qa_start import CPU_QA_DEFAULTS, QA_START_RECIPE, QASource, warm_start_model
 from experiments.warmstart import build_model, cached_warm_start, parse_args, training_data
 from policies.models import load_model
 
@@ -210,6 +210,33 @@ def test_the_mission_command_without_a_corpus_is_refused_in_one_line_naming_it(t
     with pytest.raises(SettingsError, match=rf"warm start of HotpotQA-v0 .* no corpus in {questions_only.parent}"):
         check_before_ray(settings)
     assert not (tmp_path / "run").exists()
+
+
+@needs_data
+def test_a_killed_build_resumes_from_its_data_moved_elsewhere_and_refuses_other_data(tmp_path):
+    from experiments.warmstart import claim_output
+
+    def data_dir(name: str, train: list | None = None) -> Path:
+        root = tmp_path / name
+        (root / "hotpotqa").mkdir(parents=True)
+        (root / "wiki").symlink_to(SHARED / "wiki")
+        for split in HOTPOT.iterdir():
+            if train is not None and "train" in split.name:
+                (root / "hotpotqa" / split.name).write_text(json.dumps(train))
+            else:
+                (root / "hotpotqa" / split.name).symlink_to(split)
+        return root
+
+    def options(root: Path):
+        return parse_args(["--env", "HotpotQA-v0", *QA_START_RECIPE, "--data-dir", str(root),
+                           "--output", str(tmp_path / "staging")])
+
+    checkpoint, _ = claim_output(tmp_path / "staging", options(data_dir("first")))
+    checkpoint.write_bytes(b"the state after epoch 1")  # a killed build
+    assert claim_output(tmp_path / "staging", options(data_dir("moved")))[0] == checkpoint  # the same data
+    train = json.loads(next(HOTPOT.glob("*train*")).read_text())[:5]
+    with pytest.raises(SystemExit, match=r"checkpoint\.pt was written by other settings"):
+        claim_output(tmp_path / "staging", options(data_dir("other", train)))
 
 
 def test_a_model_without_a_chat_template_is_named(tmp_path):
