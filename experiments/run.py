@@ -1,6 +1,6 @@
 """Train a search agent with Tree-GRPO (or chain GRPO) on RLlib.
 
-    python experiments/run.py --algo tree_grpo --env HotpotQA-v0                 # CPU defaults, smollm2-135m
+    python experiments/run.py --algo tree_grpo --env HotpotQA-v0                 # on a CPU: its warm start (built once)
     python experiments/run.py --algo grpo --group-size 4 --env HotpotQA-v0
     python experiments/run.py --model tiny-random --iterations 2 --output outputs/smoke
     python experiments/run.py --resume outputs/smoke --iterations 10                 # continue a run
