@@ -226,9 +226,11 @@ class RunSettings(TreeGRPOSettings):
         included, or an offloaded reference, which only full fine-tuning has, keeps them all at their own defaults).
         Another --model keeps the generic defaults. They stay defaults, not choices: ``model_fields_set`` holds only
         what was given (``check_device_defaults`` reads it)."""
-        profile = cpu_qa_profile(data, cls.model_fields["env"].default)
-        settings = handler({**profile, **data} if profile else data)
-        settings.model_fields_set.difference_update(profile.keys() - data.keys())
+        profile = cpu_qa_profile(data, cls.model_fields["env"].default)  # only options the data does not give
+        if not profile:
+            return handler(data)
+        settings = handler({**profile, **data})
+        settings.model_fields_set.difference_update(profile)
         return settings
 
     @model_validator(mode="before")
