@@ -14,7 +14,8 @@ back; a resume records its own beside it, ``resumes/iter_NNNNNN.yaml`` from the 
 ``metrics.jsonl`` (one JSON object per iteration), ``checkpoints/iter_NNNNNN`` (every ``--checkpoint-every``
 iterations, at the end and on SIGINT / SIGTERM; the last ``--keep-checkpoints`` kept, ``checkpoints/latest``
 points at the newest), ``trees/`` (sampled trees every ``--trees-every`` iterations), ``learning_curve.png``,
-with ``--final-eval`` ``eval/eval.md`` + ``eval.json``, and the MLflow store ``mlflow.db`` (open it with
+with ``--final-eval`` ``eval/eval.md`` + ``eval.json``, from a warm start ``warm_start.txt`` (the cached start's key:
+a resume from another start is refused), and the MLflow store ``mlflow.db`` (open it with
 ``mlflow ui --backend-store-uri sqlite:///ABS/OUTPUT/mlflow.db --host 127.0.0.1``).
 
 Lifecycle: a directory that already holds a run is refused unless ``--resume`` continues it (``--resume`` takes
@@ -51,11 +52,13 @@ from experiments.cli import SettingsError, build_parser, dump_yaml, given_option
 from experiments.evaluate import write_results
 from experiments.plot import load_metrics, plot_runs
 from experiments.preflight import check_before_ray, check_resources, node_resources, prepare_start, start_ray
+from experiments.qa_start import WARM_START_MODEL
 from experiments.settings import (
     CLI_ALIASES,
     RunSettings,
     build_config,
     help_sections,
+    model_config,
     resume_conflicts,
     tracked_params,
 )
@@ -65,6 +68,7 @@ from experiments.tracking import METRICS_FILE, RunTracker, default_tracking_uri,
 CONFIG_FILE = "config.yaml"
 RESUMES_DIR = "resumes"  # resumes/iter_NNNNNN.yaml: a resumed invocation's settings, from iteration NNNNNN on
 RUN_FILES = (METRICS_FILE, "checkpoints")  # any of them: the directory holds a run
+WARM_START_FILE = "warm_start.txt"  # with --model warm-start: the cached start the run began from (its key)
 
 
 @dataclass
@@ -122,7 +126,37 @@ def plan(argv: list[str] | None = None) -> RunPlan:
                             f"Drop them, or pass --allow-changes to continue with the new values")
     settings = validate(RunSettings, {**saved, **given}, {**saved_sources, **sources})
     changes = {name: (saved.get(name), value) for name, value in given.items() if saved.get(name) != value}
+    began, now = start_began(run_dir), start_key(settings)
+    if began and now and began != now:
+        if not namespace.allow_changes:
+            raise SettingsError(f"--resume {namespace.resume}: the run began from the warm start {began}, and "
+                                f"--model {WARM_START_MODEL} is now {now} (the oracle's text, its recipe or the data "
+                                f"changed): pass --model with the first one's directory if it is still cached, or "
+                                f"--allow-changes to continue from the new one")
+        changes["warm start"] = (began, now)
     return RunPlan(settings, checkpoint, changes, shlex.join(["experiments/run.py", *(argv or sys.argv[1:])]))
+
+
+def start_key(settings: RunSettings) -> str | None:
+    """The cache key of the warm start ``--model warm-start`` stands for (its directory's name), else None."""
+    if settings.model != WARM_START_MODEL:
+        return None
+    return Path(model_config(settings)["model"]).parent.name
+
+
+def start_began(run_dir: Path) -> str | None:
+    """The key of the warm start the run in ``run_dir`` began from, where it recorded one."""
+    record = run_dir / WARM_START_FILE
+    return record.read_text(encoding="utf-8").strip() if record.is_file() else None
+
+
+def record_start(settings: RunSettings, output: Path) -> None:
+    """Record the warm start the run trains from (``WARM_START_FILE``): its key changes with the oracle's text, the
+    recipe and the data, and a resume from another start would change the reference policy (and, with LoRA, the
+    base weights) mid-run, so ``plan`` refuses one."""
+    key = start_key(settings)
+    if key is not None:
+        (output / WARM_START_FILE).write_text(key + "\n", encoding="utf-8")
 
 
 def settings_file_at(run_dir: Path, iteration: int | None) -> Path:
@@ -247,6 +281,7 @@ def train(run: RunPlan) -> tuple[Path | None, int]:
     check_resources(settings, ray.cluster_resources(), node_resources())  # again: a joined cluster has its own
     prepare_start(settings)  # last: minutes the first time, spent only on a run that every check let start
     output.mkdir(parents=True, exist_ok=True)
+    record_start(settings, output)
     algo = build_algorithm(run)
     settings_file = record_settings(run, algo.iteration + 1)
     tracker = tracker_of(algo)

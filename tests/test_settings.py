@@ -4,12 +4,14 @@ configs, and the RLlib config built from them."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 import ray
 import yaml
 
+import algos.tree_grpo.settings as algorithm_settings
 import experiments.settings as settings_module
 from algos.tree_grpo import TreeGRPOConfig
 from experiments.checkpoints import write_manifest
@@ -196,6 +198,24 @@ def test_resume_refuses_changes_to_the_experiment_and_lists_them(tmp_path):
     forced = plan(["--resume", str(run), "--M", "4", "--lr", "0.5", "--allow-changes"])
     assert (forced.settings.M, forced.settings.lr) == (4, 0.5)
     assert forced.changes["M"] == (2, 4)
+
+
+@pytest.mark.skipif(not Path(os.environ.get("TREEGRPO_DATA_DIR", "/nonexistent"), "hotpotqa").is_dir(),
+                    reason="needs the shared data (TREEGRPO_DATA_DIR)")
+def test_a_run_from_the_warm_start_resumes_only_from_the_start_it_began_from(tmp_path, monkeypatch):
+    from experiments.run import WARM_START_FILE, record_start
+
+    monkeypatch.setattr(algorithm_settings, "gpu_visible", lambda: False)  # the CPU command: from the warm start
+    run = fake_run(tmp_path)
+    began = plan(["--resume", str(run)])
+    assert began.settings.model == "warm-start"
+    record_start(began.settings, run)
+    key = (run / WARM_START_FILE).read_text().strip()
+    assert key.startswith("hotpotqa-") and "warm start" not in plan(["--resume", str(run)]).changes
+    (run / WARM_START_FILE).write_text("hotpotqa-an-older-start\n")  # the oracle, its recipe or the data changed
+    message = error_of(["--resume", str(run)])
+    assert "hotpotqa-an-older-start" in message and key in message and "--allow-changes" in message
+    assert plan(["--resume", str(run), "--allow-changes"]).changes["warm start"] == ("hotpotqa-an-older-start", key)
 
 
 def test_resume_applies_options_that_may_change_and_keeps_the_rest(tmp_path):
