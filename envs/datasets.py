@@ -354,8 +354,15 @@ WHOLE_FILE_DIGEST_LIMIT = 1 << 30  # larger files (wiki-18) are keyed by size an
 
 def content_digest(path: Path) -> str:
     """A short digest of a file's content (a large one's size, first and last MiB): unlike the mtime, it survives a
-    copy or a fresh checkout, so a cached start is found again."""
-    digest, size = hashlib.sha256(), path.stat().st_size
+    copy or a fresh checkout, so a cached start is found again. Read once per process while the file is unchanged
+    (a run's checks and its start's key each ask for it)."""
+    stat = Path(path).stat()
+    return _file_digest(Path(path).resolve(), stat.st_size, stat.st_mtime_ns)
+
+
+@lru_cache(maxsize=64)
+def _file_digest(path: Path, size: int, mtime_ns: int) -> str:
+    digest = hashlib.sha256()
     with open(path, "rb") as f:
         if size <= WHOLE_FILE_DIGEST_LIMIT:
             for chunk in iter(lambda: f.read(DIGEST_CHUNK), b""):

@@ -440,3 +440,19 @@ def test_a_corpus_line_without_contents_names_the_file_and_passage(tmp_path: Pat
     with pytest.raises(DataError, match=r"wiki-18\.jsonl: passage 1: missing field 'contents'"):
         get_retriever("bm25", path, cache_dir=tmp_path / "cache")
     assert not [p for p in (tmp_path / "cache").glob("bm25-*") if p.is_dir()]  # nothing half-built is left
+
+
+def test_a_files_digest_is_read_once_while_it_is_unchanged_and_follows_its_content(tmp_path: Path) -> None:
+    from envs.datasets import _file_digest, content_digest
+
+    path = tmp_path / "train.json"
+    path.write_text("[1]")
+    first = content_digest(path)
+    misses = _file_digest.cache_info().misses
+    assert content_digest(path) == first and _file_digest.cache_info().misses == misses  # not read again
+    path.write_text("[2]")
+    os.utime(path, ns=(1, 1))  # another mtime, whatever the clock's resolution
+    assert content_digest(path) != first
+    copy = tmp_path / "copy.json"
+    copy.write_text("[2]")
+    assert content_digest(copy) == content_digest(path)  # by content, not by name
