@@ -169,10 +169,14 @@ def cached_warm_start(world: WorldSpec | BranchSpec | DataSource, recipe: Sequen
     readable = readable_warm_start_key(world, recipe, topk=topk, continues=continues)
     key = warm_start_key(readable)
     model = cache_dir / WARM_STARTS_DIR / key / "model"
+    # a start is published whole (os.replace), so finding one needs no lock: a cache the user may only read serves
+    if (model / "config.json").exists() and damage(model) is None:
+        print(f"warm start: cached at {model}")
+        return model
     model.parent.parent.mkdir(parents=True, exist_ok=True)
     with open(model.parent.parent / f"{key}{WARM_START_LOCK}", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also when the process dies
-        if (model / "config.json").exists():
+        if (model / "config.json").exists():  # published by another process while this one waited, or damaged
             problem = damage(model)
             if problem is None:
                 print(f"warm start: cached at {model}")

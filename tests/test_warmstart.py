@@ -20,6 +20,7 @@ import torch
 
 import envs  # noqa: F401  (registers the env ids)
 import experiments.warmstart as warmstart_module
+from envs.cache import WARM_START_LOCK
 from envs.datasets import QARecord
 from envs.synthetic import BranchSpec, WorldSpec, write_world
 from experiments.cache import scan
@@ -696,6 +697,15 @@ def test_a_cached_warm_start_trains_once_per_world_topk_and_recipe(tmp_path, tra
     cached_warm_start(WORLD, (), topk=1, cache_dir=tmp_path)
     assert len(trained) == 4 and "SynthHop-v0" in trained[-1]
     assert not list((tmp_path / "warm_starts").glob("*.partial"))  # staging directories are published
+
+
+def test_a_cached_warm_start_is_read_without_writing_to_the_cache(tmp_path, trained):
+    """A shared cache a user may only read (a lab's, a packed image's) serves its starts: finding one takes no lock."""
+    model = cached_warm_start(BRANCH, ("--seed", "0"), topk=1, cache_dir=tmp_path)
+    [lock] = (tmp_path / "warm_starts").glob(f"*{WARM_START_LOCK}")
+    lock.unlink()
+    assert cached_warm_start(BRANCH, ("--seed", "0"), topk=1, cache_dir=tmp_path) == model and len(trained) == 1
+    assert not lock.exists()
 
 
 def test_a_long_recipe_gets_a_key_that_fits_a_file_name_and_still_names_it_alone(tmp_path, monkeypatch):
