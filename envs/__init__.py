@@ -14,12 +14,14 @@ the same env over a generated fictional world (``envs.synthetic``; ``gym.make("S
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import gymnasium as gym
 
 from envs.datasets import DATASETS, load_dataset, load_records
-from envs.search_qa import SearchQAEnv, SearchQAState, UnicodeText, parse_action
+from envs.retrieval import DEFAULT_BACKEND
+from envs.search_qa import SearchQAEnv, SearchQAState, UnicodeText, parse_action, searched_corpus
 
 ENTRY_POINT = "envs.search_qa:SearchQAEnv"
 # generated worlds: dataset -> the factory serving it
@@ -70,6 +72,18 @@ def question_count(env_id: str, **env_config: Any) -> int:
         env.close()
 
 
+def corpus_file(env_id: str, **env_config: Any) -> str | os.PathLike | None:
+    """The corpus file ``gym.make(env_id, **env_config)`` searches, found from its options alone (no index is
+    built): a ``MissingDataError`` naming the expected layout where the data directory has none; None where a
+    retrieval server serves the passages or the world is generated (its corpus is written with it)."""
+    spec = gym.spec(env_id)
+    if spec.entry_point != ENTRY_POINT:
+        return None
+    kwargs = {**spec.kwargs, **env_config}
+    return searched_corpus(kwargs.get("retriever", DEFAULT_BACKEND), kwargs.get("corpus_path"),
+                           kwargs.get("data_dir"))
+
+
 def world_hops(env_id: str, **env_config: Any) -> int | None:
     """The most searches a question of ``gym.make(env_id, **env_config)`` needs when its world is generated
     (SynthHop-v0, SynthBranch-v0: one per hop); None for the datasets, whose hops are not known."""
@@ -96,5 +110,5 @@ for _env_id, (_dataset, _split, _) in ENV_IDS.items():
         else:
             gym.register(id=_env_id, entry_point=ENTRY_POINT, kwargs={"dataset": _dataset, "split": _split})
 
-__all__ = ["ENV_IDS", "PAPER_ENV_IDS", "SearchQAEnv", "SearchQAState", "UnicodeText", "eval_split", "parse_action",
-           "question_count", "world_hops"]
+__all__ = ["ENV_IDS", "PAPER_ENV_IDS", "SearchQAEnv", "SearchQAState", "UnicodeText", "corpus_file", "eval_split",
+           "parse_action", "question_count", "world_hops"]

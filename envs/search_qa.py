@@ -115,6 +115,16 @@ class SearchQAState:
     steps: tuple[tuple[str, str], ...] = field(default=())  # (step text, observation) per step
 
 
+def searched_corpus(retriever: str | Retriever, corpus_path: str | os.PathLike | None,
+                    data_dir: str | os.PathLike | None) -> str | os.PathLike | None:
+    """The corpus file a retriever searches: ``corpus_path``, else, for a backend named by ``retriever``, the data
+    directory's (a ``MissingDataError`` naming the expected layout where it has none); a retrieval server's URL or a
+    ``Retriever`` built already needs none."""
+    if corpus_path is None and isinstance(retriever, str) and not is_url(retriever):
+        return data_dir_corpus(data_dir)
+    return corpus_path
+
+
 class SearchQAEnv(gym.Env[str, str]):
     """Multi-turn question answering with a search tool, for LLM agents.
 
@@ -202,9 +212,7 @@ class SearchQAEnv(gym.Env[str, str]):
         else:
             self.records = load_dataset(dataset, split, data_dir)
         if isinstance(retriever, str):
-            if corpus_path is None and not is_url(retriever):
-                corpus_path = data_dir_corpus(data_dir)
-            retriever = get_retriever(retriever, corpus_path)
+            retriever = get_retriever(retriever, searched_corpus(retriever, corpus_path, data_dir))
         self.retriever = retriever
         self._prefetched: dict[str, list[SearchHit]] = {}  # query -> hits, from the last prefetch
         self.source = (dataset, split if data_file is None else os.fspath(data_file))

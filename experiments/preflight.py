@@ -26,8 +26,8 @@ from experiments.settings import (
 
 
 def check_data(settings: RunSettings) -> None:
-    """The data directory and the question files the run reads (its training split; with evaluations, the
-    evaluation splits), or a ``SettingsError`` naming the path and the expected layout; and, for a generated
+    """The data directory, the corpus and the question files the run reads (its training split; with evaluations,
+    the evaluation splits), or a ``SettingsError`` naming the path and the expected layout; and, for a generated
     world, that ``--max-turns`` allows the searches its questions need."""
     evaluated = ({settings.env} if settings.eval_every else set()) | (
         set(settings.eval_envs or [settings.env]) if settings.final_eval else set())
@@ -39,6 +39,8 @@ def check_data(settings: RunSettings) -> None:
         hops = envs.world_hops(settings.env, **config)
         if settings.model == WARM_START_MODEL:
             QASource.of(settings.env, config["data_dir"])  # what its build reads
+        for env_id in sorted({settings.env} | evaluated):
+            envs.corpus_file(env_id, **config)  # what each env runner's and evaluator's env searches
     except (MissingDataError, DataError) as error:
         raise SettingsError(str(error)) from None
     if hops is not None and hops > settings.max_turns:

@@ -194,7 +194,10 @@ def test_the_command_names_a_missing_folder_or_train_file_in_one_line(case, tmp_
 
 
 @needs_data
-def test_the_mission_command_without_a_corpus_is_refused_in_one_line_naming_it(tmp_path, monkeypatch):
+@pytest.mark.parametrize("model, refusal", [((), "warm start of HotpotQA-v0 .* no corpus in"),
+                                            (("--model", "tiny"), "no corpus in")])
+def test_the_mission_command_without_a_corpus_is_refused_in_one_line_naming_it(tmp_path, monkeypatch, model,
+                                                                                 refusal):
     import algos.tree_grpo.settings as algorithm_settings
     from experiments.cli import SettingsError
     from experiments.preflight import check_before_ray
@@ -205,9 +208,9 @@ def test_the_mission_command_without_a_corpus_is_refused_in_one_line_naming_it(t
     questions_only.mkdir(parents=True)
     for split in HOTPOT.iterdir():
         (questions_only / split.name).symlink_to(split)
-    settings = plan(["--data-dir", str(questions_only.parent), "--output", str(tmp_path / "run")]).settings
-    assert settings.model == "warm-start"
-    with pytest.raises(SettingsError, match=rf"warm start of HotpotQA-v0 .* no corpus in {questions_only.parent}"):
+    settings = plan(["--data-dir", str(questions_only.parent), *model, "--output", str(tmp_path / "run")]).settings
+    assert settings.model == (model[1] if model else "warm-start")
+    with pytest.raises(SettingsError, match=rf"{refusal} {questions_only.parent}"):  # any model: the env searches it
         check_before_ray(settings)
     assert not (tmp_path / "run").exists()
 
