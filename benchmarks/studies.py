@@ -106,6 +106,9 @@ STUDIES: tuple[Study, ...] = (
           "at budget 2 (issue 70)", Protocol("docs/protocol_hotpotqa.md", "Protocol: real questions on a CPU"),
           (Output("hotpotqa_cpu", ("benchmarks/bench_hotpotqa.py", "--arms", "tree", "chain", "tree_entropy",
                                    "--seeds", "0", "1", "2")),)),
+    Study("hotpotqa_cpu_f3", "Real questions from the format-3 start: the mission's command on a CPU from the start it "
+          "now takes (issue 70)", Protocol("docs/protocol_hotpotqa_f3.md", "Protocol: real questions from the format-3"),
+          (Output("hotpotqa_cpu_f3", ("benchmarks/bench_hotpotqa.py", "--arms", "tree", "--seeds", "0", "1", "2")),)),
 )
 
 
