@@ -22,6 +22,7 @@ from policies.generation import StepGenerator
 EVAL_COLUMNS = ("em", "f1", "reward", "tool_calls", "turns", "answered")
 QUESTIONS = "questions"  # beside the means: how many questions they are over
 QUERIES = "queries"  # beside the columns: the chain's search queries, in order (what ``route_taken`` reads)
+ANSWER = "answer"  # beside the columns: the chain's answer as it wrote it (None when it gave none)
 ANSWERED_EARLY = "answered before its last hop"
 FAILURES = ("correct", "wrong answer", "wrong route", ANSWERED_EARLY, "no answer")
 # a question's ``route`` (``route_taken``): the right one, the wrong one, or neither (no search at the decision,
@@ -33,12 +34,13 @@ def greedy_chains(env: gym.Env, generator: StepGenerator, tokenizer: PreTrainedT
                   prompt_indices: Sequence[int]) -> list[dict[str, Any]]:
     """One chain per question of ``env`` (positions ``prompt_indices``), with ``generator``'s settings (greedy
     for evaluation): a dict of ``EVAL_COLUMNS`` per question, in order, and its search queries (``QUERIES``).
-    ``answered`` is 1 when the chain gave an answer."""
+    ``answered`` is 1 when the chain gave a non-empty answer (``ANSWER``: the answer, None when it gave none)."""
     rollout = TreeRollout(env, generator, tokenizer)
     leaves = [leaf for tree in rollout.grow(list(prompt_indices), TreeShape(1, 0, 0)) for leaf in tree.leaves()]
     return [{"em": float(leaf.info.get("em", 0.0)), "f1": float(leaf.info.get("f1", 0.0)),
              "reward": float(leaf.reward), "tool_calls": float(leaf.info["tool_calls"]),
-             "turns": float(leaf.info["turn"]), "answered": float(leaf.info.get("answer") is not None),
+             "turns": float(leaf.info["turn"]), "answered": float(bool(leaf.info.get("answer"))),
+             ANSWER: leaf.info.get("answer"),
              QUERIES: [parse_action(node.text).argument for node in leaf.path() if node.action == "search"]}
             for leaf in leaves]
 

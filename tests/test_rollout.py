@@ -13,7 +13,7 @@ import torch
 import envs  # noqa: F401  (registers the env ids)
 from algos.batch import leaf_records
 from algos.branching import ENTROPY_TOKENS
-from algos.evaluation import QUERIES, greedy_chains
+from algos.evaluation import ANSWER, QUERIES, greedy_chains
 from algos.rollout import TreeRollout, TreeShape, names_any
 from algos.tree import Node
 from envs.datasets import QARecord
@@ -207,6 +207,7 @@ class ScriptedGenerator:
         self.settings = SamplingSettings()
         self.words = ["album", "rapper", "film", "river", "novel", "king", "city", "band"]
         self.queue = []
+        self.answer = "x"
 
     def prefix_cache(self, token_ids):
         return None
@@ -225,7 +226,7 @@ class ScriptedGenerator:
     def _step(self, branch):
         steps_so_far = self.tokenizer.decode(branch.token_ids).count("<think>go</think>")
         word = self.words[self.rng.integers(len(self.words))]
-        text = f"<think>go</think><search>{word}</search>" if steps_so_far < 2 else "<answer>x</answer>"
+        text = f"<think>go</think><search>{word}</search>" if steps_so_far < 2 else f"<answer>{self.answer}</answer>"
         ids = tuple(self.tokenizer(text, add_special_tokens=False)["input_ids"])
         self.counters.tokens_generated += len(ids)
         self.counters.llm_calls += 1
@@ -359,6 +360,17 @@ def test_a_greedy_chain_keeps_its_search_queries_in_order(tiny, data_dir):
     # the chains advance together: step 1 of chains 0, 1, 2, then step 2 of each
     assert [row[QUERIES] for row in rows] == [[drawn[i], drawn[3 + i]] for i in range(3)]
     assert [row["tool_calls"] for row in rows] == [2.0] * 3
+
+
+@pytest.mark.parametrize(("answer", "answered"), [("x", 1.0), (" ", 0.0), ("", 0.0)])
+def test_a_greedy_chain_keeps_its_answer_and_an_empty_one_is_no_answer(tiny, data_dir, answer, answered):
+    # the answer rate counts answers: an empty <answer></answer> ends the episode but answers nothing
+    _, tokenizer = tiny
+    generator = ScriptedGenerator(tokenizer, seed=0)
+    generator.answer = answer
+    rows = greedy_chains(gym.make("HotpotQA-v0", split="dev"), generator, tokenizer, [0, 1])
+    assert [row["answered"] for row in rows] == [answered] * 2
+    assert [row[ANSWER] for row in rows] == [answer.strip()] * 2
 
 
 class CountingRetriever(Retriever):
