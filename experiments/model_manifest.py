@@ -49,13 +49,10 @@ def weights_digest(model: Path) -> str:
 def damage(model: Path) -> str | None:
     """What is wrong with ``model`` against its manifest (a file missing, of another size or content), or None.
     A directory cached before manifests were written is checked for what a load needs (``config.json`` parses, each
-    safetensors file's header and data are whole) and, if whole, gets its manifest now."""
+    safetensors file's header and data are whole). Nothing is written: a cache the user may only read is checked too."""
     recorded = manifest_path(model)
     if not recorded.is_file():
-        problem = structural_damage(model)
-        if problem is None:
-            write_manifest(model)
-        return problem
+        return structural_damage(model)
     for name, entry in json.loads(recorded.read_text(encoding="utf-8")).items():
         path = model / name
         if not path.is_file():
