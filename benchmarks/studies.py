@@ -107,7 +107,8 @@ STUDIES: tuple[Study, ...] = (
           (Output("hotpotqa_cpu", ("benchmarks/bench_hotpotqa.py", "--arms", "tree", "chain", "tree_entropy",
                                    "--seeds", "0", "1", "2")),)),
     Study("hotpotqa_cpu_f3", "Real questions from the format-3 start: the mission's command on a CPU from the start it "
-          "now takes (issue 70)", Protocol("docs/protocol_hotpotqa_f3.md", "Protocol: real questions from the format-3"),
+          "now takes (issue 70)",
+          Protocol("docs/protocol_hotpotqa_f3.md", "Protocol: real questions from the format-3"),
           (Output("hotpotqa_cpu_f3", ("benchmarks/bench_hotpotqa.py", "--arms", "tree", "--seeds", "0", "1", "2")),)),
     Study("hotpotqa_cpu_f3_40", "The format-3 runs trained on to 40 iterations: the gain's 60-minute bound (issue 70)",
           Protocol("docs/protocol_hotpotqa_f3_40.md", "Protocol: the format-3 runs read again at 40"),
