@@ -11,16 +11,23 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
-from algos.tree_grpo import metrics as metric_keys
-from benchmarks.bench_hotpotqa import finished_runs, restore_records, run_rows, run_start
+from benchmarks.bench_hotpotqa import (
+    finished_runs,
+    interval,
+    mixed_reward_share,
+    restore_records,
+    run_dir,
+    run_rows,
+    run_start,
+)
 from benchmarks.run_records import read_archive
 from benchmarks.studies import ARCHIVE
 from experiments.confidence import (
-    mean_interval,
     paired_bootstrap_interval,
     paired_difference_interval,
     sign_flip_p_value,
@@ -47,10 +54,6 @@ def seeds_of(output: Path, arm: str) -> list[int]:
     return sorted(finished_runs(output, arm, candidates))
 
 
-def interval(i) -> dict:
-    return {"mean": i.mean, "low": i.low, "high": i.high}
-
-
 def looks(first: Path, second: Path, arm: str = ARM) -> dict:
     """The two looks (benchmark output folders of bench_hotpotqa.py) at ``arm``'s runs: the same seeds, each trained
     from the same start, the second look's runs trained on from the first's."""
@@ -59,29 +62,28 @@ def looks(first: Path, second: Path, arm: str = ARM) -> dict:
         raise SystemExit(f"the looks hold other seeds: {seeds_of(first, arm)} at the first, {seeds} at the second")
     per_seed, before, after = {}, [], []
     for seed in seeds:
-        (run_a, run_b) = (output / f"{arm}_s{seed}" for output in (first, second))
+        run_a, run_b = run_dir(first, arm, seed), run_dir(second, arm, seed)
         if run_start(run_a) != run_start(run_b):
             raise SystemExit(f"seed {seed} trained from the start {run_start(run_a)} at the first look and "
                              f"{run_start(run_b)} at the second: not the same run")
         start, rows_b = run_rows(second, run_b)
         _, rows_a = run_rows(first, run_a)
         trained_a, trained_b = (load_metrics(run / METRICS_FILE) for run in (run_a, run_b))
-        between = [x for row in trained_b[len(trained_a):]
-                   if (x := row.get(metric_keys.NONZERO_ADVANTAGE_SHARE)) is not None]
+        between = trained_b[len(trained_a):]
         em = {name: [r["em"] for r in rows] for name, rows in (("start", start), ("first", rows_a), ("second", rows_b))}
         per_seed[seed] = {"iterations": [len(trained_a), len(trained_b)],
                           "em": {name: float(np.mean(values)) for name, values in em.items()},
-                          "change_between_looks": interval(paired_difference_interval(em["first"], em["second"])),
-                          "mixed_reward_share_between_looks": float(np.mean(between)) if between else None,
+                          "change_between_looks": asdict(paired_difference_interval(em["first"], em["second"])),
+                          "mixed_reward_share_between_looks": mixed_reward_share(between) if between else None,
                           "training_s": float(sum(row.get("time_s") or 0.0 for row in trained_b))}
         before.append(em["start"])
         after.append(em["second"])
     changes = [s["em"]["second"] - s["em"]["start"] for s in per_seed.values()]
     return {"arm": arm, "seeds": seeds, "per_seed": per_seed,
-            "pooled_change": {f"{level:.3f}": interval(paired_bootstrap_interval(np.array(after), np.array(before),
+            "pooled_change": {f"{level:.3f}": asdict(paired_bootstrap_interval(np.array(after), np.array(before),
                                                                                   confidence=level))
                               for level in LEVELS},
-            "change_t_over_seeds": interval(mean_interval(changes)),
+            "change_t_over_seeds": interval(changes),
             "sign_flip_p": sign_flip_p_value(changes)}
 
 
