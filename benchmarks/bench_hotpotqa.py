@@ -8,11 +8,12 @@ evaluated greedily on the 594 HotpotQA dev questions with evaluate.py, as a user
         --records results/hotpotqa_cpu    # restores the study's records first, saves the finished runs after
 
 Arms (``ARMS``), each with run.py's CPU defaults for HotpotQA-v0 and nothing else changed: ``tree`` (the default,
-(M,N,L) = (1,2,1), uniform branching), ``chain`` (chain GRPO, G = 2: the same full-chain budget, 2) and
-``tree_entropy`` ((1,2,1), entropy branching). Writes OUTPUT/start/DIGEST/eval (the start, evaluated once),
-OUTPUT/ARM_sSEED (each run's directory, its eval/) and OUTPUT/summary.json + summary.md: held-out EM before and after
-with the paired 95% interval per seed (t over questions, bootstrap over questions) and pooled over the seeds
-(bootstrap over seeds and questions; t over the seeds' means, with the exact sign-flip p), EM by question type
+(M,N,L) = (1,2,1), uniform branching), ``chain`` (chain GRPO, G = 2: the same full-chain budget, 2),
+``tree_entropy`` ((1,2,1), entropy branching) and ``tree_em`` (the default tree rewarded by exact match alone,
+``--reward em``, instead of Search-R1's format-aware reward). Writes OUTPUT/start/DIGEST/eval (the start, evaluated
+once), OUTPUT/ARM_sSEED (each run's directory, its eval/) and OUTPUT/summary.json + summary.md: held-out EM before
+and after with the paired 95% interval per seed (t over questions, bootstrap over questions) and pooled over the
+seeds (bootstrap over seeds and questions; t over the seeds' means, with the exact sign-flip p), EM by question type
 (bridge, comparison), the answer rate, each arm's share of prompts with mixed rewards, and arm against arm (paired by
 seed).
 
@@ -54,6 +55,7 @@ ARMS: dict[str, tuple[str, ...]] = {
     "tree": ("--algo", "tree_grpo"),
     "chain": ("--algo", "grpo"),
     "tree_entropy": ("--algo", "tree_grpo", "--branching", "entropy"),
+    "tree_em": ("--algo", "tree_grpo", "--reward", "em"),
 }
 ROOT = Path(__file__).resolve().parents[1]
 PLOT = "hotpotqa.png"  # in --records: the README's figure (``figure``)
@@ -220,7 +222,8 @@ def arm_summary(output: Path, arm: str, seeds: list[int], types: list[str]) -> d
             "median_iteration_s": seconds, "expansions_before_answer_read": before_answer, "curves": curves}
 
 
-CONTRASTS = (("tree", "chain"), ("tree_entropy", "tree"))  # the protocol's decision rules 2 and 3: first - second
+# first - second: docs/protocol_hotpotqa.md's decision rules 2 and 3, docs/protocol_hotpotqa_em.md's rule 3
+CONTRASTS = (("tree", "chain"), ("tree_entropy", "tree"), ("tree_em", "tree"))
 
 
 def arm_contrast(output: Path, first: str, second: str, seeds: list[int]) -> dict | None:

@@ -21,6 +21,7 @@ from algos.tree_grpo import settings as algorithm_settings
 from algos.tree_grpo.settings import ALGORITHM_FIELDS, TreeGRPOSettings, per_device
 from envs.datasets import resolve_data_dir
 from envs.retrieval import check_retriever_spec
+from envs.rewards import REWARDS
 from experiments.qa_start import (
     BUILD_MINUTES,
     CPU_QA_DEFAULTS,
@@ -127,6 +128,11 @@ class RunSettings(TreeGRPOSettings):
     topk: int = Field(_default_of(envs.SearchQAEnv, "topk"), ge=1, description="passages per search")
     passage_words: int | None = Field(_default_of(envs.SearchQAEnv, "passage_words"), ge=1,
                                       description="each retrieved passage cut to its first k words (default: whole)")
+    reward: Literal[tuple(REWARDS)] = Field(  # type: ignore[valid-type]
+        _default_of(envs.SearchQAEnv, "reward"),
+        description="the episode's outcome reward: format (Search-R1's format-aware exact match: 1.0 right, 0.2 a "
+                    "wrong answer in the agent format, 0 no answer), em (exact match alone: a wrong answer earns what "
+                    "no answer does) or f1 (token F1); evaluation scores exact match whatever the reward")
     retriever: str = Field(_default_of(envs.SearchQAEnv, "retriever"),
                            description="retrieval backend (bm25, rank_bm25, dense) or the URL of a retrieval server "
                                        "in Search-R1's protocol (http://HOST:PORT/retrieve; python -m "
@@ -351,7 +357,7 @@ def tracked_params(settings: RunSettings) -> dict[str, Any]:
 def env_config(settings: RunSettings) -> dict[str, Any]:
     return {"data_dir": str(resolve_data_dir(settings.data_dir).resolve()), "split": settings.training_split,
             "max_turns": settings.max_turns, "topk": settings.topk, "passage_words": settings.passage_words,
-            "retriever": settings.retriever}
+            "retriever": settings.retriever, "reward": settings.reward}
 
 
 def lora_settings(settings: RunSettings) -> LoraSettings | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import gymnasium as gym
 import pytest
 import ray
 import yaml
@@ -416,6 +417,21 @@ def test_the_retriever_setting_reaches_the_env_and_is_checked_before_ray(tmp_pat
     assert build_config(settings_of(["--output", str(tmp_path)])).env_config["retriever"] == "bm25"
     assert "unknown retriever backend 'elastic'" in error_of(["--retriever", "elastic"])
     assert "must look like http://HOST:PORT" in error_of(["--retriever", "http://"])
+    assert not ray.is_initialized()
+
+
+def test_the_reward_setting_reaches_the_env_and_a_bad_one_is_named(data_dir, tmp_path, capsys):
+    config = build_config(settings_of(["--reward", "em", "--data-dir", str(data_dir), "--output", str(tmp_path)]))
+    env = gym.make(config.env, **config.env_config).unwrapped
+    # a wrong answer in the agent format: Search-R1's format reward pays 0.2, exact match alone 0
+    assert env.reward_fn("not the answer", ["Paris"], True) == 0.0
+    assert env.reward_fn("paris", ["Paris"], True) == 1.0
+    assert build_config(settings_of(["--output", str(tmp_path)])).env_config["reward"] == "format"
+    with pytest.raises(SystemExit):
+        plan(["--reward", "accuracy"])
+    assert "argument --reward: invalid choice: 'accuracy' (choose from 'format', 'em', 'f1')" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="reward"):  # the Python API checks it too
+        RunSettings(reward="accuracy")
     assert not ray.is_initialized()
 
 
