@@ -55,10 +55,14 @@ def synthetic_records(seed: int = 0) -> list[LeafRecord]:
     return records
 
 
+def synthetic_arrays(seed: int = 0) -> dict[str, np.ndarray]:
+    """The synthetic records as the learner's padded batch."""
+    return pad_batch(synthetic_records(seed), np.asarray(ADVANTAGES), pad_id=0)
+
+
 @pytest.fixture(scope="module")
 def arrays() -> dict[str, np.ndarray]:
-    records = synthetic_records()
-    return pad_batch(records, np.asarray(ADVANTAGES), pad_id=0)
+    return synthetic_arrays()
 
 
 def update(learner: TreeGRPOTorchLearner, arrays: dict[str, np.ndarray]) -> dict[str, float]:

@@ -73,10 +73,11 @@ from algos.losses import (
 from algos.lr_schedule import scheduled_lr
 from algos.tree_grpo import metrics as metric_keys
 from algos.tree_grpo.learner_metrics import EXTREMES, LOSS, across_learners, mismatch_sums, update_metrics
-from algos.tree_grpo.learner_rows import OLD, REF, TIS, micro_batch, mini_batch_rows, stand_in
+from algos.tree_grpo.learner_rows import OLD, REF, ROWS, TIS, micro_batch, mini_batch_rows, stand_in
 from algos.tree_grpo.learner_state import OPTIMIZER_STEPS as OPTIMIZER_STEPS  # re-exported: the learner's state key
 from algos.tree_grpo.learner_state import LearnerState
 from algos.tree_grpo.settings import check_learner_sharding
+from policies.frozen_bottom import FrozenBottom, frozen_bottom_depth
 from policies.fsdp import broadcast_from_rank0, run_pass, squared_norms, world_size
 from policies.logprobs import (
     ENTROPY,
@@ -171,6 +172,9 @@ class TreeGRPOTorchLearner(LearnerState, TorchLearner):
         elif reference:
             self._reference = ReferenceModel(module.model, dtype=module.precision.compute, device=self._device,
                                              offload=offload)
+        base = module.model.get_base_model() if self._uses_lora else module.model
+        replay = self.config.frozen_bottom_replay and not sharded and frozen_bottom_depth(base) > 0
+        self._frozen_bottom = FrozenBottom(base) if replay else None
         release_cached_memory(self._device)
         return modules
 
@@ -194,7 +198,12 @@ class TreeGRPOTorchLearner(LearnerState, TorchLearner):
         module's model is sharded (``_policy_root`` or ``_reference_root``; None when not sharded)."""
         call = functools.partial(module.forward_train, part, share_prefixes=self.config.prefix_sharing,
                                  temperature=self.config.temperature, **kwargs)
-        return call() if root is None else run_pass(root, call)
+        if root is not None:
+            return run_pass(root, call)
+        if self._frozen_bottom is None or ROWS not in part:  # a stand-in has no rows
+            return call()
+        with self._frozen_bottom.over(part[ROWS]):
+            return call()
 
     def _reference_logprobs(self, part: dict[str, torch.Tensor]) -> torch.Tensor:
         module = self.module[DEFAULT_MODULE_ID].unwrapped()
@@ -224,6 +233,8 @@ class TreeGRPOTorchLearner(LearnerState, TorchLearner):
         device = data[INPUT_IDS].device
         for param in self.module[DEFAULT_MODULE_ID].parameters():
             param.grad = None  # the last update's: not held through this update's no-gradient passes
+        if self._frozen_bottom is not None:
+            self._frozen_bottom.clear()  # an update that failed part-way may have left its micro-batches' outputs
         reset_peak_memory(device)
         minis = mini_batch_rows(data, self._mini_batches, self._world)
         pieces = [self._micro_slices(data, rows) if rows.stop > rows.start else [] for rows in minis]
@@ -240,6 +251,8 @@ class TreeGRPOTorchLearner(LearnerState, TorchLearner):
                                       measure_mismatch=not i and not mismatch)
                  for i, (rows, mini_pieces, passes)
                  in enumerate(list(zip(minis, pieces, step_passes, strict=True)) * self._epochs)]
+        if self._frozen_bottom is not None:
+            self._frozen_bottom.clear()  # this batch's micro-batches are not the next one's
         mismatch = mismatch or steps[0].pop(MISMATCH)
         peak_memory = peak_memory_gib(device)
         steps, mismatch, trained_tokens, peak_memory = across_learners(

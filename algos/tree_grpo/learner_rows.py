@@ -13,6 +13,7 @@ from algos.batch import ATTENTION_MASK, MINI_BATCH, PROMPT_INDEX, minibatch_slic
 from policies.logprobs import GENERATED_MASK, PACKING, PackedRows
 
 OLD, REF, TIS = "old_logprobs", "ref_logprobs", "tis_weights"  # columns the update adds to its batch
+ROWS = "rows"  # a micro-batch's (start, stop) in its update's batch: the same rows in every pass
 
 
 def mini_batch_rows(data: dict[str, torch.Tensor], mini_batches: int, world: int) -> list[slice]:
@@ -34,8 +35,9 @@ def mini_batch_rows(data: dict[str, torch.Tensor], mini_batches: int, world: int
 
 
 def micro_batch(data: dict[str, torch.Tensor], piece: slice, packings: dict[tuple[int, int], PackedRows]) -> dict:
-    """The micro-batch ``piece`` of ``data``, with its packing when there is one."""
+    """The micro-batch ``piece`` of ``data`` (its rows under ``ROWS``), with its packing when there is one."""
     part = {k: v[piece] for k, v in data.items()}
+    part[ROWS] = (piece.start, piece.stop)
     if (piece.start, piece.stop) in packings:
         part[PACKING] = packings[piece.start, piece.stop]
     return part

@@ -175,6 +175,13 @@ class TreeGRPOSettings(BaseModel):
         True, description="forward and backpropagate each unique token of a micro-batch's rows once (a tree "
                           "attention mask over their trie; micro-batches then hold whole prompt groups); same "
                           "loss and gradients as the per-row forward")
+    frozen_bottom_replay: bool = Field(
+        default_factory=per_device(cpu=True, gpu=False),
+        description="with LoRA on the top layers only (lora_layers), run the frozen layers below them once per "
+                    "micro-batch and replay their output in the update's later passes (reference log-probs and "
+                    "every optimizer step's forward; the same log-probs and gradients), holding one hidden-state "
+                    "tensor per micro-batch until the update ends; unsharded learners (default: on on CPU; off "
+                    "with a GPU, where those tensors of a large batch take gigabytes)")
     micro_batch_size: int = Field(4, ge=1, description="trajectories per forward/backward pass (gradient "
                                                        "accumulation over the update)")
     micro_batch_tokens: int | None = Field(
