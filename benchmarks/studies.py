@@ -114,6 +114,9 @@ STUDIES: tuple[Study, ...] = (
           Protocol("docs/protocol_hotpotqa_f3_40.md", "Protocol: the format-3 runs read again at 40"),
           (Output("hotpotqa_cpu_f3_40", ("benchmarks/bench_hotpotqa.py", "--arms", "tree", "--seeds", "0", "1", "2",
                                          "--iterations", "40")),)),
+    Study("hotpotqa_cpu_em", "The format-3 start trained on exact match alone (issue 70; stopped after seed 0)",
+          Protocol("docs/protocol_hotpotqa_em.md", "Protocol: the format-3 start trained on exact match"),
+          (Output("hotpotqa_cpu_em", ("benchmarks/bench_hotpotqa.py", "--arms", "tree_em", "--seeds", "0")),)),
 )
 
 
