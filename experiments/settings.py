@@ -331,14 +331,15 @@ def help_sections() -> dict[str, str]:
 
 
 # Options that may differ when a run is resumed: they change how long it runs, what it logs, how often it
-# evaluates and where it is placed (a run resumed on another machine), never what it learns. Every other option
-# is part of the experiment (see ``resume_conflicts``).
+# evaluates, where it is placed (a run resumed on another machine) and how fast it computes, never what it learns.
+# Every other option is part of the experiment (see ``resume_conflicts``).
 MAY_CHANGE_ON_RESUME = frozenset({
     "iterations", "token_budget", "stop_after_uniform", "checkpoint_every", "keep_checkpoints", "eval_every",
     "eval_questions", "final_eval",
     "eval_envs", "mlflow", "mlflow_uri", "experiment", "run_name", "log_rollout_steps", "trees_every", "trees_count",
     "data_dir", "ray_dashboard", "ray_address", "memory_check", "env_runner_resources", "num_cpus_per_env_runner",
     "num_gpus_per_env_runner", "num_cpus_per_learner", "num_gpus_per_learner", "learner_threads",
+    "frozen_bottom_replay",  # the same log-probs and gradients either way (tests/test_frozen_bottom.py)
 })
 
 

@@ -230,6 +230,12 @@ def test_resume_applies_options_that_may_change_and_keeps_the_rest(tmp_path):
     assert {"iterations", "eval_every"} <= MAY_CHANGE_ON_RESUME
 
 
+def test_how_the_learner_computes_may_change_on_resume_and_the_reward_may_not(tmp_path):
+    run = fake_run(tmp_path)
+    assert not plan(["--resume", str(run), "--no-frozen-bottom-replay"]).settings.frozen_bottom_replay
+    assert "reward: 'format' -> 'em'" in error_of(["--resume", str(run), "--reward", "em"])
+
+
 def test_resume_continues_from_the_settings_in_effect_at_the_checkpoint(tmp_path):
     run = fake_run(tmp_path, lr=1e-6)  # its checkpoint: iteration 1
     (run / "resumes").mkdir()
