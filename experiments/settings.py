@@ -42,7 +42,7 @@ GPU_DEFAULT_MODEL = "Qwen/Qwen2.5-1.5B-Instruct"  # the paper's smallest model: 
 # (A real QA env's CPU defaults, CPU_QA_DEFAULTS, follow the device too, but only with the default model: giving
 # --model, which this list asks for, leaves them at their generic defaults.)
 DEVICE_DEFAULTS = ("model", "dtype", "gradient_checkpointing", "num_gpus_per_learner", "prompts_per_iteration",
-                   "max_step_tokens", "skip_uniform_rewards")
+                   "max_step_tokens", "skip_uniform_rewards", "frozen_bottom_replay")
 
 
 def cpu_qa_profile(data: Any, default_env: str) -> dict[str, Any]:

@@ -93,7 +93,8 @@ def test_a_cluster_with_gpus_refuses_the_defaults_a_gpu_less_driver_chose(tmp_pa
     chosen = settings_of("--ray-address", "10.0.0.1:6379", "--num-learners", "1", "--dtype", "bfloat16",
                          "--model", "Qwen/Qwen2.5-1.5B-Instruct",
                          "--gradient-checkpointing", "--num-gpus-per-learner", "1", "--prompts-per-iteration", "32",
-                         "--max-step-tokens", "500", "--skip-uniform-rewards", tmp_path=tmp_path)
+                         "--max-step-tokens", "500", "--skip-uniform-rewards", "--no-frozen-bottom-replay",
+                         tmp_path=tmp_path)
     check_resources(chosen, {"CPU": 64.0, "GPU": 8.0})  # every device default given: nothing was guessed
     check_resources(settings_of("--num-learners", "1", tmp_path=tmp_path), {"CPU": 64.0, "GPU": 8.0})  # local Ray
 
@@ -104,7 +105,8 @@ def test_a_gpu_cluster_refuses_the_real_qa_cpu_profile_until_each_of_its_options
     monkeypatch.setattr(algorithm_settings, "gpu_visible", lambda: False)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     device = ("--dtype", "bfloat16", "--gradient-checkpointing", "--num-gpus-per-learner", "1",
-              "--prompts-per-iteration", "32", "--max-step-tokens", "500", "--skip-uniform-rewards")
+              "--prompts-per-iteration", "32", "--max-step-tokens", "500", "--skip-uniform-rewards",
+              "--no-frozen-bottom-replay")
     joined = ("--ray-address", "10.0.0.1:6379", "--num-learners", "1", "--output", str(tmp_path / "run"))
     cpu_profile = plan([*device, *joined]).settings  # HotpotQA-v0 from its warm start, chosen for this CPU
     with pytest.raises(SettingsError, match=r"sees none.*--model.*--topk.*--lr.*explicitly"):
