@@ -5,9 +5,10 @@ adapter: their output on a micro-batch is the same in every pass of an update (t
 the adapters on or off, and every optimizer step's forward: the optimizer never touches them). ``FrozenBottom``
 records it in the first pass over a micro-batch and, in the later ones, skips those layers: each returns its input
 untouched but the top frozen one, which returns the recorded output. The log-probs and gradients are the same
-floats as without it; the saving is the bottom's forward in every pass but one (on SmolLM2-135M with adapters on
-its top 10 of 30 layers, 20 layers of each reference and training forward). The price is the recorded hidden
-states, one [tokens, hidden] tensor per micro-batch, held until the update ends.
+floats as without it; the saving is the bottom's forward in every pass but the first (on SmolLM2-135M with
+adapters on its top 10 of 30 layers, 20 layers of every optimizer step's forward after the reference pass has
+recorded them). The price is the recorded hidden states, one [tokens, hidden] tensor per micro-batch, held until the
+update ends.
 """
 
 from __future__ import annotations
