@@ -9,13 +9,13 @@ evaluated greedily on the 594 HotpotQA dev questions with evaluate.py, as a user
 
 Arms (``ARMS``), each with run.py's CPU defaults for HotpotQA-v0 and nothing else changed: ``tree`` (the default,
 (M,N,L) = (1,2,1), uniform branching), ``chain`` (chain GRPO, G = 2: the same full-chain budget, 2),
-``tree_entropy`` ((1,2,1), entropy branching) and ``tree_em`` (the default tree rewarded by exact match alone,
-``--reward em``, instead of Search-R1's format-aware reward). Writes OUTPUT/start/DIGEST/eval (the start, evaluated
-once), OUTPUT/ARM_sSEED (each run's directory, its eval/) and OUTPUT/summary.json + summary.md: held-out EM before
-and after with the paired 95% interval per seed (t over questions, bootstrap over questions) and pooled over the
-seeds (bootstrap over seeds and questions; t over the seeds' means, with the exact sign-flip p), EM by question type
-(bridge, comparison), the answer rate, each arm's share of prompts with mixed rewards, and arm against arm (paired by
-seed).
+``tree_entropy`` ((1,2,1), entropy branching), ``tree_em`` (the default tree rewarded by exact match alone,
+``--reward em``, instead of Search-R1's format-aware reward) and ``tree_f1`` (rewarded by token F1, ``--reward
+f1``). Writes OUTPUT/start/DIGEST/eval (the start, evaluated once), OUTPUT/ARM_sSEED (each run's directory, its
+eval/) and OUTPUT/summary.json + summary.md: held-out EM before and after with the paired 95% interval per seed (t
+over questions, bootstrap over questions) and pooled over the seeds (bootstrap over seeds and questions; t over the
+seeds' means, with the exact sign-flip p), EM by question type (bridge, comparison), the answer rate and token F1,
+each arm's share of prompts with mixed rewards, and arm against arm (paired by seed).
 
 The start is rebuilt on each machine that has no cached copy, and builds on CPUs with different vector units differ
 in the last bits: each run records the digest of the start it trained from (RUN/start.json) and is paired with that
@@ -56,6 +56,7 @@ ARMS: dict[str, tuple[str, ...]] = {
     "chain": ("--algo", "grpo"),
     "tree_entropy": ("--algo", "tree_grpo", "--branching", "entropy"),
     "tree_em": ("--algo", "tree_grpo", "--reward", "em"),
+    "tree_f1": ("--algo", "tree_grpo", "--reward", "f1"),
 }
 ROOT = Path(__file__).resolve().parents[1]
 PLOT = "hotpotqa.png"  # in --records: the README's figure (``figure``)
@@ -162,6 +163,9 @@ def seed_summary(before: list[dict], after: list[dict], types: list[str]) -> dic
             "answered_before": float(np.mean([r["answered"] for r in before])),
             "answered_after": float(np.mean([r["answered"] for r in after])),
             "answered_change": interval([a["answered"] - b["answered"] for a, b in zip(after, before, strict=True)]),
+            "f1_before": float(np.mean([r["f1"] for r in before])),
+            "f1_after": float(np.mean([r["f1"] for r in after])),
+            "f1_change": interval([a["f1"] - b["f1"] for a, b in zip(after, before, strict=True)]),
             "by_type": by_type}
 
 
@@ -222,8 +226,9 @@ def arm_summary(output: Path, arm: str, seeds: list[int], types: list[str]) -> d
             "median_iteration_s": seconds, "expansions_before_answer_read": before_answer, "curves": curves}
 
 
-# first - second: docs/protocol_hotpotqa.md's decision rules 2 and 3, docs/protocol_hotpotqa_em.md's rule 3
-CONTRASTS = (("tree", "chain"), ("tree_entropy", "tree"), ("tree_em", "tree"))
+# first - second: docs/protocol_hotpotqa.md's decision rules 2 and 3, docs/protocol_hotpotqa_em.md's and
+# docs/protocol_hotpotqa_f1.md's rule 3
+CONTRASTS = (("tree", "chain"), ("tree_entropy", "tree"), ("tree_em", "tree"), ("tree_f1", "tree"))
 
 
 def arm_contrast(output: Path, first: str, second: str, seeds: list[int]) -> dict | None:
@@ -271,16 +276,18 @@ def markdown(summary: dict) -> str:
                      f"{np.nanmedian(s['median_iteration_s']):.0f} |")
     lines += ["", "Per seed (change after - before, paired over the questions):", "",
               "| arm | seed | EM after | change (t) | change (bootstrap) | bridge | comparison | "
-              "answer rate (change, t) |",
-              "|" + "---|" * 8]
+              "answer rate (change, t) | F1 (change, t) |",
+              "|" + "---|" * 9]
     for arm, s in summary["arms"].items():
         for seed, x in s["per_seed"].items():
-            t, b, kinds, a = x["change_t"], x["change_bootstrap"], x["by_type"], x["answered_change"]
+            t, b, kinds, a, f = (x["change_t"], x["change_bootstrap"], x["by_type"], x["answered_change"],
+                                 x["f1_change"])
             kind = {k: f"{v['before']:.3f} -> {v['after']:.3f}" for k, v in kinds.items()}
             lines.append(f"| {arm} | {seed} | {x['em_after']:.3f} | {t['mean']:+.3f} [{t['low']:+.3f}, "
                          f"{t['high']:+.3f}] | [{b['low']:+.3f}, {b['high']:+.3f}] | {kind.get('bridge', '')} | "
                          f"{kind.get('comparison', '')} | {x['answered_before']:.3f} -> {x['answered_after']:.3f} "
-                         f"({a['mean']:+.3f} [{a['low']:+.3f}, {a['high']:+.3f}]) |")
+                         f"({a['mean']:+.3f} [{a['low']:+.3f}, {a['high']:+.3f}]) | {x['f1_before']:.3f} -> "
+                         f"{x['f1_after']:.3f} ({f['mean']:+.3f} [{f['low']:+.3f}, {f['high']:+.3f}]) |")
     if summary["contrasts"]:
         lines += ["", "Arm against arm (rules 2 and 3; each arm's change from its start, paired by seed and question):",
                   "", "| first - second | seeds | EM difference, pooled (bootstrap) | t over seeds | sign-flip p | "

@@ -28,9 +28,9 @@ def test_the_start_is_evaluated_with_the_runs_observations_and_a_run_with_its_ow
     assert len(commands) == 2  # evaluated once
 
 
-def write_eval(directory: Path, ems: list[float]) -> None:
+def write_eval(directory: Path, ems: list[float], f1s: list[float] | None = None) -> None:
     directory.mkdir(parents=True)
-    rows = [{"em": em, "answered": 1.0} for em in ems]
+    rows = [{"em": em, "f1": f1, "answered": 1.0} for em, f1 in zip(ems, f1s or ems, strict=True)]
     (directory / "eval.json").write_text(json.dumps({"questions": {bench.ENV: rows}}))
 
 
@@ -53,6 +53,15 @@ def test_each_run_is_paired_with_the_start_it_trained_from(tmp_path):
     assert list(reward.get_lines()[0].get_ydata()) == [0.1]
     with pytest.raises(SystemExit, match=r"aaaa.*bbbb"):  # a run is not continued from another build
         bench.bind_start(bench.run_dir(tmp_path, "tree", 0), "bbbb")
+
+
+def test_a_seed_reports_its_f1_change_beside_its_em_change(tmp_path):
+    """Token F1 moves where exact match does not (a partly right answer): the F1 study's secondary outcome."""
+    before = [{"em": 0.0, "f1": 0.0, "answered": 1.0}, {"em": 1.0, "f1": 1.0, "answered": 1.0}]
+    after = [{"em": 0.0, "f1": 0.5, "answered": 1.0}, {"em": 1.0, "f1": 1.0, "answered": 1.0}]
+    summary = bench.seed_summary(before, after, ["bridge", "comparison"])
+    assert summary["em_after"] - summary["em_before"] == 0.0
+    assert (summary["f1_before"], summary["f1_after"], summary["f1_change"]["mean"]) == (0.5, 0.75, 0.25)
 
 
 def test_a_run_without_its_start_record_is_refused_by_name(tmp_path):
