@@ -9,8 +9,10 @@ Per arm: the independent draws of the decision a prompt (the nodes at its depth,
 measured cost in chains (generated tokens over one initial chain's), and the share of prompts whose leaves' rewards
 differ (mixed: the prompts an update learns from), overall and per asked role, and its ratio to chain G=2's with a
 95% bootstrap interval over the questions (paired: one resample for every arm), beside the ratios the protocol
-predicts (``bench_decision.PREDICTED_MIXED_RATIO``). Prints the table and writes OUTPUT/start-check.md and .json
-(OUTPUT: bench_decision's --output; not a record of the test). The start is trained first if it is not cached.
+predicts (``bench_decision.PREDICTED_MIXED_RATIO``), and the protocol's rule (``rule_verdict``: whether the runs go
+ahead). Prints the table and writes OUTPUT/start-check.md and .json (OUTPUT: bench_decision's --output; not a
+record of the test). The start is trained first if it is not cached. ``--rule OUTPUT/start-check.json`` reads the
+rule again and exits 1 when it says stop (``benchmarks/decision_queue.sh``).
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ from benchmarks.learning_runs import run_options, without_output
 from envs.synthetic import BRANCH_ROLES
 
 RESAMPLES = 2000
+# The protocol's rule before any run: the tree at the decision must find the decision (draws a prompt at least this)
+# and give more prompts a signal than chain G=2 (its ratio's 95% interval wholly above this).
+MIN_DECISION_DRAWS = 2.9
+RATIO_FLOOR = 1.0
 
 
 def mixed_rewards(trees: Sequence[Tree], prompts: Sequence[int]) -> np.ndarray:
@@ -111,12 +117,37 @@ def check_table(arms: dict[str, dict], roles: list[str]) -> tuple[str, dict[str,
     return "\n".join(lines) + "\n", figures
 
 
+def rule_verdict(figures: dict[str, dict]) -> tuple[bool, str]:
+    """The protocol's rule on the check's figures: whether the runs go ahead, and why (every unmet condition named)."""
+    arm = figures.get(bench_decision.AT_DECISION)
+    if arm is None:
+        return False, f"the check did not grow {bench_decision.AT_DECISION!r}"
+    unmet = []
+    if arm["draws"] < MIN_DECISION_DRAWS:
+        unmet.append(f"it drew the decision {arm['draws']:.2f} times a prompt (the rule: at least "
+                     f"{MIN_DECISION_DRAWS})")
+    if arm["ratio"] is None or arm["ratio"][1] <= RATIO_FLOOR:
+        low = "no ratio" if arm["ratio"] is None else f"its ratio's interval starts at {arm['ratio'][1]:.3f}"
+        unmet.append(f"{low} (the rule: above {RATIO_FLOOR})")
+    if unmet:
+        return False, f"stop: {bench_decision.AT_DECISION}: " + "; ".join(unmet)
+    return True, (f"go: {bench_decision.AT_DECISION} drew the decision {arm['draws']:.2f} times a prompt, its ratio "
+                  f"to chain G=2 {arm['ratio'][0]:.3f} [{arm['ratio'][1]:.3f}, {arm['ratio'][2]:.3f}]")
+
+
 def main(argv: list[str] | None = None) -> dict[str, dict]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 epilog="Other options go to bench_decision.py (--settings, --warm, --output, ...).")
     p.add_argument("--prompts", type=int, default=300, help="the first train questions to grow (default: all 300)")
     p.add_argument("--repeats", type=int, default=4, help="growths of each prompt per arm, each with its own seed")
+    p.add_argument("--rule", type=Path, metavar="START_CHECK_JSON",
+                   help="grow nothing: read the protocol's rule from a check's start-check.json, print the verdict "
+                        "and exit 0 when the runs go ahead, 1 when they stop")
     options, rest = p.parse_known_args(argv)
+    if options.rule:
+        go, why = rule_verdict(json.loads(options.rule.read_text(encoding="utf-8"))["arms"])
+        print(why)
+        raise SystemExit(0 if go else 1)
     if options.prompts < 1 or options.repeats < 1:
         p.error(f"--prompts and --repeats must be >= 1, got {options.prompts} and {options.repeats}")
     args = bench_decision.parse_args(rest)
@@ -127,10 +158,12 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     output.mkdir(parents=True, exist_ok=True)
     header = (f"Start-policy check: {len(roles)} train questions x {options.repeats} repeats per arm, no training; "
               f"{time.perf_counter() - start:.0f} s.\n\n")
-    (output / "start-check.md").write_text(header + table, encoding="utf-8")
+    go, why = rule_verdict(figures)
+    (output / "start-check.md").write_text(header + table + f"\nRule: {why}\n", encoding="utf-8")
     (output / "start-check.json").write_text(json.dumps({"prompts": len(roles), "repeats": options.repeats,
-                                                         "arms": figures}, indent=1), encoding="utf-8")
-    print(header + table)
+                                                         "arms": figures, "go": go, "rule": why}, indent=1),
+                                             encoding="utf-8")
+    print(header + table + f"\nRule: {why}")
     return figures
 
 

@@ -152,6 +152,25 @@ def test_the_checks_table_reads_every_arm_against_chain_g2_beside_the_prediction
         decision_check.check_table({AT_DECISION: arms[AT_DECISION]}, ["chair", "founder"])
 
 
+def test_the_rule_lets_the_runs_go_only_when_the_tree_finds_the_decision_and_mixes_more_prompts(tmp_path, capsys):
+    def figures(draws: float, ratio: tuple[float, float, float] | None) -> dict[str, dict]:
+        return {AT_DECISION: {"draws": draws, "ratio": ratio}}
+
+    assert decision_check.rule_verdict(figures(2.95, (1.4, 1.1, 1.7)))[0]
+    go, why = decision_check.rule_verdict(figures(2.5, (1.4, 1.1, 1.7)))  # expansions missed the decision
+    assert not go and "drew the decision 2.50 times" in why
+    go, why = decision_check.rule_verdict(figures(3.0, (1.2, 0.9, 1.5)))  # more mixed, not beyond the noise
+    assert not go and "interval starts at 0.900" in why and "drew" not in why
+    assert not decision_check.rule_verdict(figures(3.0, None))[0]
+    assert not decision_check.rule_verdict({})[0]
+    check = tmp_path / "start-check.json"
+    for arms, code in ((figures(3.0, (1.5, 1.2, 1.8)), 0), (figures(2.0, (1.5, 1.2, 1.8)), 1)):
+        check.write_text(json.dumps({"arms": arms}))
+        with pytest.raises(SystemExit) as stop:
+            decision_check.main(["--rule", str(check)])
+        assert stop.value.code == code and capsys.readouterr().out.startswith(("go" if code == 0 else "stop") + ":")
+
+
 def test_the_probe_report_writes_its_table_and_with_report_its_section_beside_the_studys(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the study's README: results/<output's name>/README.md, relative to the root
     args = bench_decision.parse_args(["--output", "out", "--seeds", "0", "1", "--settings", CHAIN_2, AT_DECISION,
