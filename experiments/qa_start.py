@@ -53,7 +53,17 @@ QA_START_TOPK = CPU_QA_DEFAULTS["topk"]
 # observations and step cap, as a run's checkpoint is evaluated with its own
 CPU_OBSERVATION_OPTIONS = ("--topk", str(QA_START_TOPK), "--passage-words", str(CPU_QA_DEFAULTS["passage_words"]),
                            "--max-step-tokens", str(CPU_QA_DEFAULTS["max_step_tokens"]))
-BUILD_MINUTES = 60  # about, on 2 cores (results/hotpotqa_cpu/README.md)
+# The first build's minutes on 2 cores by the CPU's widest vector unit, as torch dispatches to it (measured:
+# results/hotpotqa_cpu/README.md, 28 min with AVX-512 and 66 with AVX2 only)
+BUILD_MINUTES = {"AVX512": 30, "AVX2": 65}
+
+
+def build_minutes(capability: str | None = None) -> int:
+    """About how many minutes the first build takes on 2 cores of this CPU (``capability``: torch's CPU capability,
+    this machine's by default); the slower figure where the vector unit has not been measured."""
+    import torch
+
+    return BUILD_MINUTES.get(capability or torch.backends.cpu.get_cpu_capability(), max(BUILD_MINUTES.values()))
 @dataclass(frozen=True)
 class QASource:
     """A real QA set's train split and corpus, as ``cached_warm_start`` takes a generated world: ``DATASET``, a cache
@@ -83,7 +93,7 @@ class QASource:
 
 def qa_warm_start(env_id: str, data_dir: str | os.PathLike | None = None,
                   cache_dir: str | os.PathLike | None = None) -> Path:
-    """The model directory of ``env_id``'s warm start, built the first time (about ``BUILD_MINUTES`` on 2 cores,
+    """The model directory of ``env_id``'s warm start, built the first time (about ``build_minutes()`` on 2 cores,
     said before it starts) and cached after."""
     if env_id not in QA_START_ENVS:
         raise ValueError(f"--model {WARM_START_MODEL}: {env_id} has no warm start recipe (those with one: "
@@ -91,8 +101,8 @@ def qa_warm_start(env_id: str, data_dir: str | os.PathLike | None = None,
     source = QASource.of(env_id, data_dir)
     if not (warm_start_dir(source, QA_START_RECIPE, topk=QA_START_TOPK, cache_dir=cache_dir) / "config.json").exists():
         print(f"warm start: {env_id} has no cached start yet: fine-tuning {QA_START_BASE_MODEL} on the retrieval "
-              f"oracle's trajectories of its train split ({source.data_dir}), about {BUILD_MINUTES} minutes on 2 "
-              f"cores, once (killed, it resumes); training starts after it", flush=True)
+              f"oracle's trajectories of its train split ({source.data_dir}), about {build_minutes()} minutes on 2 "
+              f"cores of this CPU, once (killed, it resumes); training starts after it", flush=True)
     return cached_warm_start(source, QA_START_RECIPE, topk=QA_START_TOPK, cache_dir=cache_dir)
 
 
