@@ -160,13 +160,15 @@ def seed_summary(before: list[dict], after: list[dict], types: list[str]) -> dic
     return {"em_before": float(b.mean()), "em_after": float(a.mean()),
             "change_t": {"mean": t.mean, "low": t.low, "high": t.high},
             "change_bootstrap": {"mean": boot.mean, "low": boot.low, "high": boot.high},
-            "answered_before": float(np.mean([r["answered"] for r in before])),
-            "answered_after": float(np.mean([r["answered"] for r in after])),
-            "answered_change": interval([a["answered"] - b["answered"] for a, b in zip(after, before, strict=True)]),
-            "f1_before": float(np.mean([r["f1"] for r in before])),
-            "f1_after": float(np.mean([r["f1"] for r in after])),
-            "f1_change": interval([a["f1"] - b["f1"] for a, b in zip(after, before, strict=True)]),
+            **column_change("answered", before, after), **column_change("f1", before, after),
             "by_type": by_type}
+
+
+def column_change(key: str, before: list[dict], after: list[dict]) -> dict:
+    """A per-question column's mean before and after, and its paired change with a t-interval: KEY_before, KEY_after,
+    KEY_change."""
+    b, a = np.array([r[key] for r in before]), np.array([r[key] for r in after])
+    return {f"{key}_before": float(b.mean()), f"{key}_after": float(a.mean()), f"{key}_change": interval(a - b)}
 
 
 def run_rows(output: Path, run: Path) -> tuple[list[dict], list[dict]]:

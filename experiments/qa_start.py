@@ -64,6 +64,8 @@ def build_minutes(capability: str | None = None) -> int:
     import torch
 
     return BUILD_MINUTES.get(capability or torch.backends.cpu.get_cpu_capability(), max(BUILD_MINUTES.values()))
+
+
 @dataclass(frozen=True)
 class QASource:
     """A real QA set's train split and corpus, as ``cached_warm_start`` takes a generated world: ``DATASET``, a cache
