@@ -1,0 +1,58 @@
+"""The start-signal check's scoring (benchmarks/hotpotqa_start_signal.py), on hand-built trees."""
+
+from __future__ import annotations
+
+from algos.tree import Node, Tree
+from benchmarks.hotpotqa_start_signal import answered, leaf_rewards, mixed, table
+from policies.trajectory import TokenTrajectory
+
+
+def leaf(parent: Node, answer: str | None, format_valid: bool = True) -> Node:
+    return parent.add_child(Node(TokenTrajectory.from_prompt(()), None, is_leaf=True,
+                                 info={"answer": answer, "format_valid": format_valid}))
+
+
+def trees() -> list[Tree]:
+    """Prompt 0 (gold "Paris"): one tree, leaves "Paris", "paris city", no answer. Prompt 2 (gold "1990"): two trees,
+    leaves "London" (format invalid) and "Rome"."""
+    first, second, third = (Node(TokenTrajectory.from_prompt(()), None) for _ in range(3))
+    leaf(first, "Paris")
+    leaf(first, "paris city")
+    leaf(first, None)
+    leaf(second, "London", format_valid=False)
+    leaf(third, "Rome")
+    return [Tree(first, 0, 0), Tree(second, 2, 0), Tree(third, 2, 1)]
+
+
+ANSWERS = [["Paris"], ["x"], ["1990"]]
+
+
+def test_each_leaf_is_scored_under_each_reward_from_what_it_answered():
+    grown = trees()
+    # format: right 1.0, wrong 0.2 (0.1 with the format broken), none 0; F1 of "paris city": 2 * (1/2 * 1) / 1.5
+    assert leaf_rewards(grown, ANSWERS, [0, 2], "format") == [[1.0, 0.2, 0.0], [0.1, 0.2]]
+    assert leaf_rewards(grown, ANSWERS, [0, 2], "em") == [[1.0, 0.0, 0.0], [0.0, 0.0]]
+    f1 = leaf_rewards(grown, ANSWERS, [0, 2], "f1")
+    assert f1[1] == [0.0, 0.0] and f1[0][0] == 1.0 and abs(f1[0][1] - 2 / 3) < 1e-12 and f1[0][2] == 0.0
+
+
+def test_a_prompt_is_mixed_when_its_trees_leaves_differ_and_the_answer_rate_counts_leaves():
+    grown = trees()
+    # prompt 2's two leaves: format 0.1 and 0.2 (mixed), EM 0 and 0 (alike)
+    assert mixed(leaf_rewards(grown, ANSWERS, [0, 2], "format")).tolist() == [1.0, 1.0]
+    assert mixed(leaf_rewards(grown, ANSWERS, [0, 2], "em")).tolist() == [1.0, 0.0]
+    assert mixed([[0.5], []]).tolist() == [0.0, 0.0]  # one leaf, or none: nothing to compare
+    assert answered(grown) == [1.0, 1.0, 0.0, 1.0, 1.0]
+
+
+def test_the_table_gives_each_arms_shares_and_the_difference_from_the_first():
+    base = {"options": "", "seconds": 20.0, "tokens": 400, "leaves": 6, "answered": 0.5, "em": 0.1, "f1": 0.2,
+            "mixed": {"format": [1.0, 0.0], "em": [0.0, 0.0], "f1": [1.0, 1.0]}}
+    cooler = {**base, "options": "--temperature 0.7", "mixed": {"format": [1.0, 1.0], "em": [0.0, 1.0],
+                                                                 "f1": [1.0, 1.0]}}
+    text = table([base, cooler])
+    first, second = text.splitlines()[2:]
+    assert first.startswith("| `(defaults)` | 2 | 3.0 | 200 | 10.0 | 0.500 | 0.100 | 0.200 | 0.500 [")
+    assert "vs first" not in first
+    assert second.startswith("| `--temperature 0.7` | 2 |")
+    assert second.count("vs first") == 3 and "vs first 0.500 [" in second and "vs first 0.000 [0.000, 0.000]" in second
