@@ -10,9 +10,10 @@ evaluated greedily on the 594 HotpotQA dev questions with evaluate.py, as a user
 Arms (``ARMS``), each with run.py's CPU defaults for HotpotQA-v0 and nothing else changed: ``tree`` (the default,
 (M,N,L) = (1,2,1), uniform branching), ``chain`` (chain GRPO, G = 2: the same full-chain budget, 2),
 ``tree_entropy`` ((1,2,1), entropy branching), ``tree_em`` (the default tree rewarded by exact match alone,
-``--reward em``, instead of Search-R1's format-aware reward) and ``tree_f1`` (rewarded by token F1, ``--reward
-f1``). Writes OUTPUT/start/DIGEST/eval (the start, evaluated once), OUTPUT/ARM_sSEED (each run's directory, its
-eval/) and OUTPUT/summary.json + summary.md: held-out EM before and after with the paired 95% interval per seed (t
+``--reward em``, instead of Search-R1's format-aware reward), ``tree_f1`` (rewarded by token F1, ``--reward f1``),
+``tree_t07`` and ``tree_t05`` (sampled at temperature 0.7 or 0.5 instead of the paper's 1.0). Writes
+OUTPUT/start/DIGEST/eval (the start, evaluated once), OUTPUT/ARM_sSEED (each run's directory, its eval/) and
+OUTPUT/summary.json + summary.md: held-out EM before and after with the paired 95% interval per seed (t
 over questions, bootstrap over questions) and pooled over the seeds (bootstrap over seeds and questions; t over the
 seeds' means, with the exact sign-flip p), EM by question type (bridge, comparison), the answer rate and token F1,
 each arm's share of prompts with mixed rewards, and arm against arm (paired by seed).
@@ -57,6 +58,8 @@ ARMS: dict[str, tuple[str, ...]] = {
     "tree_entropy": ("--algo", "tree_grpo", "--branching", "entropy"),
     "tree_em": ("--algo", "tree_grpo", "--reward", "em"),
     "tree_f1": ("--algo", "tree_grpo", "--reward", "f1"),
+    "tree_t07": ("--algo", "tree_grpo", "--temperature", "0.7"),
+    "tree_t05": ("--algo", "tree_grpo", "--temperature", "0.5"),
 }
 ROOT = Path(__file__).resolve().parents[1]
 PLOT = "hotpotqa.png"  # in --records: the README's figure (``figure``)
@@ -228,9 +231,10 @@ def arm_summary(output: Path, arm: str, seeds: list[int], types: list[str]) -> d
             "median_iteration_s": seconds, "expansions_before_answer_read": before_answer, "curves": curves}
 
 
-# first - second: docs/protocol_hotpotqa.md's decision rules 2 and 3, docs/protocol_hotpotqa_em.md's and
-# docs/protocol_hotpotqa_f1.md's rule 3
-CONTRASTS = (("tree", "chain"), ("tree_entropy", "tree"), ("tree_em", "tree"), ("tree_f1", "tree"))
+# first - second: docs/protocol_hotpotqa.md's decision rules 2 and 3, docs/protocol_hotpotqa_em.md's,
+# docs/protocol_hotpotqa_f1.md's and docs/protocol_hotpotqa_temperature.md's rule 3
+CONTRASTS = (("tree", "chain"), ("tree_entropy", "tree"), ("tree_em", "tree"), ("tree_f1", "tree"),
+             ("tree_t07", "tree"), ("tree_t05", "tree"))
 
 
 def arm_contrast(output: Path, first: str, second: str, seeds: list[int]) -> dict | None:

@@ -169,3 +169,18 @@ def test_a_killed_run_resumes_from_its_checkpoint_to_the_full_length_or_begins_a
     assert resume[-4:] == ["--resume", str(resumed), "--iterations", "15"]
     assert "--resume" not in fresh and fresh[fresh.index("--iterations") + 1] == "20"
     assert not (restarted / "metrics.jsonl").exists() and not (restarted / "checkpoints").exists()
+
+
+def test_every_arm_is_a_valid_run_py_command_that_changes_only_what_its_name_says(tmp_path):
+    from benchmarks.decision_draws import arm_settings
+
+    default = arm_settings(["--env", bench.ENV, *bench.ARMS["tree"]])
+    runs = {arm: arm_settings(["--env", bench.ENV, *options]) for arm, options in bench.ARMS.items()}
+    changed = {arm: {name for name, value in run.model_dump().items() if value != getattr(default, name)} - {"output"}
+               for arm, run in runs.items()}
+    # chain GRPO: its algorithm's own shape (G chains: M = G, N = L = 0) and advantages
+    assert changed == {"tree": set(), "chain": {"algo", "M", "N", "L", "advantage_mode"},
+                       "tree_entropy": {"branching"}, "tree_em": {"reward"}, "tree_f1": {"reward"},
+                       "tree_t07": {"temperature"}, "tree_t05": {"temperature"}}
+    assert (runs["tree"].temperature, runs["tree_t07"].temperature, runs["tree_t05"].temperature) == (1.0, 0.7, 0.5)
+    assert {first for first, _ in bench.CONTRASTS} | {second for _, second in bench.CONTRASTS} <= set(bench.ARMS)
