@@ -117,6 +117,10 @@ STUDIES: tuple[Study, ...] = (
     Study("hotpotqa_cpu_em", "The format-3 start trained on exact match alone (issue 70; stopped after seed 0)",
           Protocol("docs/protocol_hotpotqa_em.md", "Protocol: the format-3 start trained on exact match"),
           (Output("hotpotqa_cpu_em", ("benchmarks/bench_hotpotqa.py", "--arms", "tree_em", "--seeds", "0")),)),
+    Study("hotpotqa_cpu_f1", "The format-3 start trained on token F1 (issue 70)",
+          Protocol("docs/protocol_hotpotqa_f1.md", "Protocol: the format-3 start trained on token F1"),
+          (Output("hotpotqa_cpu_f1", ("benchmarks/bench_hotpotqa.py", "--arms", "tree_f1", "--seeds", "0", "1",
+                                      "2")),)),
 )
 
 
