@@ -110,6 +110,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     from experiments.qa_start import qa_warm_start
 
     runs = [arm_settings(["--env", ENV, *shlex.split(options)]) for options in args.arms]
+    if moved := [options for options, run in zip(args.arms, runs, strict=True) if run.env != ENV]:
+        parser.error(f"--arms: every arm grows {ENV}'s trees (its prompts are shared); drop --env from {moved}")
     envs_by_config, policies = {}, {}
     arms = []
     for options, run in zip(args.arms, runs, strict=True):

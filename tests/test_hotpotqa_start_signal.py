@@ -56,3 +56,13 @@ def test_the_table_gives_each_arms_shares_and_the_difference_from_the_first():
     assert "vs first" not in first
     assert second.startswith("| `--temperature 0.7` | 2 |")
     assert second.count("vs first") == 3 and "vs first 0.500 [" in second and "vs first 0.000 [0.000, 0.000]" in second
+
+
+def test_an_arm_that_names_another_env_is_refused_by_name(capsys):
+    import pytest
+
+    from benchmarks.hotpotqa_start_signal import main
+
+    with pytest.raises(SystemExit):
+        main(["--arms", "", "--env SynthHop-v0 --temperature 0.7"])
+    assert "drop --env from ['--env SynthHop-v0 --temperature 0.7']" in capsys.readouterr().err
