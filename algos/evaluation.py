@@ -14,6 +14,7 @@ import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from algos.rollout import TreeRollout, TreeShape
+from algos.tree import Node
 from envs.rewards import normalize_answer
 from envs.search_qa import parse_action
 from policies.generation import StepGenerator
@@ -39,10 +40,15 @@ def greedy_chains(env: gym.Env, generator: StepGenerator, tokenizer: PreTrainedT
     leaves = [leaf for tree in rollout.grow(list(prompt_indices), TreeShape(1, 0, 0)) for leaf in tree.leaves()]
     return [{"em": float(leaf.info.get("em", 0.0)), "f1": float(leaf.info.get("f1", 0.0)),
              "reward": float(leaf.reward), "tool_calls": float(leaf.info["tool_calls"]),
-             "turns": float(leaf.info["turn"]), "answered": float(bool(leaf.info.get("answer"))),
+             "turns": float(leaf.info["turn"]), "answered": answered(leaf),
              ANSWER: leaf.info.get("answer"),
              QUERIES: [parse_action(node.text).argument for node in leaf.path() if node.action == "search"]}
             for leaf in leaves]
+
+
+def answered(leaf: Node) -> float:
+    """1.0 where the leaf's chain gave a non-empty answer (the env strips it), else 0.0."""
+    return float(bool(leaf.info.get("answer")))
 
 
 def mean_results(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:

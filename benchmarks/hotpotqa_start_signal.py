@@ -26,6 +26,7 @@ import gymnasium as gym
 import numpy as np
 
 import envs  # noqa: F401  (registers the env ids)
+from algos.evaluation import answered
 from algos.tree import Tree
 from benchmarks.decision_draws import arm_settings, grow_arm
 from envs.rewards import REWARDS
@@ -53,11 +54,6 @@ def mixed(rewards: Sequence[Sequence[float]]) -> np.ndarray:
     return np.array([float(len(set(group)) > 1) for group in rewards])
 
 
-def answered(trees: Sequence[Tree]) -> list[float]:
-    """Per leaf: 1.0 where it gave a non-empty answer."""
-    return [float(bool((leaf.info.get("answer") or "").strip())) for tree in trees for leaf in tree.leaves()]
-
-
 def grow(run: RunSettings, env: gym.Env, model, tokenizer, prompts: list[int], seed: int) -> dict:
     """``run``'s trees for ``prompts``, scored: its per-prompt mixed indicators per reward and its figures."""
     answers = [record.answers for record in env.unwrapped.records]
@@ -66,7 +62,7 @@ def grow(run: RunSettings, env: gym.Env, model, tokenizer, prompts: list[int], s
     seconds = time.perf_counter() - began
     leaves = [leaf for tree in trees for leaf in tree.leaves()]
     return {"seconds": seconds, "tokens": counters.total_tokens, "leaves": len(leaves),
-            "answered": float(np.mean(answered(trees))),
+            "answered": float(np.mean([answered(leaf) for leaf in leaves])),
             "em": float(np.mean([leaf.info.get("em", 0.0) for leaf in leaves])),
             "f1": float(np.mean([leaf.info.get("f1", 0.0) for leaf in leaves])),
             "mixed": {reward: mixed(leaf_rewards(trees, answers, prompts, reward)).tolist() for reward in REWARDS}}
@@ -115,9 +111,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     envs_by_config, policies = {}, {}
     arms = []
     for options, run in zip(args.arms, runs, strict=True):
-        key = json.dumps(env_config(run), sort_keys=True)
+        config = env_config(run)
+        key = json.dumps(config, sort_keys=True)
         if key not in envs_by_config:
-            envs_by_config[key] = gym.make(ENV, **env_config(run))
+            envs_by_config[key] = gym.make(ENV, **config)
         env = envs_by_config[key]
         if not arms:  # the prompts: the same train questions for every arm
             size = len(env.unwrapped.records)

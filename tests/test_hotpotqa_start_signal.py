@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
+from algos.evaluation import answered
 from algos.tree import Node, Tree
-from benchmarks.hotpotqa_start_signal import answered, leaf_rewards, mixed, table
+from benchmarks.hotpotqa_start_signal import leaf_rewards, main, mixed, table
 from policies.trajectory import TokenTrajectory
 
 
@@ -42,7 +45,7 @@ def test_a_prompt_is_mixed_when_its_trees_leaves_differ_and_the_answer_rate_coun
     assert mixed(leaf_rewards(grown, ANSWERS, [0, 2], "format")).tolist() == [1.0, 1.0]
     assert mixed(leaf_rewards(grown, ANSWERS, [0, 2], "em")).tolist() == [1.0, 0.0]
     assert mixed([[0.5], []]).tolist() == [0.0, 0.0]  # one leaf, or none: nothing to compare
-    assert answered(grown) == [1.0, 1.0, 0.0, 1.0, 1.0]
+    assert [answered(leaf) for tree in grown for leaf in tree.leaves()] == [1.0, 1.0, 0.0, 1.0, 1.0]
 
 
 def test_the_table_gives_each_arms_shares_and_the_difference_from_the_first():
@@ -59,10 +62,6 @@ def test_the_table_gives_each_arms_shares_and_the_difference_from_the_first():
 
 
 def test_an_arm_that_names_another_env_is_refused_by_name(capsys):
-    import pytest
-
-    from benchmarks.hotpotqa_start_signal import main
-
     with pytest.raises(SystemExit):
         main(["--arms", "", "--env SynthHop-v0 --temperature 0.7"])
     assert "drop --env from ['--env SynthHop-v0 --temperature 0.7']" in capsys.readouterr().err
