@@ -6,22 +6,24 @@ import pytest
 
 from algos.evaluation import answered
 from algos.tree import Node, Tree
-from benchmarks.hotpotqa_start_signal import leaf_rewards, main, mixed, table
+from benchmarks.hotpotqa_start_signal import answer_read, em_by_reading, leaf_rewards, main, mixed, table
 from policies.trajectory import TokenTrajectory
 
 
-def leaf(parent: Node, answer: str | None, format_valid: bool = True) -> Node:
-    return parent.add_child(Node(TokenTrajectory.from_prompt(()), None, is_leaf=True,
+def leaf(parent: Node, answer: str | None, format_valid: bool = True, observation: str = "") -> Node:
+    return parent.add_child(Node(TokenTrajectory.from_prompt(()), None, is_leaf=True, observation=observation,
                                  info={"answer": answer, "format_valid": format_valid}))
 
 
 def trees() -> list[Tree]:
-    """Prompt 0 (gold "Paris"): one tree, leaves "Paris", "paris city", no answer. Prompt 2 (gold "1990"): two trees,
-    leaves "London" (format invalid) and "Rome"."""
+    """Prompt 0 (gold "Paris"): one tree, leaves "Paris", "paris city", no answer; the first two read "Paris" (the
+    first in its own observation, the second in its parent step's). Prompt 2 (gold "1990"): two trees, leaves
+    "London" (format invalid) and "Rome", neither read "1990"."""
     first, second, third = (Node(TokenTrajectory.from_prompt(()), None) for _ in range(3))
-    leaf(first, "Paris")
-    leaf(first, "paris city")
-    leaf(first, None)
+    leaf(first, "Paris", observation="<information>It moved to PARIS in 1889.</information>")
+    searched = first.add_child(Node(TokenTrajectory.from_prompt(()), None, observation="Paris, the capital"))
+    leaf(searched, "paris city")
+    leaf(first, None, observation="Lyon")
     leaf(second, "London", format_valid=False)
     leaf(third, "Rome")
     return [Tree(first, 0, 0), Tree(second, 2, 0), Tree(third, 2, 1)]
@@ -48,17 +50,32 @@ def test_a_prompt_is_mixed_when_its_trees_leaves_differ_and_the_answer_rate_coun
     assert [answered(leaf) for tree in grown for leaf in tree.leaves()] == [1.0, 1.0, 0.0, 1.0, 1.0]
 
 
+def test_a_leaf_has_read_the_answer_when_an_observation_on_its_path_named_it():
+    grown = trees()
+    named = [["Paris"], ["x"], ["1990"]]
+    read = answer_read(grown, named, [0, 2])
+    assert read == [[1.0, 1.0, 0.0], [0.0, 0.0]]
+    assert answer_read(grown, [[], ["x"], ["1990"]], [0, 2])[0] == [0.0, 0.0, 0.0]  # a yes / no verdict: never read
+    assert mixed(read).tolist() == [1.0, 0.0]
+    # EM 1, 0 among the two leaves that read "Paris"; 0, 0, 0 among the three that did not
+    em = leaf_rewards(grown, ANSWERS, [0, 2], "em")
+    assert em_by_reading(em, read) == {"read": 0.4, "em_read": 0.5, "em_unread": 0.0}
+    assert em_by_reading([[0.0]], [[0.0]]) == {"read": 0.0, "em_read": None, "em_unread": 0.0}
+
+
 def test_the_table_gives_each_arms_shares_and_the_difference_from_the_first():
     base = {"options": "", "seconds": 20.0, "tokens": 400, "leaves": 6, "answered": 0.5, "em": 0.1, "f1": 0.2,
-            "mixed": {"format": [1.0, 0.0], "em": [0.0, 0.0], "f1": [1.0, 1.0]}}
-    cooler = {**base, "options": "--temperature 0.7", "mixed": {"format": [1.0, 1.0], "em": [0.0, 1.0],
-                                                                 "f1": [1.0, 1.0]}}
+            "read": 0.25, "em_read": 0.4, "em_unread": None,
+            "mixed": {"format": [1.0, 0.0], "em": [0.0, 0.0], "f1": [1.0, 1.0], "read": [0.0, 1.0]}}
+    cooler = {**base, "options": "--temperature 0.7", "em_unread": 0.05,
+              "mixed": {"format": [1.0, 1.0], "em": [0.0, 1.0], "f1": [1.0, 1.0], "read": [0.0, 1.0]}}
     text = table([base, cooler])
     first, second = text.splitlines()[2:]
-    assert first.startswith("| `(defaults)` | 2 | 3.0 | 200 | 10.0 | 0.500 | 0.100 | 0.200 | 0.500 [")
+    assert first.startswith("| `(defaults)` | 2 | 3.0 | 200 | 10.0 | 0.500 | 0.100 | 0.200 | 0.250 | 0.400 / - | "
+                            "0.500 [")
     assert "vs first" not in first
-    assert second.startswith("| `--temperature 0.7` | 2 |")
-    assert second.count("vs first") == 3 and "vs first 0.500 [" in second and "vs first 0.000 [0.000, 0.000]" in second
+    assert second.startswith("| `--temperature 0.7` | 2 |") and "| 0.400 / 0.050 |" in second
+    assert second.count("vs first") == 4 and "vs first 0.500 [" in second and "vs first 0.000 [0.000, 0.000]" in second
 
 
 def test_an_arm_that_names_another_env_is_refused_by_name(capsys):
