@@ -121,6 +121,11 @@ STUDIES: tuple[Study, ...] = (
           Protocol("docs/protocol_hotpotqa_f1.md", "Protocol: the format-3 start trained on token F1"),
           (Output("hotpotqa_cpu_f1", ("benchmarks/bench_hotpotqa.py", "--arms", "tree_f1", "--seeds", "0", "1",
                                       "2")),)),
+    Study("hotpotqa_cpu_temp", "The format-3 start sampled at temperature 0.7 (issue 70)",
+          Protocol("docs/protocol_hotpotqa_temperature.md",
+                   "Protocol: the format-3 start sampled at a lower temperature"),
+          (Output("hotpotqa_cpu_temp", ("benchmarks/bench_hotpotqa.py", "--arms", "tree_t07", "--seeds", "0", "1",
+                                        "2")),)),
 )
 
 
