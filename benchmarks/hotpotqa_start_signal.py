@@ -91,8 +91,8 @@ def grow(run: RunSettings, env: gym.Env, model, tokenizer, prompts: list[int], s
     trees, counters = grow_arm(env, model, tokenizer, run, prompts, seed)
     seconds = time.perf_counter() - began
     leaves = [leaf for tree in trees for leaf in tree.leaves()]
-    scored = {reward: leaf_rewards(trees, [record.answers for record in records], prompts, reward)
-              for reward in REWARDS}
+    answers = [record.answers for record in records]
+    scored = {reward: leaf_rewards(trees, answers, prompts, reward) for reward in REWARDS}
     scored[READ] = answer_read(trees, [record.named_answers for record in records], prompts)
     return {"seconds": seconds, "tokens": counters.total_tokens, "leaves": len(leaves),
             "answered": float(np.mean([answered(leaf) for leaf in leaves])),
