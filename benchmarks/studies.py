@@ -126,6 +126,8 @@ STUDIES: tuple[Study, ...] = (
                    "Protocol: the format-3 start sampled at a lower temperature"),
           (Output("hotpotqa_cpu_temp", ("benchmarks/bench_hotpotqa.py", "--arms", "tree_t07", "--seeds", "0", "1",
                                         "2")),)),
+    Study("hotpotqa_cpu_start_lr", "The HotpotQA start's fine-tuning: lr 1e-3, then every train question (issue 70)",
+          Protocol("docs/protocol_hotpotqa_start.md", "Protocol: the HotpotQA start at a higher learning rate")),
 )
 
 

@@ -24,8 +24,9 @@ def test_a_setting_replaces_only_its_own_value():
 
 
 def test_the_default_recipe_takes_a_new_learning_rate():
-    changed = candidate.recipe_with(QA_START_RECIPE, ["lr=1e-3"])
-    assert [a for a, b in zip(QA_START_RECIPE, changed, strict=True) if a != b] == ["3e-4"]
+    changed = candidate.recipe_with(QA_START_RECIPE, ["lr=7e-4"])
+    assert [(a, b) for a, b in zip(QA_START_RECIPE, changed, strict=True) if a != b] == [
+        (QA_START_RECIPE[QA_START_RECIPE.index("--lr") + 1], "7e-4")]
 
 
 @pytest.mark.parametrize("setting, named", [("epoch=3", "--epoch"), ("cite=1", "--cite"), ("lr", "OPTION=VALUE"),
