@@ -41,9 +41,9 @@ CPU_QA_DEFAULTS: dict[str, Any] = {
 CPU_QA_LORA_OPTIONS = ("lora_rank", "lora_layers", "lora_targets", "lr")
 
 # Oracle SFT of SmolLM2-135M-Instruct: LoRA (rank 16, every projection) on the top 10 of its 30 layers, two epochs
-# at 1e-3 over the readable trajectories of every train question (406 of 817), laid out with the CPU runs' passages
-# (CPU_QA_DEFAULTS). Chosen over 3e-4 on 640 questions by docs/protocol_hotpotqa_start.md's rule:
-# results/hotpotqa_cpu_start_lr/.
+# at 1e-3 over the readable trajectories of the first 817 train questions (the whole of the shared data's train
+# subset; 406 readable), laid out with the CPU runs' passages (CPU_QA_DEFAULTS). Chosen over 3e-4 on 640 questions by
+# docs/protocol_hotpotqa_start.md's rule: results/hotpotqa_cpu_start_lr/. A full train file gives its first 817.
 QA_START_BASE_MODEL = "smollm2-135m"  # the start has its shape: the adapters are merged into it
 QA_START_RECIPE = ("--model", QA_START_BASE_MODEL, "--cite", "--require-gold", "--read", "--lora-rank", "16",
                    "--lora-layers", "10", "--lora-targets", "all", "--questions", "817", "--epochs", "2",
