@@ -11,7 +11,8 @@ observations and step cap, as ``qa_start.py --evaluate`` evaluates the default s
 evaluated the same way, or its evaluation is taken from ``--baseline-eval DIGEST=EVAL_JSON`` when DIGEST is the
 weights digest of the default start in this cache (greedy decoding of the same weights gives the same answers).
 Writes OUTPUT/candidate.json and candidate.md: both starts' EM, answer rate and F1, and the candidate's paired
-changes from the default (EM: t over the questions and bootstrap; by question type).
+changes from the default (EM: t over the questions and bootstrap; by question type). The data are read from
+$TREEGRPO_DATA_DIR (else ./data), where evaluate.py reads them too.
 """
 
 from __future__ import annotations
@@ -87,14 +88,13 @@ def main(argv: list[str] | None = None) -> dict:
                         help="a recipe option's value in the candidate (repeatable)")
     parser.add_argument("--baseline-eval", default=None, metavar="DIGEST=EVAL_JSON",
                         help="the default start's evaluation, used when DIGEST is its weights digest")
-    parser.add_argument("--data-dir", default=None, help="default: $TREEGRPO_DATA_DIR, else ./data")
     parser.add_argument("--output", type=Path, default=Path("outputs/start_candidate"))
     args = parser.parse_args(argv)
     try:
         recipe = recipe_with(QA_START_RECIPE, args.settings)
     except ValueError as error:
         parser.error(str(error))
-    data_dir = resolve_data_dir(args.data_dir)
+    data_dir = resolve_data_dir(None)  # as evaluate.py finds it: $TREEGRPO_DATA_DIR, else ./data
     args.output.mkdir(parents=True, exist_ok=True)
     default_digest, before = baseline_rows(args.baseline_eval, qa_warm_start(ENV, data_dir), args.output)
     began = time.perf_counter()
