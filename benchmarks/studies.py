@@ -128,6 +128,9 @@ STUDIES: tuple[Study, ...] = (
                                         "2")),)),
     Study("hotpotqa_cpu_start_lr", "The HotpotQA start's fine-tuning: lr 1e-3, then every train question (issue 70)",
           Protocol("docs/protocol_hotpotqa_start.md", "Protocol: the HotpotQA start at a higher learning rate")),
+    Study("hotpotqa_cpu_all", "Real questions from the adopted start (issue 70)",
+          Protocol("docs/protocol_hotpotqa_all.md", "Protocol: real questions from the adopted start"),
+          (Output("hotpotqa_cpu_all", ("benchmarks/bench_hotpotqa.py", "--arms", "tree", "--seeds", "0", "1", "2")),)),
 )
 
 
