@@ -378,7 +378,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--output", type=Path, default=Path("outputs/hotpotqa_cpu"))
     parser.add_argument("--records", type=Path, default=None,
                         help="a study folder: its records.tar.gz is restored into --output first (runs finished on "
-                             "another machine are not trained again), and the finished runs are saved into it after")
+                             "another machine are not trained again), and each run is saved into it once evaluated")
     parser.add_argument("--report", action="store_true", help="summarise what has finished; train nothing")
     args = parser.parse_args(argv)
     output = args.output.resolve()
@@ -392,6 +392,8 @@ def main(argv: list[str] | None = None) -> dict:
             for arm in args.arms:
                 run = train(output, arm, seed, args.iterations, digest)
                 evaluate(str(run / "checkpoints" / "latest"), run / "eval")
+                if args.records:  # each evaluated run at once: a machine lost mid-study loses only the run in progress
+                    save_records(output, args.records)
     starts = {path.parents[1].name: question_rows(path) for path in sorted(output.glob("start/*/eval/eval.json"))}
     types = question_types(resolve_data_dir(None))
     summary = {"env": ENV, "iterations": args.iterations,
