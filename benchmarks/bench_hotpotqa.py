@@ -60,6 +60,7 @@ ARMS: dict[str, tuple[str, ...]] = {
     "tree_f1": ("--algo", "tree_grpo", "--reward", "f1"),
     "tree_t07": ("--algo", "tree_grpo", "--temperature", "0.7"),
     "tree_t05": ("--algo", "tree_grpo", "--temperature", "0.5"),
+    "tree_lr5e-4": ("--algo", "tree_grpo", "--lr", "5e-4"),
 }
 ROOT = Path(__file__).resolve().parents[1]
 PLOT = "hotpotqa.png"  # in --records: the README's figure (``figure``)
@@ -232,9 +233,9 @@ def arm_summary(output: Path, arm: str, seeds: list[int], types: list[str]) -> d
 
 
 # first - second: docs/protocol_hotpotqa.md's decision rules 2 and 3, docs/protocol_hotpotqa_em.md's,
-# docs/protocol_hotpotqa_f1.md's and docs/protocol_hotpotqa_temperature.md's rule 3
+# docs/protocol_hotpotqa_f1.md's, docs/protocol_hotpotqa_temperature.md's and docs/protocol_hotpotqa_lr.md's rule 3
 CONTRASTS = (("tree", "chain"), ("tree_entropy", "tree"), ("tree_em", "tree"), ("tree_f1", "tree"),
-             ("tree_t07", "tree"), ("tree_t05", "tree"))
+             ("tree_t07", "tree"), ("tree_t05", "tree"), ("tree_lr5e-4", "tree"))
 
 
 def arm_contrast(output: Path, first: str, second: str, seeds: list[int]) -> dict | None:
