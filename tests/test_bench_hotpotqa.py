@@ -115,7 +115,6 @@ def test_records_carry_finished_runs_to_a_new_machine_which_does_not_train_them_
     assert bench.finished_iterations(bench.run_dir(elsewhere, "tree", 0)) == 2  # the finished run, whole
 
 
-
 def test_each_evaluated_run_is_saved_to_the_records_before_the_next_one_trains(tmp_path, monkeypatch):
     """A study killed in its second run (a session's end, a lost machine) has the first run in its records."""
     output, records = tmp_path / "hotpotqa_cpu", tmp_path / "study"
@@ -135,6 +134,7 @@ def test_each_evaluated_run_is_saved_to_the_records_before_the_next_one_trains(t
     with pytest.raises(KeyboardInterrupt):
         bench.main(["--arms", "tree", "--seeds", "0", "1", "--output", str(output), "--records", str(records)])
     assert bench.restore_records(tmp_path / "new" / "hotpotqa_cpu", records) == 4  # the start's eval, seed 0's three
+
 
 def write_run(output: Path, arm: str, seed: int, start: str, ems: list[float], mixed: float) -> None:
     run = bench.run_dir(output, arm, seed)
