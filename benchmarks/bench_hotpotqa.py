@@ -11,7 +11,9 @@ Arms (``ARMS``), each with run.py's CPU defaults for HotpotQA-v0 and nothing els
 (M,N,L) = (1,2,1), uniform branching), ``chain`` (chain GRPO, G = 2: the same full-chain budget, 2),
 ``tree_entropy`` ((1,2,1), entropy branching), ``tree_em`` (the default tree rewarded by exact match alone,
 ``--reward em``, instead of Search-R1's format-aware reward), ``tree_f1`` (rewarded by token F1, ``--reward f1``),
-``tree_t07`` and ``tree_t05`` (sampled at temperature 0.7 or 0.5 instead of the paper's 1.0). Writes
+``tree_t07`` and ``tree_t05`` (sampled at temperature 0.7 or 0.5 instead of the paper's 1.0), ``tree_lr5e-4`` (the
+RL learning rate at 5e-4: the CPU default since results/hotpotqa_cpu_lr/, so the ``tree`` runs of the studies before
+it trained at 1e-4, the default of their commits). Writes
 OUTPUT/start/DIGEST/eval (the start, evaluated once), OUTPUT/ARM_sSEED (each run's directory, its eval/) and
 OUTPUT/summary.json + summary.md: held-out EM before and after with the paired 95% interval per seed (t
 over questions, bootstrap over questions) and pooled over the seeds (bootstrap over seeds and questions; t over the

@@ -131,6 +131,10 @@ STUDIES: tuple[Study, ...] = (
     Study("hotpotqa_cpu_all", "Real questions from the adopted start (issue 70)",
           Protocol("docs/protocol_hotpotqa_all.md", "Protocol: real questions from the adopted start"),
           (Output("hotpotqa_cpu_all", ("benchmarks/bench_hotpotqa.py", "--arms", "tree", "--seeds", "0", "1", "2")),)),
+    Study("hotpotqa_cpu_lr", "The RL learning rate on real questions (issue 70)",
+          Protocol("docs/protocol_hotpotqa_lr.md", "Protocol: the RL learning rate on real questions"),
+          (Output("hotpotqa_cpu_lr", ("benchmarks/bench_hotpotqa.py", "--arms", "tree_lr5e-4", "--seeds", "0", "1",
+                                      "2")),)),
 )
 
 

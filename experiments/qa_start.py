@@ -30,11 +30,12 @@ from policies.models import WARM_START_MODEL
 # The real QA envs whose CPU runs start from their warm start: those with a train split to build it from.
 QA_START_ENVS = ("HotpotQA-v0",)
 # On a CPU, a real QA env's defaults: an iteration that 2 cores finish in about a minute, from a start that answers.
-# Each value is chosen by a measurement in results/hotpotqa_cpu/README.md ("The CPU defaults"); with a GPU the
-# defaults stay the paper's. Float32 (not bf16) so that a run does not depend on whether the CPU has AVX-512 BF16.
+# Each value is chosen by a measurement in results/hotpotqa_cpu/README.md ("The CPU defaults"), the lr by
+# results/hotpotqa_cpu_lr/ (5e-4 over 1e-4); with a GPU the defaults stay the paper's. Float32 (not bf16) so that a
+# run does not depend on whether the CPU has AVX-512 BF16.
 CPU_QA_DEFAULTS: dict[str, Any] = {
     "model": WARM_START_MODEL, "topk": 2, "passage_words": 64, "M": 1, "N": 2, "L": 1, "group_size": 2,
-    "max_step_tokens": 80, "lora_rank": 16, "lora_layers": 10, "lora_targets": "all", "lr": 1e-4,
+    "max_step_tokens": 80, "lora_rank": 16, "lora_layers": 10, "lora_targets": "all", "lr": 5e-4,
 }
 # The profile's options that go with its LoRA adapters (its lr was measured for them): full fine-tuning of the start
 # keeps them all at their own defaults.
@@ -55,9 +56,9 @@ QA_START_TOPK = CPU_QA_DEFAULTS["topk"]
 CPU_OBSERVATION_OPTIONS = ("--topk", str(QA_START_TOPK), "--passage-words", str(CPU_QA_DEFAULTS["passage_words"]),
                            "--max-step-tokens", str(CPU_QA_DEFAULTS["max_step_tokens"]))
 # The first build's minutes on 2 cores by the CPU's widest vector unit, as torch dispatches to it: 28 min measured with
-# AVX-512 (results/hotpotqa_cpu_start_lr/); with AVX2 only, the 66 min measured for 640 questions scaled by the
-# trajectories' tokens (1.23x), not measured
-BUILD_MINUTES = {"AVX512": 30, "AVX2": 80}
+# AVX-512 (results/hotpotqa_cpu_start_lr/), 31 on another machine (Zen 5) with no caches (docs/protocol_hotpotqa_lr.md,
+# log); with AVX2 only, the 66 min measured for 640 questions scaled by the trajectories' tokens (1.23x), not measured
+BUILD_MINUTES = {"AVX512": 31, "AVX2": 80}
 
 
 def build_minutes(capability: str | None = None) -> int:
