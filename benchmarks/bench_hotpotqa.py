@@ -38,6 +38,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from algos.tree_grpo import metrics as metric_keys
+from benchmarks.report import compact_plot_copy
 from benchmarks.run_records import output_files, read_archive, write_archive
 from benchmarks.studies import ARCHIVE
 from envs.datasets import dataset_path, resolve_data_dir
@@ -412,8 +413,9 @@ def main(argv: list[str] | None = None) -> dict:
     if args.records:
         save_records(output, args.records)
         (args.records / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
-        if summary["arms"]:
-            figure(summary).savefig(args.records / PLOT, format="png", dpi=120)
+        if summary["arms"]:  # drawn in full beside the runs; the records keep a palette copy (a third of its size)
+            figure(summary).savefig(output / PLOT, format="png", dpi=120)
+            compact_plot_copy(output / PLOT, args.records / PLOT)
     return summary
 
 

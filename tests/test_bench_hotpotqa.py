@@ -136,6 +136,30 @@ def test_each_evaluated_run_is_saved_to_the_records_before_the_next_one_trains(t
     assert bench.restore_records(tmp_path / "new" / "hotpotqa_cpu", records) == 4  # the start's eval, seed 0's three
 
 
+def test_a_finished_study_keeps_a_palette_copy_of_its_plot_in_the_records(tmp_path, monkeypatch):
+    """The committed figure is the compact copy (results/ is held under 4 MB); the full one stays beside the runs."""
+    from PIL import Image
+
+    output, records = tmp_path / "hotpotqa_cpu", tmp_path / "study"
+    monkeypatch.setattr(bench, "qa_warm_start", lambda env: tmp_path / "start")
+    monkeypatch.setattr(bench, "weights_digest", lambda model: "aaaa")
+    monkeypatch.setattr(bench, "question_types", lambda data_dir: ["bridge", "comparison"])
+
+    def train(output: Path, arm: str, seed: int, iterations: int, start: str) -> Path:
+        run = bench.run_dir(output, arm, seed)
+        bench.bind_start(run, start)
+        row = {"reward_mean": 0.1, "nonzero_advantage_share": 0.5, "time_s": 60.0}
+        (run / "metrics.jsonl").write_text("".join(json.dumps({**row, "iteration": i}) + "\n" for i in (1, 2)))
+        return run
+
+    monkeypatch.setattr(bench, "train", train)
+    monkeypatch.setattr(bench, "evaluate", lambda model, out, options=(): write_eval(out, [1, 0]))
+    bench.main(["--arms", "tree", "--seeds", "0", "1", "--output", str(output), "--records", str(records)])
+    with Image.open(output / bench.PLOT) as full, Image.open(records / bench.PLOT) as kept:
+        assert (full.mode, kept.mode, kept.size) == ("RGBA", "P", full.size)
+    assert (records / bench.PLOT).stat().st_size < (output / bench.PLOT).stat().st_size / 2
+
+
 def write_run(output: Path, arm: str, seed: int, start: str, ems: list[float], mixed: float) -> None:
     run = bench.run_dir(output, arm, seed)
     bench.bind_start(run, start)
