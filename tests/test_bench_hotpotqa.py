@@ -115,22 +115,30 @@ def test_records_carry_finished_runs_to_a_new_machine_which_does_not_train_them_
     assert bench.finished_iterations(bench.run_dir(elsewhere, "tree", 0)) == 2  # the finished run, whole
 
 
-def test_each_evaluated_run_is_saved_to_the_records_before_the_next_one_trains(tmp_path, monkeypatch):
-    """A study killed in its second run (a session's end, a lost machine) has the first run in its records."""
-    output, records = tmp_path / "hotpotqa_cpu", tmp_path / "study"
+def stub_study(tmp_path: Path, monkeypatch, killed_seed: int | None = None) -> tuple[Path, Path]:
+    """``bench.main`` without models: a start "aaaa", runs of two iterations and evaluations of two questions (one
+    right); training ``killed_seed`` is interrupted (a session's end). The study's output and records folders."""
     monkeypatch.setattr(bench, "qa_warm_start", lambda env: tmp_path / "start")
     monkeypatch.setattr(bench, "weights_digest", lambda model: "aaaa")
+    monkeypatch.setattr(bench, "question_types", lambda data_dir: ["bridge", "comparison"])
 
     def train(output: Path, arm: str, seed: int, iterations: int, start: str) -> Path:
-        if seed == 1:
-            raise KeyboardInterrupt  # the session ends while seed 1 trains
+        if seed == killed_seed:
+            raise KeyboardInterrupt
         run = bench.run_dir(output, arm, seed)
         bench.bind_start(run, start)
-        (run / "metrics.jsonl").write_text(json.dumps({"iteration": 1}) + "\n")
+        row = {"reward_mean": 0.1, "nonzero_advantage_share": 0.5, "time_s": 60.0}
+        (run / "metrics.jsonl").write_text("".join(json.dumps({**row, "iteration": i}) + "\n" for i in (1, 2)))
         return run
 
     monkeypatch.setattr(bench, "train", train)
     monkeypatch.setattr(bench, "evaluate", lambda model, out, options=(): write_eval(out, [1, 0]))
+    return tmp_path / "hotpotqa_cpu", tmp_path / "study"
+
+
+def test_each_evaluated_run_is_saved_to_the_records_before_the_next_one_trains(tmp_path, monkeypatch):
+    """A study killed in its second run (a session's end, a lost machine) has the first run in its records."""
+    output, records = stub_study(tmp_path, monkeypatch, killed_seed=1)
     with pytest.raises(KeyboardInterrupt):
         bench.main(["--arms", "tree", "--seeds", "0", "1", "--output", str(output), "--records", str(records)])
     assert bench.restore_records(tmp_path / "new" / "hotpotqa_cpu", records) == 4  # the start's eval, seed 0's three
@@ -140,20 +148,7 @@ def test_a_finished_study_keeps_a_palette_copy_of_its_plot_in_the_records(tmp_pa
     """The committed figure is the compact copy (results/ is held under 4 MB); the full one stays beside the runs."""
     from PIL import Image
 
-    output, records = tmp_path / "hotpotqa_cpu", tmp_path / "study"
-    monkeypatch.setattr(bench, "qa_warm_start", lambda env: tmp_path / "start")
-    monkeypatch.setattr(bench, "weights_digest", lambda model: "aaaa")
-    monkeypatch.setattr(bench, "question_types", lambda data_dir: ["bridge", "comparison"])
-
-    def train(output: Path, arm: str, seed: int, iterations: int, start: str) -> Path:
-        run = bench.run_dir(output, arm, seed)
-        bench.bind_start(run, start)
-        row = {"reward_mean": 0.1, "nonzero_advantage_share": 0.5, "time_s": 60.0}
-        (run / "metrics.jsonl").write_text("".join(json.dumps({**row, "iteration": i}) + "\n" for i in (1, 2)))
-        return run
-
-    monkeypatch.setattr(bench, "train", train)
-    monkeypatch.setattr(bench, "evaluate", lambda model, out, options=(): write_eval(out, [1, 0]))
+    output, records = stub_study(tmp_path, monkeypatch)
     bench.main(["--arms", "tree", "--seeds", "0", "1", "--output", str(output), "--records", str(records)])
     with Image.open(output / bench.PLOT) as full, Image.open(records / bench.PLOT) as kept:
         assert (full.mode, kept.mode, kept.size) == ("RGBA", "P", full.size)
