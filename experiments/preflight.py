@@ -1,9 +1,10 @@
-"""What is checked and started before a run's algorithm is built, in this order: the data files, the algorithm
-config and where the parts land on the GPUs (``check_before_ray``, ``check_placement``), the memory plan against the
-GPU (``check_memory``), the local Ray instance or the cluster joined (``start_ray``), whether the cluster holds the
-actors' resources and has the devices the defaults were chosen for (``check_resources``), and last the start policy
-where it is the env's warm start (``prepare_start``: built the first time). Every problem is a ``SettingsError``
-naming the option, before any weights load or anything is written."""
+"""What is checked and started before a run's algorithm is built, in this order: the data files and a model
+directory (``check_data``, ``check_model``), the algorithm config and where the parts land on the GPUs
+(``check_before_ray``, ``check_placement``), the memory plan against the GPU (``check_memory``), the local Ray
+instance or the cluster joined (``start_ray``), whether the cluster holds the actors' resources and has the devices
+the defaults were chosen for (``check_resources``), and last the start policy where it is the env's warm start
+(``prepare_start``: built the first time). Every problem is a ``SettingsError`` naming the option, before any weights
+load or anything is written."""
 
 from __future__ import annotations
 
@@ -55,6 +56,7 @@ def check_before_ray(settings: RunSettings) -> None:
     algorithm config as RLlib's ``validate`` sees it (e.g. more env runners than prompts). (``start_ray`` checks
     the actors' resources.)"""
     check_data(settings)
+    check_model(settings)
     check_learner_device(settings)
     check_placement(settings)
     try:
@@ -76,6 +78,19 @@ def prepare_start(settings: RunSettings) -> None:
 def cluster_address(settings: RunSettings) -> str | None:
     """The Ray cluster the run joins (``--ray-address``, else ``$RAY_ADDRESS``), or None for a local instance."""
     return settings.ray_address or os.environ.get("RAY_ADDRESS")
+
+
+def check_model(settings: RunSettings) -> None:
+    """A ``--model`` spelt as a local path that names no model directory (a typo, a file, a folder without weights):
+    refused here, not as a traceback from the actors once Ray has started. A hub id is found on its first download."""
+    from policies.models import ALIASES, ModelNotFoundError, check_model_name
+
+    if settings.model in (*ALIASES, WARM_START_MODEL):
+        return
+    try:
+        check_model_name(settings.model)
+    except ModelNotFoundError as error:
+        raise SettingsError(f"--model: {error}") from None
 
 
 def check_learner_device(settings: RunSettings) -> None:

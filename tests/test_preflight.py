@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from experiments.cli import SettingsError
-from experiments.preflight import check_memory
+from experiments.preflight import check_memory, check_model
 from experiments.qa_start import QA_START_BASE_MODEL
 from experiments.run import plan
 from experiments.settings import memory_options
@@ -101,3 +101,16 @@ def test_a_learner_asked_onto_the_cpu_is_not_judged_against_the_gpu(tmp_path, ca
                              tmp_path=tmp_path))
     line = capsys.readouterr().err
     assert line.startswith("memory plan:") and "fits" not in line and "DOES NOT FIT" not in line
+
+
+def test_a_model_path_that_names_no_model_is_refused_before_ray(tmp_path):
+    """A typo in --model is one line naming the option, not a traceback from the actors once Ray is up."""
+    (tmp_path / "weights.bin").write_bytes(b"")
+    (tmp_path / "empty").mkdir()
+    for given, refusal in ((str(tmp_path / "typo"), "no such model directory"),
+                           (str(tmp_path / "weights.bin"), "is a file, not a model directory"),
+                           (str(tmp_path / "empty"), "has no config.json")):
+        with pytest.raises(SettingsError, match=rf"^--model: .*{refusal}"):
+            check_model(settings_of("--model", given, tmp_path=tmp_path))
+    for name in ("tiny-random", "smollm2-135m", "Qwen/Qwen2.5-1.5B-Instruct"):  # an alias, a hub id: found later
+        check_model(settings_of("--model", name, tmp_path=tmp_path))
