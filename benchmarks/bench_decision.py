@@ -28,8 +28,10 @@ per asked role); it is measured on a checkpoint saved every iteration, and those
 then removed. Each run's probe is read as its mean over the iterations; the arms are compared on it seed by seed
 (Student-t, exact sign-flip, Holm over the comparisons): OUTPUT/decision-probe.md, .json and .png, and with
 --report section ``decision-probe`` of the study's README beside the testbed's ``decision-test``
-(``studies.section_file``). A probe section is rebuilt from the records by ``run_records.py restore`` and this
-script's ``--resume --report`` (every run finished: nothing trains).
+(``studies.section_file``), with each arm's share of prompts with mixed rewards against the predicted ratio. The
+start's probe is measured once into OUTPUT/start_probe.json, kept with the records. A probe section is rebuilt from
+the records by ``run_records.py restore`` and this script's ``--resume --report``, which trains nothing: it refuses
+while a run has not finished with today's options, and names them.
 """
 
 from __future__ import annotations
@@ -49,10 +51,12 @@ from benchmarks import bench_budget
 from benchmarks.bench_branching import TOPK, WORLD, run_from_start, start_recipes
 from benchmarks.check_start import policy_decision
 from benchmarks.learning_options import add_run_options, check_eval_questions, design_output, with_design
-from benchmarks.learning_runs import FINAL_EVALUATION, run_directory
+from benchmarks.learning_report import verdict
+from benchmarks.learning_runs import FINAL_EVALUATION, run_directory, run_options, trained_with
 from benchmarks.learning_stats import seed_tests, with_holm
 from benchmarks.learning_testbed import RunProbe, Testbed
 from benchmarks.plateau_exit import PLATEAU_THRESHOLD
+from envs.retrieval.corpus import replace_atomically
 from experiments.checkpoints import LATEST, PREFIX, checkpoint_iteration
 from experiments.plot import METRICS_FILE, load_metrics, plot_runs
 from policies.generation import SamplingSettings
@@ -73,6 +77,9 @@ ITERATIONS = 20
 PROBE = "probe_role_p"  # metrics.jsonl: p(the right role's word) at the decision, mean over the probe questions
 PROBE_QUESTIONS = 50  # the first held-out questions: the curve's, 30 of them asking the chair
 PROBE_SECTION = "decision-probe"  # its section's key in the study's README (beside the testbed's, decision-test)
+PROBE_ROLES = ("chair", "founder")  # the probe per asked role: metrics.jsonl's probe_role_p_chair, ..._founder
+START_PROBE = "start_probe.json"  # OUTPUT's record of the start policy's probe (iteration 0 of the curves)
+MIXED = "nonzero_advantage_share"  # metrics.jsonl: the share of the iteration's prompts with mixed rewards
 
 
 def settings() -> dict[str, tuple[int, list[str]]]:
@@ -124,8 +131,20 @@ def probe_policy(policy: str, bed: Testbed) -> dict[str, float]:
     if "role_p" not in summary:
         raise ValueError(f"{policy}: its start was not trained on restating thoughts (warmstart.py --restate), so "
                          f"no role word is written at the decision to probe")
-    return {PROBE: summary["role_p"], **{f"{PROBE}_{role}": summary[f"role_p_{role}"] for role in ("chair", "founder")
+    return {PROBE: summary["role_p"], **{f"{PROBE}_{role}": summary[f"role_p_{role}"] for role in PROBE_ROLES
                                          if f"role_p_{role}" in summary}}
+
+
+def start_probe(bed: Testbed, args: argparse.Namespace) -> dict[str, float]:
+    """The start policy's probe: read from OUTPUT/``START_PROBE`` (kept with the records, so that a report rebuilt
+    on another machine, whose build of the start may differ, reads the one the runs were compared with), else
+    measured now and written there."""
+    path = Path(args.output) / START_PROBE
+    if path.is_file():
+        return json.loads(path.read_text(encoding="utf-8"))
+    probe = probe_policy(start_policy(bed, args), bed)
+    replace_atomically(path, lambda staged: staged.write_text(json.dumps(probe), encoding="utf-8"))
+    return probe
 
 
 def record_probe(directory: Path, probe: Callable[[str], dict[str, float]]) -> None:
@@ -185,39 +204,68 @@ def probe_comparisons(runs: dict[str, list[list[dict]]], comparisons: tuple[tupl
 
 
 def mean_rows(runs: list[list[dict]], start: float) -> list[dict[str, float]]:
-    """A setting's rows averaged over seeds, iteration by iteration after the start (iteration 0): tokens generated,
-    the probe and its std over seeds (the plot's band)."""
-    means = [{"iteration": 0, "tokens_generated": 0.0, PROBE: start}]
+    """A setting's rows averaged over seeds, iteration by iteration after the start (iteration 0, whose spread is
+    0): tokens generated, tool calls, the probe and its std over seeds (the plot's band)."""
+    counts = ("tokens_generated", "tool_calls")
+    means = [{"iteration": 0, **dict.fromkeys(counts, 0.0), PROBE: start, f"{PROBE}_std": 0.0}]
     for rows in zip(*runs, strict=True):
         probes = [row[PROBE] for row in rows]
         means.append({"iteration": rows[0]["iteration"], PROBE: float(np.mean(probes)),
                       f"{PROBE}_std": float(np.std(probes)),
-                      "tokens_generated": float(np.mean([row["tokens_generated"] for row in rows]))})
+                      **{count: float(np.mean([row.get(count) or 0 for row in rows])) for count in counts}})
     return means
 
 
-def probe_report(bed: Testbed, args: argparse.Namespace, start: float) -> str:
-    """OUTPUT/decision-probe.md, .json and .png: each arm's probe (mean over iterations, then seeds; after the last
-    iteration) and the comparisons; ``start``: the start policy's probe (iteration 0 of the curves)."""
+def mixed_reward_shares(runs: dict[str, list[list[dict]]]) -> dict[str, dict[str, float]]:
+    """Per arm, the share of prompts with mixed rewards in training (mean over iterations and seeds), its ratio to
+    chain G=2's and the ratio predicted at the start (``PREDICTED_MIXED_RATIO``): the mechanism, read beside."""
+    shares = {setting: float(np.mean([row[MIXED] for rows in seeds for row in rows if row.get(MIXED) is not None]))
+              for setting, seeds in runs.items()}
+    base = shares.get(CHAIN_2)
+    return {setting: {"share": share, "ratio": share / base if base else float("nan"),
+                      "predicted": PREDICTED_MIXED_RATIO.get(setting, float("nan"))}
+            for setting, share in shares.items()}
+
+
+def role_mean(seeds: list[list[dict]], role: str) -> str:
+    """An arm's probe on the questions asking ``role``: mean over iterations, then seeds (- where not recorded)."""
+    key = f"{PROBE}_{role}"
+    values = [row[key] for rows in seeds for row in rows if row.get(key) is not None]
+    return f"{np.mean(values):.3f}" if values else "-"
+
+
+def probe_report(bed: Testbed, args: argparse.Namespace, start: dict[str, float]) -> str:
+    """OUTPUT/decision-probe.md, .json and .png: each arm's probe (mean over iterations, then seeds; per asked role;
+    after the last iteration), the comparisons with their reading, and each arm's share of prompts with mixed rewards
+    against the predicted ratio; ``start``: the start policy's probe (iteration 0 of the curves)."""
     output, runs = Path(args.output), probed_runs(args)
     differences = probe_comparisons(runs, bed.comparisons)
+    by_role = ", ".join(f"{role} {start[f'{PROBE}_{role}']:.3f}" for role in PROBE_ROLES if f"{PROBE}_{role}" in start)
     lines = [f"Probe: p(the right role) at the decision, teacher-forced, on the first {PROBE_QUESTIONS} held-out "
-             f"questions after each iteration; the start's {start:.3f}.", "",
-             "| arm | seeds | mean over the iterations (sd over seeds) | after the last |", "|---|---|---|---|"]
+             f"questions after each iteration; the start's {start[PROBE]:.3f}" + (f" ({by_role})." if by_role else "."),
+             "", "| arm | seeds | mean over the iterations (sd over seeds) | asking the chair | asking the founder | "
+             "after the last |", "|---|---|---|---|---|---|"]
     for setting, seeds in runs.items():
         means = probe_means(seeds)
         spread = np.std(means, ddof=1) if len(means) > 1 else 0.0
         lines.append(f"| {setting} | {len(seeds)} | {means.mean():.3f} ({spread:.3f}) | "
-                     f"{np.mean([rows[-1][PROBE] for rows in seeds]):.3f} |")
-    lines += ["", "| a - b | mean | t 95% interval | t p | sign-flip p | Holm p |", "|---|---|---|---|---|---|"]
+                     + " | ".join(role_mean(seeds, role) for role in PROBE_ROLES)
+                     + f" | {np.mean([rows[-1][PROBE] for rows in seeds]):.3f} |")
+    lines += ["", "| a - b | mean | t 95% interval | t p | sign-flip p | Holm p | reading |",
+              "|---|---|---|---|---|---|---|"]
     lines += [f"| {name} | {d['mean']:+.3f} | [{d['t_low']:+.3f}, {d['t_high']:+.3f}] | {d['t_p']:.3g} | "
-              f"{d['sign_flip_p']:.3g} | {d['p_holm']:.3g} |" for name, d in differences.items()]
+              f"{d['sign_flip_p']:.3g} | {d['p_holm']:.3g} | {verdict(d)} |" for name, d in differences.items()]
+    mixed = mixed_reward_shares(runs)
+    lines += ["", "| arm | prompts with mixed rewards in training | against chain G=2 | predicted |",
+              "|---|---|---|---|"]
+    lines += [f"| {setting} | {m['share']:.3f} | {m['ratio']:.2f} | {m['predicted']:.3f} |"
+              for setting, m in mixed.items()]
     table = "\n".join(lines) + "\n"
     (output / "decision-probe.md").write_text(table, encoding="utf-8")
     curves = {setting: [[row[PROBE] for row in rows] for rows in seeds] for setting, seeds in runs.items()}
-    (output / "decision-probe.json").write_text(json.dumps({"start": start, "curves": curves,
+    (output / "decision-probe.json").write_text(json.dumps({"start": start, "curves": curves, "mixed": mixed,
                                                             "differences": differences}, indent=1), encoding="utf-8")
-    plot = plot_runs({setting: mean_rows(seeds, start) for setting, seeds in runs.items()},
+    plot = plot_runs({setting: mean_rows(seeds, start[PROBE]) for setting, seeds in runs.items()},
                      output / "decision-probe.png", metrics=(PROBE,))
     if args.report:
         write_probe_section(bed, args, table, plot)
@@ -246,12 +294,25 @@ def start_policy(bed: Testbed, args: argparse.Namespace) -> str:
     return args.warm or str(cached_warm_start(bed.world, recipe, topk=bed.topk, continues=first_stage))
 
 
+def unfinished_runs(bed: Testbed, args: argparse.Namespace) -> list[str]:
+    """The runs of --settings x --seeds without a final evaluation made with today's run.py options from the start
+    policy (which ``run_benchmark`` would train again)."""
+    warm, output = str(Path(start_policy(bed, args)).resolve()), Path(args.output)
+    return [f"{setting} seed {seed}" for setting in args.settings for seed in args.seeds
+            if not trained_with(run_directory(setting, seed, output) / FINAL_EVALUATION,
+                                run_options(bed, setting, seed, warm, args, run_directory(setting, seed, output)))]
+
+
 def main(argv: list[str] | None = None) -> Path:
     args = parse_args(argv)
     bed = testbed(args)
+    if args.report and (unfinished := unfinished_runs(bed, args)):  # the protocol's report trains nothing
+        raise SystemExit(f"bench_decision.py --report: {len(unfinished)} run(s) have not finished with these options "
+                         f"({', '.join(unfinished[:5])}{', ...' if len(unfinished) > 5 else ''}): run them first "
+                         f"(--resume without --report); the report reads every run or none")
     report = run_from_start(bed, args, argv, "benchmarks/bench_decision.py")
     if not args.start_only:
-        print(probe_report(bed, args, probe_policy(start_policy(bed, args), bed)[PROBE]))
+        print(probe_report(bed, args, start_probe(bed, args)))
     return report
 
 

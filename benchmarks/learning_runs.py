@@ -25,6 +25,7 @@ import numpy as np
 from benchmarks.learning_options import design_options
 from benchmarks.learning_report import command_header, write_docs_section, write_results
 from benchmarks.learning_testbed import DEFAULT_MAX_TURNS, Testbed
+from envs.retrieval.corpus import replace_atomically
 from experiments.plot import METRICS_FILE, load_metrics
 
 FINAL_EVALUATION = "held_out.json"  # a run's final held-out scores, keyed by its options: the run has finished
@@ -157,7 +158,9 @@ def scores_once(record: Path, key: dict, resume: bool,
             print(f"reusing {record}")
             return saved["scores"]
     scores = compute()
-    record.write_text(json.dumps({**key, "scores": scores}), encoding="utf-8")
+    # whole or absent: a records save running beside (run_records.py) never keeps half of it
+    replace_atomically(record, lambda staged: staged.write_text(json.dumps({**key, "scores": scores}),
+                                                                encoding="utf-8"))
     return scores
 
 

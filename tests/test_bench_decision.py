@@ -87,8 +87,10 @@ def test_a_run_without_every_iterations_checkpoint_is_named_and_left_as_it_was(t
     assert (run / "metrics.jsonl").read_text() == before and (run / "checkpoints" / "iter_000002").is_dir()
 
 
-def rows_of(probes: list[float]) -> list[dict]:
-    return [{"iteration": i + 1, "tokens_generated": 10, PROBE: p} for i, p in enumerate(probes)]
+def rows_of(probes: list[float], mixed: float = 0.5) -> list[dict]:
+    """A run's rows: its probe each iteration (the chair's questions at half of it, the founder's at twice)."""
+    return [{"iteration": i + 1, "tokens_generated": 10, "tool_calls": 3, "nonzero_advantage_share": mixed, PROBE: p,
+             f"{PROBE}_chair": p / 2, f"{PROBE}_founder": 2 * p} for i, p in enumerate(probes)]
 
 
 def test_the_probe_comparison_pairs_each_seeds_mean_over_the_iterations():
@@ -101,6 +103,10 @@ def test_the_probe_comparison_pairs_each_seeds_mean_over_the_iterations():
     means = bench_decision.mean_rows(runs[CHAIN_2], start=0.15)
     assert [(r["iteration"], round(r[PROBE], 6)) for r in means] == [(0, 0.15), (1, round(0.7 / 3, 6)),
                                                                    (2, round(1 / 3, 6))]
+    # every point has its spread (the plot draws a band only then) and its counts (the x axes), the start's 0
+    assert [round(r[f"{PROBE}_std"], 6) for r in means] == [0.0, round(float(np.std([0.2, 0.4, 0.1])), 6),
+                                                            round(float(np.std([0.2, 0.6, 0.2])), 6)]
+    assert [(r["tokens_generated"], r["tool_calls"]) for r in means] == [(0, 0), (10, 3), (10, 3)]
 
 
 def test_the_probe_report_names_every_missing_run_and_reads_nothing(tmp_path):
@@ -181,10 +187,53 @@ def test_the_probe_report_writes_its_table_and_with_report_its_section_beside_th
             run.mkdir(parents=True)
             (run / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows_of(probes)))
             (run / learning_runs.FINAL_EVALUATION).write_text("{}", encoding="utf-8")
-    table = bench_decision.probe_report(bench_decision.testbed(args), args, start=0.1)
-    assert f"| {AT_DECISION} | 2 | 0.450 (0.000) | 0.600 |" in table and "the start's 0.100" in table
-    assert f"| {AT_DECISION} - {CHAIN_2} | +0.200 |" in table
+    table = bench_decision.probe_report(bench_decision.testbed(args), args,
+                                        start={PROBE: 0.1, f"{PROBE}_chair": 0.05, f"{PROBE}_founder": 0.2})
+    # per arm: the mean over iterations (sd over seeds), asking the chair (half), the founder (twice), the last
+    assert f"| {AT_DECISION} | 2 | 0.450 (0.000) | 0.225 | 0.900 | 0.600 |" in table
+    assert "the start's 0.100 (chair 0.050, founder 0.200)" in table
+    # both seeds +0.2: the sign-flip's smallest p at 2 seeds, 0.5, so inside the noise
+    assert f"| {AT_DECISION} - {CHAIN_2} | +0.200 |" in table and "| inside the noise: no difference shown |" in table
+    # the mechanism beside: every arm's rows say 0.5, so the ratio to chain G=2 is 1, against the predicted 1.5
+    assert f"| {AT_DECISION} | 0.500 | 1.00 | 1.500 |" in table and f"| {CHAIN_2} | 0.500 | 1.00 | 1.000 |" in table
     assert (Path("out") / "decision-probe.md").read_text() == table
     readme = (Path("results") / "out" / "README.md").read_text(encoding="utf-8")
     assert "<!-- decision-probe:begin -->" in readme and table in readme
     assert (Path("results") / "out" / "decision-probe.png").is_file()
+
+
+def test_the_starts_probe_is_measured_once_and_then_read_from_its_record(tmp_path, monkeypatch):
+    args = bench_decision.parse_args(["--output", str(tmp_path)])
+    measured = []
+    monkeypatch.setattr(bench_decision, "start_policy", lambda bed, args: "start-model")
+    monkeypatch.setattr(bench_decision, "probe_policy", lambda policy, bed: measured.append(policy) or {PROBE: 0.13})
+    bed = bench_decision.testbed(args)
+    assert bench_decision.start_probe(bed, args) == {PROBE: 0.13} and measured == ["start-model"]
+    assert json.loads((tmp_path / bench_decision.START_PROBE).read_text()) == {PROBE: 0.13}
+    assert bench_decision.start_probe(bed, args) == {PROBE: 0.13} and measured == ["start-model"]  # not again
+
+
+def test_the_report_trains_nothing_and_names_the_runs_not_finished_with_todays_options(tmp_path, monkeypatch):
+    argv = ["--output", str(tmp_path), "--seeds", "0", "1", "--settings", CHAIN_2, "--resume", "--report"]
+    args = bench_decision.parse_args(argv)
+    monkeypatch.setattr(bench_decision, "start_policy", lambda bed, args: str(tmp_path / "start"))
+    monkeypatch.setattr(bench_decision, "run_from_start", lambda *a: pytest.fail("the report trained"))
+    bed = bench_decision.testbed(args)
+    for seed, options in ((0, None), (1, ["--lr", "1"])):  # seed 0 as today's command makes it, seed 1 otherwise
+        run = learning_runs.run_directory(CHAIN_2, seed, tmp_path)
+        run.mkdir(parents=True)
+        made = options or learning_runs.run_options(bed, CHAIN_2, seed, str(tmp_path / "start"), args, run)
+        (run / learning_runs.FINAL_EVALUATION).write_text(json.dumps({"run": made}), encoding="utf-8")
+    assert bench_decision.unfinished_runs(bed, args) == [f"{CHAIN_2} seed 1"]
+    with pytest.raises(SystemExit, match=rf"1 run\(s\) have not finished with these options \({CHAIN_2} seed 1\)"):
+        bench_decision.main(argv)
+
+
+def test_a_runs_final_evaluation_is_written_beside_and_moved_into_place(tmp_path, monkeypatch):
+    """A records save beside a worker (run_records.py) reads held_out.json whole or not at all."""
+    record, written = tmp_path / learning_runs.FINAL_EVALUATION, []
+    real_write = Path.write_text
+    monkeypatch.setattr(Path, "write_text", lambda path, *a, **k: written.append(path.name) or real_write(path, *a, **k))
+    scores = learning_runs.scores_once(record, {"run": ["--seed", "0"]}, False, lambda: [{"em": 1.0}])
+    assert scores == [{"em": 1.0}] and json.loads(record.read_text())["scores"] == scores
+    assert written and record.name not in written  # never written in place

@@ -128,6 +128,9 @@ def test_sign_flip_p_value_counts_every_sign_assignment():
     assert sign_flip_p_value([3, 1, -1]) == 0.75
     assert sign_flip_p_value([1, -1]) == 1.0  # observed sum 0: every assignment is as extreme
     assert sign_flip_p_value([0.1] * 6) == 2 / 64  # the smallest p 6 seeds can give
+    assert sign_flip_p_value([0.1] * 20) == 2 / 2**20  # 20 seeds, the exact limit: every one of 2^20 counted
+    # 19 ones and a -1, |sum| 18: the assignments with at most one or at least 19 minus signs, 2 x (1 + 20)
+    assert sign_flip_p_value([1.0] * 19 + [-1.0]) == 42 / 2**20
     with pytest.raises(ValueError):
         sign_flip_p_value([])
 
