@@ -40,6 +40,7 @@ from typing import Any
 
 import envs
 from algos.tree_grpo import metrics as metric_keys
+from envs.datasets import MissingDataError
 from experiments.checkpoints import (
     CheckpointError,
     CheckpointManager,
@@ -126,7 +127,12 @@ def plan(argv: list[str] | None = None) -> RunPlan:
                             f"Drop them, or pass --allow-changes to continue with the new values")
     settings = validate(RunSettings, {**saved, **given}, {**saved_sources, **sources})
     changes = {name: (saved.get(name), value) for name, value in given.items() if saved.get(name) != value}
-    began, now = start_began(run_dir), start_key(settings)
+    try:
+        began, now = start_began(run_dir), start_key(settings)
+    except MissingDataError as error:  # the start is found by its data, which no longer resolves
+        raise SettingsError(f"--resume {namespace.resume}: the run trains from {settings.env}'s warm start "
+                            f"(--model {WARM_START_MODEL}), found by the data it was built from: {error} "
+                            f"(--data-dir may change on resume)") from None
     if began and now and began != now:
         if not namespace.allow_changes:
             raise SettingsError(f"--resume {namespace.resume}: the run began from the warm start {began}, and "

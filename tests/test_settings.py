@@ -219,6 +219,23 @@ def test_a_run_from_the_warm_start_resumes_only_from_the_start_it_began_from(tmp
     assert plan(["--resume", str(run), "--allow-changes"]).changes["warm start"] == ("hotpotqa-an-older-start", key)
 
 
+def test_a_resume_from_the_warm_start_whose_data_no_longer_resolves_is_one_line_naming_the_path(tmp_path,
+                                                                                                monkeypatch, capsys):
+    """A run started with $TREEGRPO_DATA_DIR (the Makefile exports it), resumed in a shell without it: the warm
+    start is found by its data, and the missing directory is named, not a traceback."""
+    from experiments.run import main
+
+    monkeypatch.setattr(algorithm_settings, "gpu_visible", lambda: False)  # the CPU command: from the warm start
+    run = fake_run(tmp_path)  # data_dir None: the environment's
+    monkeypatch.delenv("TREEGRPO_DATA_DIR", raising=False)
+    monkeypatch.chdir(tmp_path)  # and no ./data here
+    with pytest.raises(SystemExit) as caught:
+        main(["--resume", str(run)])
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert caught.value.code == 2 and line.startswith(f"run.py: error: --resume {run}: the run trains from ")
+    assert f"data directory {tmp_path.resolve() / 'data'} " in line and "--data-dir may change on resume" in line
+
+
 def test_resume_applies_options_that_may_change_and_keeps_the_rest(tmp_path):
     run = fake_run(tmp_path, M=3, iterations=5)
     resumed = plan(["--resume", str(run / "checkpoints" / "latest"), "--iterations", "9", "--eval-every", "2",
