@@ -15,8 +15,9 @@ back; a resume records its own beside it, ``resumes/iter_NNNNNN.yaml`` from the 
 iterations, at the end and on SIGINT / SIGTERM; the last ``--keep-checkpoints`` kept, ``checkpoints/latest``
 points at the newest), ``trees/`` (sampled trees every ``--trees-every`` iterations), ``learning_curve.png``,
 with ``--final-eval`` ``eval/eval.md`` + ``eval.json``, from a warm start ``warm_start.txt`` (the cached start's key:
-a resume from another start is refused), and the MLflow store ``mlflow.db`` (open it with
-``mlflow ui --backend-store-uri sqlite:///ABS/OUTPUT/mlflow.db --host 127.0.0.1``).
+a resume from another start is refused; ``--model`` with the first start's cached directory continues from it),
+and the MLflow store ``mlflow.db`` (open it with ``mlflow ui --backend-store-uri sqlite:///ABS/OUTPUT/mlflow.db
+--host 127.0.0.1``).
 
 Lifecycle: a directory that already holds a run is refused unless ``--resume`` continues it (``--resume`` takes
 the run's directory or one of its checkpoints, and continues in the run's own directory). Options that would
@@ -40,6 +41,7 @@ from typing import Any
 
 import envs
 from algos.tree_grpo import metrics as metric_keys
+from envs.cache import WARM_STARTS_DIR
 from envs.datasets import MissingDataError
 from experiments.checkpoints import (
     CheckpointError,
@@ -120,7 +122,10 @@ def plan(argv: list[str] | None = None) -> RunPlan:
         raise SettingsError(f"--resume continues the run in its own directory {run_dir}; drop --output "
                             f"{given['output']} (or copy the run there first)")
     given["output"] = saved["output"] = str(run_dir)
+    began = start_began(run_dir)
     conflicts = resume_conflicts(saved, given)
+    if began and saved.get("model") == WARM_START_MODEL and began == cached_start_key(given.get("model")):
+        del conflicts["model"]  # the start the run began from, by its own directory: the same weights
     if conflicts and not namespace.allow_changes:
         listed = "; ".join(f"{name}: {old!r} -> {new!r}" for name, (old, new) in conflicts.items())
         raise SettingsError(f"--resume {namespace.resume}: these options would change the experiment: {listed}. "
@@ -128,26 +133,45 @@ def plan(argv: list[str] | None = None) -> RunPlan:
     settings = validate(RunSettings, {**saved, **given}, {**saved_sources, **sources})
     changes = {name: (saved.get(name), value) for name, value in given.items() if saved.get(name) != value}
     try:
-        began, now = start_began(run_dir), start_key(settings)
+        now = start_dir(settings)
     except MissingDataError as error:  # the start is found by its data, which no longer resolves
         raise SettingsError(f"--resume {namespace.resume}: the run trains from {settings.env}'s warm start "
                             f"(--model {WARM_START_MODEL}), found by the data it was built from: {error} "
                             f"(--data-dir may change on resume)") from None
-    if began and now and began != now:
+    if began and now and began != now.parent.name:
         if not namespace.allow_changes:
+            first = now.parent.parent / began / "model"  # where that start was cached, beside the new one
+            cached = (first / "config.json").is_file()
+            advice = (f"pass --model {first} (still cached) to continue from it, or" if cached
+                      else f"it is no longer cached (no {first}): pass")
             raise SettingsError(f"--resume {namespace.resume}: the run began from the warm start {began}, and "
-                                f"--model {WARM_START_MODEL} is now {now} (the oracle's text, its recipe or the data "
-                                f"changed): pass --model with the first one's directory if it is still cached, or "
-                                f"--allow-changes to continue from the new one")
-        changes["warm start"] = (began, now)
+                                f"--model {WARM_START_MODEL} is now {now.parent.name} (the oracle's text, its recipe "
+                                f"or the data changed): {advice} --allow-changes to continue from the new one")
+        changes["warm start"] = (began, now.parent.name)
     return RunPlan(settings, checkpoint, changes, shlex.join(["experiments/run.py", *(argv or sys.argv[1:])]))
+
+
+def start_dir(settings: RunSettings) -> Path | None:
+    """The model directory of the warm start ``--model warm-start`` stands for (built or not; its parent's name is
+    its cache key), else None."""
+    if settings.model != WARM_START_MODEL:
+        return None
+    return Path(model_config(settings)["model"])
 
 
 def start_key(settings: RunSettings) -> str | None:
     """The cache key of the warm start ``--model warm-start`` stands for (its directory's name), else None."""
-    if settings.model != WARM_START_MODEL:
+    directory = start_dir(settings)
+    return None if directory is None else directory.parent.name
+
+
+def cached_start_key(model: Any) -> str | None:
+    """The cache key of the warm start whose cached model directory (``CACHE/warm_starts/KEY/model``) ``model``
+    names, else None."""
+    if not isinstance(model, str):
         return None
-    return Path(model_config(settings)["model"]).parent.name
+    path = Path(model).expanduser().resolve()
+    return path.parent.name if path.name == "model" and path.parent.parent.name == WARM_STARTS_DIR else None
 
 
 def start_began(run_dir: Path) -> str | None:

@@ -219,6 +219,34 @@ def test_a_run_from_the_warm_start_resumes_only_from_the_start_it_began_from(tmp
     assert plan(["--resume", str(run), "--allow-changes"]).changes["warm start"] == ("hotpotqa-an-older-start", key)
 
 
+def test_a_run_whose_warm_start_changed_resumes_from_the_first_one_by_its_directory_as_advised(tmp_path,
+                                                                                                monkeypatch):
+    from envs.cache import CACHE_DIR_ENV, WARM_STARTS_DIR
+    from experiments.run import WARM_START_FILE, start_key
+
+    monkeypatch.setattr(algorithm_settings, "gpu_visible", lambda: False)  # the CPU command: from the warm start
+    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "cache"))
+    data = tmp_path / "data"  # what the start's key reads: its train file and corpus
+    (data / "hotpotqa").mkdir(parents=True)
+    (data / "hotpotqa" / "hotpot_train_distractor_subset.json").write_text("[]")
+    (data / "wiki").mkdir()
+    (data / "wiki" / "paragraphs.jsonl").write_text("")
+    run = fake_run(tmp_path, data_dir=str(data))
+    now = start_key(plan(["--resume", str(run)]).settings)
+    (run / WARM_START_FILE).write_text("hotpotqa-the-first-start\n")  # the oracle, its recipe or the data changed
+    first = tmp_path / "cache" / WARM_STARTS_DIR / "hotpotqa-the-first-start" / "model"
+    gone = error_of(["--resume", str(run)])
+    assert f"is now {now} " in gone and f"no longer cached (no {first}): pass --allow-changes to continue" in gone
+    first.mkdir(parents=True)
+    (first / "config.json").write_text("{}")
+    advice = error_of(["--resume", str(run)])
+    assert f"pass --model {first} (still cached) to continue from it, or --allow-changes" in advice
+    resumed = plan(["--resume", str(run), "--model", str(first)])  # the advice, followed: no --allow-changes needed
+    assert resumed.settings.model == str(first) and resumed.changes == {"model": ("warm-start", str(first))}
+    another = first.parent.parent / "hotpotqa-another-start" / "model"  # any other model still changes the experiment
+    assert f"model: 'warm-start' -> '{another}'" in error_of(["--resume", str(run), "--model", str(another)])
+
+
 def test_a_resume_from_the_warm_start_whose_data_no_longer_resolves_is_one_line_naming_the_path(tmp_path,
                                                                                                 monkeypatch, capsys):
     """A run started with $TREEGRPO_DATA_DIR (the Makefile exports it), resumed in a shell without it: the warm
