@@ -52,7 +52,9 @@ def cpu_qa_profile(data: Any, default_env: str) -> dict[str, Any]:
         return {}
     if data.get("env", default_env) not in QA_START_ENVS or data.get("model", WARM_START_MODEL) != WARM_START_MODEL:
         return {}
-    full_fine_tuning = "lora_rank" in data or data.get("reference_offload", False)
+    # full fine-tuning (a given lora_rank of None, or an offloaded reference, which only it has) keeps the LoRA
+    # options and their lr at their own defaults; a given rank is still LoRA, and keeps the profile's others
+    full_fine_tuning = ("lora_rank" in data and data["lora_rank"] is None) or data.get("reference_offload", False)
     return {name: value for name, value in CPU_QA_DEFAULTS.items()
             if name not in data and not (full_fine_tuning and name in CPU_QA_LORA_OPTIONS)}
 
@@ -229,10 +231,11 @@ class RunSettings(TreeGRPOSettings):
     @classmethod
     def _cpu_defaults_of_real_questions(cls, data: Any, handler: Any) -> RunSettings:
         """On a CPU, a real QA env with a warm start, trained from it (no --model, or --model warm-start), takes
-        ``CPU_QA_DEFAULTS`` for every option not given (``CPU_QA_LORA_OPTIONS`` as one: a given ``lora_rank``, None
-        included, or an offloaded reference, which only full fine-tuning has, keeps them all at their own defaults).
-        Another --model keeps the generic defaults. They stay defaults, not choices: ``model_fields_set`` holds only
-        what was given (``check_device_defaults`` reads it)."""
+        ``CPU_QA_DEFAULTS`` for every option not given. ``CPU_QA_LORA_OPTIONS`` go with the adapters: full
+        fine-tuning (a given ``lora_rank`` of None, or an offloaded reference, which only full fine-tuning has) keeps
+        them all at their own defaults; a given rank (still LoRA) keeps the profile's other LoRA options and its lr
+        unless they are given too. Another --model keeps the generic defaults. They stay defaults, not choices:
+        ``model_fields_set`` holds only what was given (``check_device_defaults`` reads it)."""
         profile = cpu_qa_profile(data, cls.model_fields["env"].default)  # only options the data does not give
         if not profile:
             return handler(data)

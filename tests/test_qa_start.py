@@ -367,6 +367,24 @@ def test_on_a_cpu_the_real_qa_env_trains_from_its_warm_start_with_the_cpu_defaul
         RunSettings(model="smollm2-135m", lora_layers=4)
 
 
+def test_a_given_lora_rank_keeps_the_profiles_other_lora_options_and_lr_and_full_fine_tuning_drops_them(
+        monkeypatch):
+    import algos.tree_grpo.settings as algorithm_settings
+    from experiments.settings import RunSettings
+
+    monkeypatch.setattr(algorithm_settings, "gpu_visible", lambda: False)  # the CPU command: from the warm start
+    lora = ("lora_rank", "lora_layers", "lora_targets", "lr")
+    ranked = RunSettings(lora_rank=8)  # still LoRA: only the rank changes
+    assert [getattr(ranked, name) for name in lora] == [8, CPU_QA_DEFAULTS["lora_layers"],
+                                                          CPU_QA_DEFAULTS["lora_targets"], CPU_QA_DEFAULTS["lr"]]
+    assert ranked.model_fields_set & CPU_QA_DEFAULTS.keys() == {"lora_rank"}
+    assert RunSettings(lora_rank=8, lr=1e-5, lora_layers=4).lr == 1e-5  # what is given wins
+    generic = {name: RunSettings.model_fields[name].default for name in lora}
+    for full in (RunSettings(lora_rank=None), RunSettings(reference_offload=True)):  # full fine-tuning
+        assert {name: getattr(full, name) for name in lora} == generic
+        assert full.topk == CPU_QA_DEFAULTS["topk"]  # the rest of the profile stays
+
+
 def test_run_help_names_the_cpu_default_start_of_the_real_qa_envs(capsys):
     from experiments.run import run_parser
 
