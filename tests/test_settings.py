@@ -104,6 +104,21 @@ def test_shape_errors_come_before_ray_starts(tmp_path):
     assert not ray.is_initialized()
 
 
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--L", "0"], "M, N, L: the shape (1, 2, 0) grows 1 leaf per prompt"),  # the CPU profile's M = 1, unexpanded
+    (["--model", "tiny-random", "--M", "1", "--L", "0"], "M, N, L: the shape (1, 2, 0) grows 1 leaf per prompt"),
+    (["--algo", "grpo", "--group-size", "1"], "group_size: 1 chain per prompt has no other chain to compare"),
+    (["--M", "2", "--L", "0", "--advantage-mode", "intra"], "advantage_mode: intra compares the leaves of one tree"),
+], ids=["cpu-profile-unexpanded", "one-chain-tree", "one-chain-grpo", "intra-over-chains"])
+def test_a_shape_whose_advantages_are_all_zero_is_refused_naming_the_options(argv, message, tmp_path, monkeypatch):
+    """algos/advantages.py gives a group of one leaf 0: such a run would train on the KL and entropy terms alone."""
+    monkeypatch.setattr(algorithm_settings, "gpu_visible", lambda: False)  # the CPU command: from the warm start
+    refusal = error_of([*argv, "--output", str(tmp_path)])
+    assert message in refusal and "every advantage would be 0" in refusal
+    for valid in (["--L", "0", "--M", "2"], ["--algo", "grpo", "--group-size", "2"], ["--L", "1"]):
+        assert settings_of([*valid, "--output", str(tmp_path)]).tree_shape.leaves_per_prompt >= 2
+
+
 @pytest.mark.parametrize(("argv", "line"), [
     (["--N", "-1"], "N: Input should be greater than or equal to 0 (got -1)"),
     (["--iterations", "0"], "iterations: Input should be greater than or equal to 1 (got 0)"),  # not also as

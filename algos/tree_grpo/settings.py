@@ -208,6 +208,7 @@ class TreeGRPOSettings(BaseModel):
             TreeShape(self.M, self.N, self.L)
         except ValueError as error:
             raise ValueError(f"M, N, L: {error}") from None
+        self._check_leaves_to_compare()
         if self.lr_schedule == "cosine" and self.total_iterations is None:
             raise ValueError("lr_schedule: cosine decays to 0 at the last step: set total_iterations")
         self._check_generator()
@@ -225,6 +226,22 @@ class TreeGRPOSettings(BaseModel):
             raise ValueError(f"ppo_mini_batches ({self.mini_batches}) must not exceed prompts_per_iteration "
                              f"({self.prompts_per_iteration}): a mini-batch holds whole prompt groups")
         return self
+
+    def _check_leaves_to_compare(self) -> None:
+        """Refuse a shape whose advantages are all 0 whatever the rewards (algos/advantages.py: a group of one leaf
+        contributes 0): one leaf per prompt, or ``intra`` advantages over trees of one leaf each. Such a run would
+        move the weights by the KL and entropy terms alone."""
+        nothing = "so every advantage would be 0 and only the KL and entropy terms would move the weights"
+        if self.algo == "grpo" and self.group_size < 2:
+            raise ValueError(f"group_size: 1 chain per prompt has no other chain to compare its reward with, "
+                             f"{nothing}; set --group-size 2 or more")
+        if self.tree_shape.leaves_per_prompt < 2:
+            raise ValueError(f"M, N, L: the shape ({self.M}, {self.N}, {self.L}) grows 1 leaf per prompt (M (1 + L "
+                             f"N)), with no other leaf to compare its reward with, {nothing}; set --M 2 or more, or "
+                             f"expand the tree (--L 1 or more with --N 1 or more)")
+        if self.advantage_mode == "intra" and self.L == 0:
+            raise ValueError(f"advantage_mode: intra compares the leaves of one tree, but with L 0 each tree is one "
+                             f"leaf, {nothing}; set --L 1 or more, or --advantage-mode tree or inter")
 
     def _check_generator(self) -> None:
         if self.generator == "vllm" and not vllm_installed():
