@@ -353,7 +353,7 @@ def record_files(output: Path) -> list[Path]:
 
 
 def save_records(output: Path, records: Path) -> None:
-    """The starts' evaluations and the finished runs' records, into ``records``/records.tar.gz (one top-level folder
+    """The starts' evaluations and the finished runs' records, into ``records``/records.tar.xz (one top-level folder
     named after ``output``; the same bytes for the same files), beside those kept before."""
     archive = read_archive(records / ARCHIVE)
     archive.update({f"{output.name}/{name.as_posix()}": (output / name).read_bytes() for name in record_files(output)})
@@ -381,7 +381,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--iterations", type=int, default=ITERATIONS)
     parser.add_argument("--output", type=Path, default=Path("outputs/hotpotqa_cpu"))
     parser.add_argument("--records", type=Path, default=None,
-                        help="a study folder: its records.tar.gz is restored into --output first (runs finished on "
+                        help="a study folder: its records.tar.xz is restored into --output first (runs finished on "
                              "another machine are not trained again), and each run is saved into it once evaluated")
     parser.add_argument("--report", action="store_true", help="summarise what has finished; train nothing")
     args = parser.parse_args(argv)

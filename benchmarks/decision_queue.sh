@@ -14,7 +14,8 @@ SAVE_EVERY=${SAVE_EVERY:-600}
 PY=${PYTHON:-python}
 say() { echo "decision queue: $* ($(date -u +%H:%M:%S) UTC, load $(cut -d' ' -f1-3 /proc/loadavg))"; }
 
-if [ -f results/decision_test/records.tar.gz ]; then
+# records.tar.xz, or records.tar.gz as an older checkout wrote them (run_records.py reads either)
+if [ -f results/decision_test/records.tar.xz ] || [ -f results/decision_test/records.tar.gz ]; then
   $PY benchmarks/run_records.py restore "$OUTPUT"
 fi
 if [ ! -f "$OUTPUT/start-check.json" ]; then

@@ -108,8 +108,8 @@ def markdown(summary: dict) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("first", type=Path, help="the first look's study folder (its records.tar.gz)")
-    parser.add_argument("second", type=Path, help="the second look's study folder (its records.tar.gz)")
+    parser.add_argument("first", type=Path, help="the first look's study folder (its records.tar.xz)")
+    parser.add_argument("second", type=Path, help="the second look's study folder (its records.tar.xz)")
     parser.add_argument("--output", type=Path, default=None, help="also write the summary here as JSON")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as scratch:

@@ -10,27 +10,30 @@ keyed by the run's options, so it is reused only by the same command from the sa
 ``demo.json``) and its metrics (``metrics.jsonl``); with them the benchmark's start point (``start_point.json``).
 Checkpoints and models are not kept: a restored run is reported, never trained on. A run without its final
 evaluation is not finished and is not kept. Records live compressed in their study's folder at the repository's top
-level (``benchmarks/studies.py``: ``results/STUDY/records.tar.gz``, one top-level folder per benchmark output, laid
+level (``benchmarks/studies.py``: ``results/STUDY/records.tar.xz``, one top-level folder per benchmark output, laid
 out as the output; an output no study registers gets ``results/NAME/``), written byte for byte the same for the
-same files, so that saving again changes nothing git sees.
+same files, so that saving again changes nothing git sees. An older checkout wrote them as ``records.tar.gz``
+(``studies.LEGACY_ARCHIVE``, the same files): read where no ``records.tar.xz`` is beside it, removed once one is
+written.
 """
 
 from __future__ import annotations
 
 import argparse
-import gzip
 import io
+import lzma
 import os
 import tarfile
 from pathlib import Path
 
 from benchmarks.learning_runs import FINAL_EVALUATION, START_POINT
-from benchmarks.studies import ARCHIVE, RESULTS, folder_of_output
+from benchmarks.studies import ARCHIVE, LEGACY_ARCHIVE, RESULTS, folder_of_output
 from experiments.plot import METRICS_FILE
 
 RECORDS = Path(__file__).resolve().parent.parent / RESULTS  # the repository's top level: benchmarks/ holds code
 DEMO_RESULT = "demo.json"  # experiments/demo.py's final evaluation (the pipelining protocol's runs)
 RUN_ENDS = (FINAL_EVALUATION, DEMO_RESULT)  # a run folder holding one of these has finished
+XZ_PRESET = 9 | lzma.PRESET_EXTREME
 
 
 def record_files(output: Path) -> list[Path]:
@@ -51,29 +54,42 @@ def records_of(output: Path, records: Path = RECORDS) -> Path:
     return records / folder_of_output(output.resolve().name) / ARCHIVE
 
 
+def legacy_of(path: Path) -> Path | None:
+    """The gzip archive an older checkout wrote where ``path`` (a study's ``ARCHIVE``) now goes; None for any other
+    path."""
+    return path.with_name(LEGACY_ARCHIVE) if path.name == ARCHIVE else None
+
+
 def read_archive(path: Path) -> dict[str, bytes]:
-    """Every file of a records archive, by its name inside it (``OUTPUT/SETTING/seedS/metrics.jsonl``); none
-    without one."""
+    """Every file of a records archive, by its name inside it (``OUTPUT/SETTING/seedS/metrics.jsonl``); where
+    ``path`` is missing, of the legacy gzip archive beside it; none without either."""
+    legacy = legacy_of(path)
+    if not path.is_file() and legacy is not None:
+        path = legacy
     if not path.is_file():
         return {}
-    with tarfile.open(path, "r:gz") as archive:
+    with tarfile.open(path, "r:*") as archive:
         return {member.name: archive.extractfile(member).read() for member in archive.getmembers() if member.isfile()}
 
 
 def write_archive(path: Path, files: dict[str, bytes]) -> None:
-    """``files`` as a gzip tar at ``path``, the same bytes for the same files (sorted, no times, no owners), written
-    beside it first and moved over it, so that an interrupted write leaves the old archive whole."""
+    """``files`` as an xz-compressed tar at ``path``, the same bytes for the same files (sorted, no times, no owners),
+    written beside it first and moved over it, so that an interrupted write leaves the old archive whole; then the
+    legacy gzip archive beside it, if any, is removed (its files were read into ``files`` by ``save``), so that a
+    folder never holds both."""
     buffer = io.BytesIO()
-    with gzip.GzipFile(fileobj=buffer, mode="wb", compresslevel=9, mtime=0) as zipped, \
-            tarfile.open(fileobj=zipped, mode="w", format=tarfile.PAX_FORMAT) as archive:
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
         for name in sorted(files):
             info = tarfile.TarInfo(name)
             info.size, info.mode = len(files[name]), 0o644
             archive.addfile(info, io.BytesIO(files[name]))
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
-    partial.write_bytes(buffer.getvalue())
+    partial.write_bytes(lzma.compress(buffer.getvalue(), format=lzma.FORMAT_XZ, preset=XZ_PRESET))
     os.replace(partial, path)
+    legacy = legacy_of(path)
+    if legacy is not None:
+        legacy.unlink(missing_ok=True)
 
 
 def output_files(archive: dict[str, bytes], name: str) -> dict[Path, bytes]:

@@ -1,6 +1,6 @@
 """The science record's studies: one folder ``results/<folder>/`` per learning claim, holding its README (the
 question, the protocol, one table, one plot, the reading, the command that regenerates them) and its records,
-compressed (``records.tar.gz``: each benchmark output's finished runs, ``benchmarks/run_records.py``).
+compressed (``records.tar.xz``: each benchmark output's finished runs, ``benchmarks/run_records.py``).
 docs/benchmarks.md indexes them, one line a claim.
 
 Registering a study (results/README.md has the steps) is one ``Study`` in ``STUDIES``: its folder, the protocol
@@ -19,7 +19,10 @@ RESULTS = "results"  # the studies' folders, at the repository's top level
 # where records lived before their study had a folder (git history: a study's first record may be there)
 FORMER_RECORDS = ("results", "benchmarks/records")
 README = "README.md"
-ARCHIVE = "records.tar.gz"  # a study's records: its outputs' finished runs, one top-level folder per output
+ARCHIVE = "records.tar.xz"  # a study's records: its outputs' finished runs, one top-level folder per output
+# the same records as a gzip tar, as written until xz replaced it: read where no ARCHIVE is beside it (written by an
+# older checkout), removed when ARCHIVE is written
+LEGACY_ARCHIVE = "records.tar.gz"
 
 
 @dataclass(frozen=True)

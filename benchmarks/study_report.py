@@ -3,7 +3,7 @@
     python benchmarks/study_report.py budget_table    # results/budget_table/README.md's generated section, its plot
 
 For each benchmark output the study keeps (``benchmarks/studies.py``), the command that trained it declares the runs
-(its settings x seeds) and each run's run.py options; the records (``records.tar.gz``) must hold exactly those runs,
+(its settings x seeds) and each run's run.py options; the records (``records.tar.xz``) must hold exactly those runs,
 made with those options (less ``--output``, ``--model`` and ``--data-dir``, which say where a machine kept things)
 and the start point: a run missing, one not declared or one made otherwise is named, and no table is printed
 (``SystemExit``). The first output whose section the study's README holds then gets it rewritten from the records

@@ -8,6 +8,10 @@ import stat
 import subprocess
 from pathlib import Path
 
+import pytest
+
+from benchmarks.studies import ARCHIVE, LEGACY_ARCHIVE
+
 QUEUE = Path(__file__).resolve().parents[1] / "benchmarks" / "decision_queue.sh"
 
 STAND_IN = """#!/usr/bin/env bash
@@ -21,13 +25,14 @@ esac
 
 
 def run_queue(tmp_path: Path, rule_exit: int = 0, odd_exit: int = 0,
-              records: bool = False) -> tuple[int, list[str], str]:
+              records: str | None = None) -> tuple[int, list[str], str]:
+    """``records``: the name of the decision test's records archive to leave in results/decision_test/."""
     python = tmp_path / "python"
     python.write_text(STAND_IN)
     python.chmod(python.stat().st_mode | stat.S_IEXEC)
     if records:
         (tmp_path / "results" / "decision_test").mkdir(parents=True)
-        (tmp_path / "results" / "decision_test" / "records.tar.gz").write_bytes(b"")
+        (tmp_path / "results" / "decision_test" / records).write_bytes(b"")
     calls = tmp_path / "calls.log"
     env = {**os.environ, "PYTHON": str(python), "CALLS": str(calls), "RULE_EXIT": str(rule_exit),
            "ODD_EXIT": str(odd_exit), "SAVE_EVERY": "0.1"}
@@ -59,10 +64,11 @@ def test_a_stop_starts_no_run(tmp_path):
     assert "the rule says stop: no run starts" in said
 
 
-def test_a_restart_restores_the_records_and_does_not_check_again(tmp_path):
+@pytest.mark.parametrize("archive", [ARCHIVE, LEGACY_ARCHIVE])  # the legacy one: saved by an older checkout
+def test_a_restart_restores_the_records_and_does_not_check_again(tmp_path, archive):
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "start-check.json").write_text("{}")
-    code, calls, _ = run_queue(tmp_path, records=True)
+    code, calls, _ = run_queue(tmp_path, records=archive)
     assert code == 0
     assert calls[:2] == ["benchmarks/run_records.py restore out", "benchmarks/decision_check.py --rule "
                                                                   "out/start-check.json"]

@@ -3,8 +3,11 @@ so --resume reuses them on a new machine without training or evaluating anything
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import shutil
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -14,9 +17,10 @@ import benchmarks.learning_runs as learning_runs
 import benchmarks.vllm_kit as vllm_kit
 from benchmarks import studies
 from benchmarks.bench_learning import TESTBED
-from benchmarks.run_records import RECORDS, read_archive, record_files, records_of, restore, save
+from benchmarks.run_records import RECORDS, read_archive, record_files, records_of, restore, save, write_archive
 
 SETTING = "chain G=4"
+XZ_MAGIC = b"\xfd7zXZ\x00"
 
 
 def finish_run(output: Path, seed: int, *, iterations: int = 2) -> None:
@@ -43,8 +47,9 @@ def test_save_keeps_the_start_point_and_finished_runs_but_no_weights_or_unfinish
     assert saved == [Path("start_point.json"), Path("chain_G=4/seed0/held_out.json"),
                      Path("chain_G=4/seed0/metrics.jsonl"), Path("chain_G=4/seed1/held_out.json"),
                      Path("chain_G=4/seed1/metrics.jsonl")]
-    archive = records / "bench" / "records.tar.gz"
+    archive = records / "bench" / "records.tar.xz"
     assert [path for path in records.rglob("*") if path.is_file()] == [archive]  # one compressed file, no copies
+    assert archive.read_bytes().startswith(XZ_MAGIC)
     kept = read_archive(archive)
     assert sorted(kept) == sorted(f"bench/{name.as_posix()}" for name in saved)
     assert kept["bench/chain_G=4/seed1/metrics.jsonl"] == (output / "chain_G=4/seed1/metrics.jsonl").read_bytes()
@@ -61,10 +66,13 @@ def test_saving_the_same_runs_again_writes_the_same_bytes_and_keeps_the_other_ou
         finish_run(tmp_path / name, 0)
         save(tmp_path / name, records)
     archive = records_of(tmp_path / "first", records)
-    assert archive == records / "both" / "records.tar.gz"
+    assert archive == records / "both" / "records.tar.xz"
     before = archive.read_bytes()
     save(tmp_path / "first", records)
     assert archive.read_bytes() == before
+    again = tmp_path / "again" / studies.ARCHIVE
+    write_archive(again, dict(reversed(read_archive(archive).items())))  # the same files in another order
+    assert again.read_bytes() == before
     assert {name.split("/")[0] for name in read_archive(archive)} == {"first", "second"}
 
 
@@ -102,7 +110,7 @@ def test_restore_leaves_runs_finished_here_alone_and_completes_a_killed_one(tmp_
 
 
 def test_missing_records_and_half_written_runs_are_named(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"no records of bench in .*records\.tar\.gz"):
+    with pytest.raises(FileNotFoundError, match=r"no records of bench in .*records\.tar\.xz"):
         restore(tmp_path / "bench", tmp_path / "records")
     with pytest.raises(FileNotFoundError, match="no benchmark output folder"):
         save(tmp_path / "absent", tmp_path / "records")
@@ -137,10 +145,53 @@ def test_records_live_outside_the_code_compressed() -> None:
     loose = [path for path in RECORDS.rglob("*") if path.name in ("metrics.jsonl", "held_out.json", "demo.json",
                                                                  "start_point.json")]
     assert loose == []
-    assert any(name.endswith("/metrics.jsonl") for name in read_archive(RECORDS / "budget_table" / "records.tar.gz"))
+    assert any(name.endswith("/metrics.jsonl") for name in read_archive(RECORDS / "budget_table" / studies.ARCHIVE))
+    assert list(RECORDS.glob(f"*/{studies.LEGACY_ARCHIVE}")) == []  # converted: xz only
     code = {".py", ".sh", ".md"}
     inputs = {vllm_kit.IMAGE_FILE, vllm_kit.KIT_LIST}
     assert all(path.is_file() for path in inputs)
     assert [path for path in (root / "benchmarks").rglob("*")
             if path.is_file() and path.suffix not in code and "__pycache__" not in path.parts
             and path not in inputs] == []
+
+
+def gzip_archive(path: Path, files: dict[str, bytes]) -> None:
+    """A records archive as an older checkout wrote it: a gzip tar."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w:gz") as archive:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+
+
+def test_a_legacy_gzip_archive_is_read_restored_and_replaced_by_the_xz_one_on_save(tmp_path):
+    """Records an older checkout saved (records.tar.gz) are read where no records.tar.xz is; a save keeps them in
+    the xz archive with the new runs and removes the gzip one, so that a folder never holds both."""
+    records = tmp_path / "records"
+    legacy = records / "bench" / studies.LEGACY_ARCHIVE
+    gzip_archive(legacy, {"bench/start_point.json": b"{}", "bench/chain_G=4/seed0/held_out.json": b"{}",
+                          "bench/chain_G=4/seed0/metrics.jsonl": b"{}\n"})
+    output = tmp_path / "outputs" / "bench"
+    assert restore(output, records) == [Path("chain_G=4/seed0/held_out.json"), Path("chain_G=4/seed0/metrics.jsonl"),
+                                        Path("start_point.json")]
+    shutil.rmtree(output / "chain_G=4")
+    finish_run(output, 1)
+    save(output, records)
+    assert [path for path in records.rglob("*") if path.is_file()] == [records / "bench" / studies.ARCHIVE]
+    assert sorted(read_archive(records / "bench" / studies.ARCHIVE)) == [
+        "bench/chain_G=4/seed0/held_out.json", "bench/chain_G=4/seed0/metrics.jsonl",
+        "bench/chain_G=4/seed1/held_out.json", "bench/chain_G=4/seed1/metrics.jsonl", "bench/start_point.json"]
+
+
+def test_an_interrupted_write_leaves_the_old_archive_whole(tmp_path, monkeypatch):
+    path = tmp_path / studies.ARCHIVE
+    write_archive(path, {"bench/a": b"old"})
+
+    def killed(*_args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        write_archive(path, {"bench/a": b"new"})
+    assert read_archive(path) == {"bench/a": b"old"}

@@ -76,7 +76,7 @@ def test_complete_records_rebuild_the_studys_section_and_plot_without_training(t
     assert study_report.report("toy", kept) == [Path("results/toy/README.md")]
     readme = (tmp_path / "results" / "toy" / "README.md").read_text(encoding="utf-8")
     assert readme.startswith("# Learning: tree vs chain on SynthHop-v0") and "<!-- learning:begin -->" in readme
-    assert "Rebuilt from the records (`outputs/bench` in `records.tar.gz`: 2 runs)" in readme
+    assert "Rebuilt from the records (`outputs/bench` in `records.tar.xz`: 2 runs)" in readme
     assert "No protocol was declared for this study." in readme
     assert f"| {SETTING} | 4 | 200 |" in readme and (tmp_path / "results" / "toy" / "learning.png").is_file()
 
@@ -96,7 +96,7 @@ def test_a_pilot_kept_beside_the_study_is_checked_but_does_not_write_over_its_se
     save(output, kept)
     monkeypatch.chdir(tmp_path)
     assert study_report.report("toy", kept) == [Path("results/toy/README.md")]
-    assert "`outputs/bench` in `records.tar.gz`: 2 runs" in (tmp_path / "results" / "toy" / "README.md").read_text()
+    assert "`outputs/bench` in `records.tar.xz`: 2 runs" in (tmp_path / "results" / "toy" / "README.md").read_text()
     finish_run(output, 1, args)  # a pilot run its command does not declare: named all the same
     save(output, kept)
     with pytest.raises(study_report.IncompleteRecords, match="pilot: run tree_221/seed1 is not declared"):
@@ -177,6 +177,9 @@ LOGGED = "# Protocols\n## The design\nten seeds\n### Log\n- started\n## Another\
       {"results/toy/records.tar.gz": "r"}], "and not edited since"),
     ([{"docs/protocol.md": DECLARED}, {"results/bench/seed0/held_out.json": "r"},  # before the study's folder
       {"docs/protocol.md": DECLARED.replace("ten", "twelve")}, {"results/toy/records.tar.gz": "r"}],
+     "PROTOCOL EDITED AFTER ITS FIRST RECORD"),
+    ([{"docs/protocol.md": DECLARED}, {"results/toy/records.tar.gz": "r"},  # records converted to xz later
+      {"docs/protocol.md": DECLARED.replace("ten", "twelve")}, {"results/toy/records.tar.xz": "x"}],
      "PROTOCOL EDITED AFTER ITS FIRST RECORD"),
 ])
 def test_the_protocols_commit_time_is_read_against_the_first_records(tmp_path, history, reading):
