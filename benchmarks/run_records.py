@@ -33,14 +33,26 @@ from experiments.plot import METRICS_FILE
 RECORDS = Path(__file__).resolve().parent.parent / RESULTS  # the repository's top level: benchmarks/ holds code
 DEMO_RESULT = "demo.json"  # experiments/demo.py's final evaluation (the pipelining protocol's runs)
 RUN_ENDS = (FINAL_EVALUATION, DEMO_RESULT)  # a run folder holding one of these has finished
+CHECKPOINTS = "checkpoints"  # a run's checkpoint folder: no record in it, and runs delete it as they end
 XZ_PRESET = 9 | lzma.PRESET_EXTREME
+
+
+def run_ends(output: Path) -> list[Path]:
+    """Every finished run's end file (``RUN_ENDS``) below ``output``, sorted. Runs in progress delete their
+    checkpoints as a save walks them: checkpoint folders are not entered, and a folder gone before it is listed is
+    passed over (``os.walk`` leaves out what it cannot list) rather than ending the save."""
+    ends = []
+    for folder, subfolders, names in os.walk(output):
+        subfolders[:] = [name for name in subfolders if name != CHECKPOINTS]
+        ends += [Path(folder) / name for name in names if name in RUN_ENDS]
+    return sorted(ends)
 
 
 def record_files(output: Path) -> list[Path]:
     """The files of ``output`` (a benchmark's output folder) that its records keep, relative to it: the start point
     and every finished run's files, sorted."""
     kept = [Path(START_POINT)] if (output / START_POINT).is_file() else []
-    for end in sorted(path for name in RUN_ENDS for path in output.rglob(name)):  # run by run
+    for end in run_ends(output):  # run by run
         run = end.parent
         if not (run / METRICS_FILE).is_file():
             raise FileNotFoundError(f"{run} holds {end.name} but not {METRICS_FILE}: a finished run holds "

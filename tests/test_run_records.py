@@ -195,3 +195,25 @@ def test_an_interrupted_write_leaves_the_old_archive_whole(tmp_path, monkeypatch
     with pytest.raises(KeyboardInterrupt):
         write_archive(path, {"bench/a": b"new"})
     assert read_archive(path) == {"bench/a": b"old"}
+
+
+def test_folders_removed_while_a_save_walks_the_output_are_passed_over(tmp_path, monkeypatch):
+    """Runs in progress delete their checkpoints as they end, while the queue's save loop walks the output: a folder
+    gone before it is listed must not end the save (pathlib's rglob raised FileNotFoundError)."""
+    output = tmp_path / "bench"
+    finish_run(output, 0)
+    running = learning_runs.run_directory(SETTING, 1, output)
+    (running / "checkpoints" / "iteration_1").mkdir(parents=True)
+    (running / "scratch" / "part").mkdir(parents=True)
+    listing = os.scandir
+
+    def removed_first(path="."):
+        gone = ("checkpoints", "latest", "iteration_1", "scratch", "part")
+        if isinstance(path, (str, os.PathLike)) and Path(path).name in gone:  # the run removes it now (not rmtree's fd)
+            shutil.rmtree(path, ignore_errors=True)
+        return listing(path)
+
+    monkeypatch.setattr(os, "scandir", removed_first)
+    assert save(output, tmp_path / "records") == [Path("chain_G=4/seed0/held_out.json"),
+                                                  Path("chain_G=4/seed0/metrics.jsonl")]
+    assert not (running / "scratch").exists()  # removed mid-walk indeed
