@@ -60,6 +60,7 @@ from experiments.settings import (
     CLI_ALIASES,
     RunSettings,
     build_config,
+    check_chain_shape,
     help_sections,
     model_config,
     resume_conflicts,
@@ -110,6 +111,7 @@ def plan(argv: list[str] | None = None) -> RunPlan:
         if namespace.allow_changes:
             raise SettingsError("--allow-changes only applies with --resume")
         settings = validate(RunSettings, given, sources)
+        check_chain_shape(settings, vars(namespace))
         existing = [name for name in RUN_FILES if (Path(settings.output) / name).exists()]
         if existing:
             raise SettingsError(f"--output {settings.output} already holds a run ({', '.join(existing)}): continue "
@@ -131,6 +133,7 @@ def plan(argv: list[str] | None = None) -> RunPlan:
         raise SettingsError(f"--resume {namespace.resume}: these options would change the experiment: {listed}. "
                             f"Drop them, or pass --allow-changes to continue with the new values")
     settings = validate(RunSettings, {**saved, **given}, {**saved_sources, **sources})
+    check_chain_shape(settings, vars(namespace))
     changes = {name: (saved.get(name), value) for name, value in given.items() if saved.get(name) != value}
     try:
         now = start_dir(settings)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -22,6 +23,7 @@ from algos.tree_grpo.settings import ALGORITHM_FIELDS, TreeGRPOSettings, per_dev
 from envs.datasets import resolve_data_dir
 from envs.retrieval import check_retriever_spec
 from envs.rewards import REWARDS
+from experiments.cli import SettingsError
 from experiments.qa_start import (
     BUILD_MINUTES,
     CPU_QA_DEFAULTS,
@@ -351,6 +353,23 @@ def resume_conflicts(saved: dict[str, Any], requested: dict[str, Any]) -> dict[s
     """The requested options that would change the resumed experiment: ``{name: (saved, requested)}``."""
     return {name: (saved.get(name), value) for name, value in requested.items()
             if name not in MAY_CHANGE_ON_RESUME and saved.get(name) != value}
+
+
+def check_chain_shape(settings: RunSettings, typed: Mapping[str, Any]) -> None:
+    """A ``SettingsError`` where ``typed`` (the options given on the command line) sets a tree shape that chain GRPO
+    would replace: ``algo`` grpo grows ``group_size`` chains per prompt, the shape (group_size, 0, 0), whatever M, N
+    and L say. A ``--config`` file's shape is replaced without a word: a chain's file may inherit a tree's from its
+    base, as experiments/configs/budget/*_chain.yaml do, and a run's config.yaml holds the shape it normalised to."""
+    if settings.algo != "grpo":
+        return
+    chain = {"M": settings.group_size, "N": 0, "L": 0}
+    replaced = {name: typed[name] for name in chain if name in typed and typed[name] != chain[name]}
+    if replaced:
+        given = " ".join(f"--{name} {value}" for name, value in replaced.items())
+        raise SettingsError(f"{', '.join(replaced)}: --algo grpo grows --group-size {settings.group_size} chains per "
+                            f"prompt, the shape ({settings.group_size}, 0, 0), which would replace {given}: set the "
+                            f"chains with --group-size and drop {given}, or grow trees of (M, N, L) with --algo "
+                            f"tree_grpo")
 
 
 def tracked_params(settings: RunSettings) -> dict[str, Any]:

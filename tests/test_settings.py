@@ -119,6 +119,30 @@ def test_a_shape_whose_advantages_are_all_zero_is_refused_naming_the_options(arg
         assert settings_of([*valid, "--output", str(tmp_path)]).tree_shape.leaves_per_prompt >= 2
 
 
+def test_chain_grpo_refuses_a_tree_shape_given_on_the_command_line_and_replaces_a_files(tmp_path):
+    out = ["--output", str(tmp_path / "run")]
+    message = error_of(["--algo", "grpo", "--group-size", "3", "--M", "4", *out])
+    assert message == ("M: --algo grpo grows --group-size 3 chains per prompt, the shape (3, 0, 0), which would "
+                       "replace --M 4: set the chains with --group-size and drop --M 4, or grow trees of (M, N, L) "
+                       "with --algo tree_grpo")
+    assert "N, L: --algo grpo grows --group-size" in error_of(["--algo", "grpo", "--N", "2", "--L", "1", *out])
+    (tmp_path / "tree.yaml").write_text("algo: tree_grpo\nM: 2\nN: 2\nL: 1\n")
+    (tmp_path / "chain.yaml").write_text("base: tree.yaml\nalgo: grpo\ngroup_size: 4\n")
+    assert "M, N, L: --algo grpo grows --group-size 4" in error_of(
+        ["--config", str(tmp_path / "chain.yaml"), "--M", "2", "--N", "2", "--L", "1", *out])
+    agreeing = settings_of(["--algo", "grpo", "--group-size", "3", "--M", "3", "--N", "0", "--L", "0", *out])
+    assert (agreeing.M, agreeing.N, agreeing.L) == (3, 0, 0)
+    # a file's shape is replaced: a chain's file inheriting a tree's (configs/budget/*_chain.yaml), a chain run's own
+    # config.yaml with another --group-size
+    assert settings_of(["--config", str(tmp_path / "chain.yaml"), *out]).tree_shape.M == 4
+    dump_yaml(settings_of(["--algo", "grpo", "--group-size", "4", *out]), tmp_path / "config.yaml")
+    again = settings_of(["--config", str(tmp_path / "config.yaml"), "--group-size", "8", *out])
+    assert (again.M, again.N, again.L) == (8, 0, 0)
+    run = fake_run(tmp_path, algo="grpo", group_size=4)  # and on resume, with the changes allowed
+    assert "M: --algo grpo grows --group-size 4" in error_of(["--resume", str(run), "--allow-changes", "--M", "8"])
+    assert plan(["--resume", str(run), "--allow-changes", "--group-size", "8"]).settings.M == 8
+
+
 @pytest.mark.parametrize(("argv", "line"), [
     (["--N", "-1"], "N: Input should be greater than or equal to 0 (got -1)"),
     (["--iterations", "0"], "iterations: Input should be greater than or equal to 1 (got 0)"),  # not also as
