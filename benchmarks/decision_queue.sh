@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The decision test end to end (docs/protocol_decision.md, "Commands"), restartable on a new machine:
 #   benchmarks/decision_queue.sh [OUTPUT]      # default outputs/decision_test; from the repository's root
-# 1. the records kept so far, if any, are restored (runs finished on an earlier machine are reported, never trained again);
+# 1. the records kept so far, if any, are restored (runs finished on an earlier machine are reported, never trained again;
+#    the check's start-check.json comes back with them, so the check is not run again);
 # 2. the start-policy check, once (it trains the start first when it is not cached: about 95 minutes on 2 cores);
 # 3. the protocol's rule, read from the check's start-check.json: on "stop" the queue ends and no run starts;
 # 4. the start on every thread, then two one-thread workers (even and odd seeds) sharing OUTPUT;

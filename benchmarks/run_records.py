@@ -7,8 +7,9 @@ be rebuilt without training (``benchmarks/study_report.py``).
 
 A finished run's record is what ``--resume`` and the reports read of it: its final evaluation (``held_out.json``,
 keyed by the run's options, so it is reused only by the same command from the same start; a demo run's
-``demo.json``) and its metrics (``metrics.jsonl``); with them the benchmark's start point (``start_point.json``).
-Checkpoints and models are not kept: a restored run is reported, never trained on. A run without its final
+``demo.json``) and its metrics (``metrics.jsonl``); with them the output's top-level files that say where its runs
+started (``TOP_FILES``: the start point's evaluation, ``start_point.json``; the decision test's start check and
+probe). Checkpoints and models are not kept: a restored run is reported, never trained on. A run without its final
 evaluation is not finished and is not kept. Records live compressed in their study's folder at the repository's top
 level (``benchmarks/studies.py``: ``results/STUDY/records.tar.xz``, one top-level folder per benchmark output, laid
 out as the output; an output no study registers gets ``results/NAME/``), written byte for byte the same for the
@@ -33,6 +34,10 @@ from experiments.plot import METRICS_FILE
 RECORDS = Path(__file__).resolve().parent.parent / RESULTS  # the repository's top level: benchmarks/ holds code
 DEMO_RESULT = "demo.json"  # experiments/demo.py's final evaluation (the pipelining protocol's runs)
 RUN_ENDS = (FINAL_EVALUATION, DEMO_RESULT)  # a run folder holding one of these has finished
+# An output's top-level files kept, where present: the start point's evaluation; the decision test's start-policy
+# check (benchmarks/decision_check.py writes it under this name) and start probe (benchmarks/bench_decision.py's
+# START_PROBE, once it lands there: run_records.py, which the queue's save loop runs, imports no benchmark)
+TOP_FILES = (START_POINT, "start-check.json", "start_probe.json")
 CHECKPOINTS = "checkpoints"  # a run's checkpoint folder: no record in it, and runs delete it as they end
 XZ_PRESET = 9 | lzma.PRESET_EXTREME
 
@@ -49,9 +54,9 @@ def run_ends(output: Path) -> list[Path]:
 
 
 def record_files(output: Path) -> list[Path]:
-    """The files of ``output`` (a benchmark's output folder) that its records keep, relative to it: the start point
-    and every finished run's files, sorted."""
-    kept = [Path(START_POINT)] if (output / START_POINT).is_file() else []
+    """The files of ``output`` (a benchmark's output folder) that its records keep, relative to it: its top-level
+    files (``TOP_FILES``) and every finished run's files, sorted."""
+    kept = [Path(name) for name in TOP_FILES if (output / name).is_file()]
     for end in run_ends(output):  # run by run
         run = end.parent
         if not (run / METRICS_FILE).is_file():
@@ -124,8 +129,9 @@ def save(output: Path, records: Path = RECORDS) -> list[Path]:
 
 
 def restore(output: Path, records: Path = RECORDS) -> list[Path]:
-    """Writes the kept records of ``output`` back into it, leaving alone every run it already holds (a run finished
-    on this machine is newer than its record); returns the files written, relative to ``output``."""
+    """Writes the kept records of ``output`` back into it, leaving alone every run and top-level file it already
+    holds (a run finished on this machine is newer than its record); returns the files written, relative to
+    ``output``."""
     path = records_of(output, records)
     kept = output_files(read_archive(path), output.resolve().name)
     if not kept:
@@ -139,8 +145,9 @@ def restore(output: Path, records: Path = RECORDS) -> list[Path]:
 
 
 def finished_here(output: Path, name: Path) -> bool:
-    """Whether what the record ``name`` belongs to (the start point, or a run) is in ``output`` already."""
-    if name.name == START_POINT:
+    """Whether what the record ``name`` belongs to (a top-level file such as the start point, or a run) is in
+    ``output`` already."""
+    if name.name in TOP_FILES:
         return (output / name).exists()
     return any((output / name.parent / end).exists() for end in RUN_ENDS)
 

@@ -217,3 +217,23 @@ def test_folders_removed_while_a_save_walks_the_output_are_passed_over(tmp_path,
     assert save(output, tmp_path / "records") == [Path("chain_G=4/seed0/held_out.json"),
                                                   Path("chain_G=4/seed0/metrics.jsonl")]
     assert not (running / "scratch").exists()  # removed mid-walk indeed
+
+
+def test_the_outputs_top_level_files_are_kept_and_restored_but_not_over_this_machines(tmp_path):
+    """The decision test's start check and start probe go with the start point: a new machine neither checks nor
+    probes its start again."""
+    output, records = tmp_path / "first" / "bench", tmp_path / "records"
+    finish_run(output, 0)
+    for name in ("start_point.json", "start-check.json", "start_probe.json"):
+        (output / name).write_text(f'"{name} from the first machine"', encoding="utf-8")
+    (output / "start-check.md").write_text("a report, no record", encoding="utf-8")
+    assert save(output, records)[:3] == [Path("start_point.json"), Path("start-check.json"),
+                                         Path("start_probe.json")]
+    elsewhere = tmp_path / "second" / "bench"
+    elsewhere.mkdir(parents=True)
+    (elsewhere / "start_probe.json").write_text('"this machine\'s"', encoding="utf-8")
+    assert restore(elsewhere, records) == [Path("chain_G=4/seed0/held_out.json"), Path("chain_G=4/seed0/metrics.jsonl"),
+                                           Path("start-check.json"), Path("start_point.json")]
+    assert (elsewhere / "start-check.json").read_text(encoding="utf-8") == '"start-check.json from the first machine"'
+    assert (elsewhere / "start_probe.json").read_text(encoding="utf-8") == '"this machine\'s"'
+    assert not (elsewhere / "start-check.md").exists()
