@@ -14,8 +14,8 @@ evaluation is not finished and is not kept. Records live compressed in their stu
 level (``benchmarks/studies.py``: ``results/STUDY/records.tar.xz``, one top-level folder per benchmark output, laid
 out as the output; an output no study registers gets ``results/NAME/``), written byte for byte the same for the
 same files, so that saving again changes nothing git sees. An older checkout wrote them as ``records.tar.gz``
-(``studies.LEGACY_ARCHIVE``, the same files): read where no ``records.tar.xz`` is beside it, removed once one is
-written.
+(``studies.LEGACY_ARCHIVE``, the same files): read too where one is beside ``records.tar.xz`` (or alone), removed
+once ``records.tar.xz`` is written.
 """
 
 from __future__ import annotations
@@ -78,15 +78,17 @@ def legacy_of(path: Path) -> Path | None:
 
 
 def read_archive(path: Path) -> dict[str, bytes]:
-    """Every file of a records archive, by its name inside it (``OUTPUT/SETTING/seedS/metrics.jsonl``); where
-    ``path`` is missing, of the legacy gzip archive beside it; none without either."""
+    """Every file of a records archive, by its name inside it (``OUTPUT/SETTING/seedS/metrics.jsonl``), with those
+    of the legacy gzip archive beside it (saved by an older checkout; ``path``'s own copy of a file wins), so that a
+    save, which removes the legacy archive, loses none of its runs; none without either."""
     legacy = legacy_of(path)
-    if not path.is_file() and legacy is not None:
-        path = legacy
-    if not path.is_file():
-        return {}
-    with tarfile.open(path, "r:*") as archive:
-        return {member.name: archive.extractfile(member).read() for member in archive.getmembers() if member.isfile()}
+    files: dict[str, bytes] = {}
+    for source in (legacy, path):
+        if source is not None and source.is_file():
+            with tarfile.open(source, "r:*") as archive:
+                files.update({member.name: archive.extractfile(member).read() for member in archive.getmembers()
+                              if member.isfile()})
+    return files
 
 
 def write_archive(path: Path, files: dict[str, bytes]) -> None:

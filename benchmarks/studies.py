@@ -20,8 +20,8 @@ RESULTS = "results"  # the studies' folders, at the repository's top level
 FORMER_RECORDS = ("results", "benchmarks/records")
 README = "README.md"
 ARCHIVE = "records.tar.xz"  # a study's records: its outputs' finished runs, one top-level folder per output
-# the same records as a gzip tar, as written until xz replaced it: read where no ARCHIVE is beside it (written by an
-# older checkout), removed when ARCHIVE is written
+# the same records as a gzip tar, as written until xz replaced it: read too where one is beside ARCHIVE (or alone:
+# saved by an older checkout), removed when ARCHIVE is written
 LEGACY_ARCHIVE = "records.tar.gz"
 
 

@@ -182,6 +182,12 @@ def test_a_legacy_gzip_archive_is_read_restored_and_replaced_by_the_xz_one_on_sa
     assert sorted(read_archive(records / "bench" / studies.ARCHIVE)) == [
         "bench/chain_G=4/seed0/held_out.json", "bench/chain_G=4/seed0/metrics.jsonl",
         "bench/chain_G=4/seed1/held_out.json", "bench/chain_G=4/seed1/metrics.jsonl", "bench/start_point.json"]
+    # a legacy archive copied in beside the xz one (an older checkout's queue saved a run since): nothing is lost
+    gzip_archive(legacy, {"bench/start_point.json": b"older", "bench/chain_G=4/seed2/held_out.json": b"{}"})
+    save(output, records)
+    assert not legacy.exists()
+    kept = read_archive(records / "bench" / studies.ARCHIVE)
+    assert "bench/chain_G=4/seed2/held_out.json" in kept and kept["bench/start_point.json"] == b"{}"
 
 
 def test_an_interrupted_write_leaves_the_old_archive_whole(tmp_path, monkeypatch):
