@@ -17,7 +17,7 @@ Four arms, 8 prompts an iteration, 20 iterations each (none censored at 0.7 by d
     OMP_NUM_THREADS=1 python benchmarks/bench_decision.py --resume --seeds 0 2 4 6 8 10 12 14 16 18 &
     OMP_NUM_THREADS=1 python benchmarks/bench_decision.py --resume --seeds 1 3 5 7 9 11 13 15 17 19 &
     wait; python benchmarks/bench_decision.py --resume --report    # both sections: results/decision_test/README.md
-    python benchmarks/run_records.py save outputs/decision_test    # results/decision_test/records.tar.gz
+    python benchmarks/run_records.py save outputs/decision_test    # results/decision_test/records.tar.xz
 
 Outcomes (the learning benchmarks' report, ``learning_runs``): the final dev EM on the 300 held-out questions, the
 iterations (and tokens) to first reach dev EM 0.7 on the 50-question curve, a run that never reaches it censored at

@@ -166,8 +166,8 @@ def gzip_archive(path: Path, files: dict[str, bytes]) -> None:
 
 
 def test_a_legacy_gzip_archive_is_read_restored_and_replaced_by_the_xz_one_on_save(tmp_path):
-    """Records an older checkout saved (records.tar.gz) are read where no records.tar.xz is; a save keeps them in
-    the xz archive with the new runs and removes the gzip one, so that a folder never holds both."""
+    """Records an older checkout saved (records.tar.gz) are read, alone or beside a records.tar.xz (merged, the xz
+    copy of a file winning); a save keeps them in the xz archive with the new runs and removes the gzip one."""
     records = tmp_path / "records"
     legacy = records / "bench" / studies.LEGACY_ARCHIVE
     gzip_archive(legacy, {"bench/start_point.json": b"{}", "bench/chain_G=4/seed0/held_out.json": b"{}",
