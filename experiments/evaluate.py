@@ -25,10 +25,11 @@ from typing import Any
 import envs
 from algos.evaluation import EVAL_COLUMNS, QUERIES, greedy_chains, mean_results, route_taken
 from envs.datasets import MissingDataError, resolve_data_dir
-from envs.retrieval import DEFAULT_BACKEND, check_retriever_spec
+from envs.retrieval import check_retriever_spec
 from experiments.checkpoints import (
     RLLIB_MARKER,
     CheckpointError,
+    checkpoint_iteration,
     is_sharded,
     restore_errors,
     sharded_policy,
@@ -40,10 +41,8 @@ from policies.vllm_generation import vllm_installed
 # The paper's column groups (Tree-GRPO, Table 1): single-hop then multi-hop, each with its unweighted average.
 SINGLE_HOP = ("NQ-v0", "TriviaQA-v0", "PopQA-v0")
 MULTI_HOP = ("HotpotQA-v0", "2WikiMultihopQA-v0", "Musique-v0", "Bamboogle-v0")
-# evaluate.py's options that a training run fixes, with their defaults where no run says otherwise (None: the env's
-# or the sampler's own default)
-RUN_OPTIONS: dict[str, int | str | None] = {"max_turns": 3, "topk": 3, "passage_words": None, "max_step_tokens": None,
-                                            "retriever": DEFAULT_BACKEND}
+# evaluate.py's options that a training run fixes (``trained_with``); where none does, ``untrained_defaults``
+RUN_OPTIONS = ("max_turns", "topk", "passage_words", "max_step_tokens", "retriever")
 COUNTS = ("limit", "batch_size", "max_turns", "topk", "passage_words", "max_step_tokens")  # each at least 1
 ROW_NAMES = {"em": "EM", "f1": "F1", "tool_calls": "tool calls", "turns": "turns", "answered": "answer rate",
              "questions": "questions"}
@@ -99,26 +98,31 @@ def write_results(output: str | Path, results: Mapping[str, Mapping[str, float]]
     return markdown, data
 
 
-def load_policy(model: str, dtype: str = "float32"):
-    """(model, tokenizer) of a model name, a model directory, or a training checkpoint directory."""
+def load_policy(model: str, dtype: str | None = None):
+    """(model, tokenizer) of a model name, a model directory, or a training checkpoint directory, with its weights in
+    ``dtype`` (None: float32, and a checkpoint's as its learner held them)."""
     from policies.models import load_model
 
     checkpoint = Path(model).resolve()  # RLlib reads checkpoints by URI: a relative path has no scheme
-    if (checkpoint / RLLIB_MARKER).exists():
-        from ray.rllib.core.rl_module.rl_module import RLModule
+    if not (checkpoint / RLLIB_MARKER).exists():
+        return load_model(model, dtype=dtype or "float32")
+    from ray.rllib.core.rl_module.rl_module import RLModule
 
-        verify_checkpoint(checkpoint, hashes=False)  # names a missing or truncated file; hashing is resume's job
-        if is_sharded(checkpoint):  # sharded learners' checkpoint: every learner's shards gathered here
-            module = sharded_policy(checkpoint)
-            return module.model, module.tokenizer
+    verify_checkpoint(checkpoint, hashes=False)  # names a missing or truncated file; hashing is resume's job
+    if is_sharded(checkpoint):  # sharded learners' checkpoint: every learner's shards gathered here
+        module = sharded_policy(checkpoint)
+    else:
         module_dir = checkpoint / "learner_group" / "learner" / "rl_module" / "default_policy"
         if not module_dir.is_dir():
             raise CheckpointError(f"{checkpoint} is an RLlib checkpoint without a policy module at {module_dir} "
                                   f"(expected a Tree-GRPO training checkpoint, e.g. OUTPUT/checkpoints/latest)")
         with restore_errors(checkpoint):
             module = RLModule.from_checkpoint(str(module_dir))
-        return module.model, module.tokenizer
-    return load_model(model, dtype=dtype)
+    if dtype is not None:
+        import torch
+
+        module.model.to(getattr(torch, dtype))
+    return module.model, module.tokenizer
 
 
 def evaluate_env(env_id: str, generator, tokenizer, *, split: str, limit: int | None, batch_size: int,
@@ -177,7 +181,16 @@ def world_held_out(policy: str | Path, data_dir: Path, questions: int, max_step_
             for row, question in zip(rows, routes, strict=False)]
 
 
+def untrained_defaults() -> dict[str, Any]:
+    """The ``RUN_OPTIONS`` where no training run fixes them: the env's own defaults (declared in ``envs.SearchQAEnv``),
+    and for max_step_tokens None (the sampler's own default)."""
+    from experiments.settings import default_of  # not at import: settings imports qa_start, warmstart, then this
+
+    return {name: None if name == "max_step_tokens" else default_of(envs.SearchQAEnv, name) for name in RUN_OPTIONS}
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    untrained = untrained_defaults()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="a run.py --model name, a model directory or a checkpoint")
     p.add_argument("--envs", nargs="+", default=list(envs.PAPER_ENV_IDS), choices=list(envs.ENV_IDS),
@@ -188,9 +201,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--limit", type=int, default=None, help="the first N questions of each split (default: all)")
     p.add_argument("--batch-size", type=int, default=16, help="questions advancing together (default: %(default)s)")
     p.add_argument("--max-turns", type=int, default=None,
-                   help="search-capable steps before the final answer-only step (default: the run's, for a "
-                        "training checkpoint; else 3)")
-    p.add_argument("--topk", type=int, default=None, help="passages per search (default: the run's; else 3)")
+                   help=f"search-capable steps before the final answer-only step (default: the run's, for a "
+                        f"training checkpoint; else {untrained['max_turns']})")
+    p.add_argument("--topk", type=int, default=None,
+                   help=f"passages per search (default: the run's; else {untrained['topk']})")
     p.add_argument("--passage-words", type=int, default=None,
                    help="each passage cut to its first k words (default: the run's; else whole)")
     p.add_argument("--max-step-tokens", type=int, default=None,
@@ -198,9 +212,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "128 on CPU)")
     p.add_argument("--retriever", default=None,
                    help=f"a retrieval backend or a retrieval server's URL, as run.py --retriever takes (default: the "
-                        f"run's, for a training checkpoint; else {DEFAULT_BACKEND})")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
-                   help="model weights' dtype (default: %(default)s)")
+                        f"run's, for a training checkpoint; else {untrained['retriever']})")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
+                   help="model weights' dtype, a training checkpoint's cast to it (default: float32; a training "
+                        "checkpoint's as its learner held them: float32, bfloat16 with --pure-bf16, a LoRA base in "
+                        "its run's --dtype)")
     p.add_argument("--device", default=None, help="where the model runs (default: cuda when a GPU is visible)")
     p.add_argument("--generator", choices=GENERATORS, default="auto",
                    help="hf (transformers), vllm, or auto (vllm when it is installed and a GPU is visible) "
@@ -228,24 +244,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         except ValueError as error:
             p.error(f"--retriever: {error}")
     trained = trained_with(args.model)
-    for name, fallback in RUN_OPTIONS.items():
+    for name in RUN_OPTIONS:
         if getattr(args, name) is None:
-            setattr(args, name, trained.get(name, fallback))
+            setattr(args, name, trained.get(name, untrained[name]))
     return args
 
 
 def trained_with(model: str) -> dict[str, Any]:
-    """The env and step options of the run a training checkpoint (``RUN/checkpoints/...``) belongs to, read from
-    its ``RUN/config.yaml``, so a run is evaluated on the observations it trained on; {} for anything else."""
+    """The env and step options a training checkpoint (``RUN/checkpoints/iter_NNNNNN``) was trained with, so that a run
+    is evaluated on the observations it trained on: from its run's ``config.yaml``, or the resume record
+    (``resumes/iter_NNNNNN.yaml``) in effect at its iteration when the run was resumed with changes before it; {} for
+    anything else."""
     import yaml
 
+    from experiments.run import CONFIG_FILE, settings_file_at  # not at import: run.py imports this module
+
     checkpoint = Path(model).resolve()
-    if not (checkpoint / RLLIB_MARKER).exists():
+    run_dir = checkpoint.parent.parent
+    if not (checkpoint / RLLIB_MARKER).exists() or not (run_dir / CONFIG_FILE).is_file():
         return {}
-    config = checkpoint.parent.parent / "config.yaml"
-    if not config.is_file():
-        return {}
-    saved = yaml.safe_load(config.read_text(encoding="utf-8")) or {}
+    iteration = checkpoint_iteration(checkpoint)  # its last iteration, which the settings before it trained
+    path = settings_file_at(run_dir, None if iteration is None else iteration - 1)
+    saved = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     return {name: saved[name] for name in RUN_OPTIONS if name in saved}
 
 

@@ -112,7 +112,7 @@ def check_custom_resources(resources: dict[str, float] | None) -> dict[str, floa
     return resources
 
 
-def _default_of(function: Any, name: str) -> Any:
+def default_of(function: Any, name: str) -> Any:
     """The default of parameter ``name`` of ``function`` (a class: its constructor): declared there, not here."""
     return inspect.signature(function).parameters[name].default
 
@@ -127,17 +127,17 @@ class RunSettings(TreeGRPOSettings):
         False, description="allow training on the split the run is evaluated on (refused by default: the "
                            "evaluation would score questions the policy trained on)")
     data_dir: str | None = Field(None, description="data directory (default: $TREEGRPO_DATA_DIR, else ./data)")
-    max_turns: int = Field(_default_of(envs.SearchQAEnv, "max_turns"), ge=1,
+    max_turns: int = Field(default_of(envs.SearchQAEnv, "max_turns"), ge=1,
                            description="search-capable steps before the final answer-only step")
-    topk: int = Field(_default_of(envs.SearchQAEnv, "topk"), ge=1, description="passages per search")
-    passage_words: int | None = Field(_default_of(envs.SearchQAEnv, "passage_words"), ge=1,
+    topk: int = Field(default_of(envs.SearchQAEnv, "topk"), ge=1, description="passages per search")
+    passage_words: int | None = Field(default_of(envs.SearchQAEnv, "passage_words"), ge=1,
                                       description="each retrieved passage cut to its first k words (default: whole)")
     reward: Literal[tuple(REWARDS)] = Field(  # type: ignore[valid-type]
-        _default_of(envs.SearchQAEnv, "reward"),
+        default_of(envs.SearchQAEnv, "reward"),
         description="the episode's outcome reward: format (Search-R1's format-aware exact match: 1.0 right, 0.2 a "
                     "wrong answer in the agent format, 0 no answer), em (exact match alone: a wrong answer earns what "
                     "no answer does) or f1 (token F1); evaluation scores exact match whatever the reward")
-    retriever: str = Field(_default_of(envs.SearchQAEnv, "retriever"),
+    retriever: str = Field(default_of(envs.SearchQAEnv, "retriever"),
                            description="retrieval backend (bm25, rank_bm25, dense) or the URL of a retrieval server "
                                        "in Search-R1's protocol (http://HOST:PORT/retrieve; python -m "
                                        "envs.retrieval.serve starts one)")

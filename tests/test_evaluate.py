@@ -129,3 +129,65 @@ def test_what_is_missing_is_one_line_naming_it_and_nothing_is_written(case, tmp_
     assert len(err) == 1 and err[0].startswith("evaluate.py: error: ")
     assert str(missing if case != "checkpoint" else tmp_path / "checkpoint") in err[0]
     assert not (tmp_path / "out").exists()
+
+
+def test_without_a_run_the_options_a_run_fixes_default_to_the_envs_own(monkeypatch, capsys):
+    import envs
+    import experiments.evaluate as evaluate
+    import experiments.settings  # noqa: F401  imported before the env stands in: its fields derive from the real one
+
+    def env(dataset: str = "hotpotqa", *, max_turns: int = 5, topk: int = 7, passage_words: int | None = 40,
+            retriever: str = "dense"):  # an env whose defaults differ from the real one's
+        raise AssertionError("not built")
+
+    monkeypatch.setattr(envs, "SearchQAEnv", env)
+    args = evaluate.parse_args(["--model", "tiny-random", "--envs", "HotpotQA-v0"])
+    assert (args.max_turns, args.topk, args.passage_words, args.retriever, args.max_step_tokens) == (
+        5, 7, 40, "dense", None)
+    with pytest.raises(SystemExit):
+        evaluate.parse_args(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "passages per search (default: the run's; else 7)" in help_text and "else dense)" in help_text
+
+
+def fake_checkpoint(run, name: str) -> str:
+    checkpoint = run / "checkpoints" / name
+    checkpoint.mkdir(parents=True)
+    (checkpoint / RLLIB_MARKER).write_text("{}")
+    return str(checkpoint)
+
+
+def test_a_checkpoint_is_evaluated_with_the_settings_its_iterations_trained_with_across_a_resume(tmp_path):
+    from experiments.evaluate import parse_args
+
+    run = tmp_path / "run"
+    before, after = fake_checkpoint(run, "iter_000010"), fake_checkpoint(run, "iter_000020")
+    (run / "checkpoints" / "latest").symlink_to("iter_000020")
+    (run / "config.yaml").write_text("topk: 2\nmax_turns: 3\npassage_words: 64\n")
+    (run / "resumes").mkdir()  # resumed from iteration 10 with --allow-changes --topk 3 --max-turns 4
+    (run / "resumes" / "iter_000011.yaml").write_text("topk: 3\nmax_turns: 4\npassage_words: 64\n")
+
+    def observations(checkpoint: str) -> tuple[int, int]:
+        args = parse_args(["--model", checkpoint, "--envs", "HotpotQA-v0"])
+        return args.topk, args.max_turns
+
+    assert observations(after) == observations(str(run / "checkpoints" / "latest")) == (3, 4)
+    assert observations(before) == (2, 3)  # saved before the resume changed them
+
+
+def test_dtype_casts_a_checkpoints_weights_and_without_it_they_stay_as_the_learner_held_them(tmp_path):
+    import torch
+    from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+
+    from envs.search_qa import UnicodeText
+    from experiments.evaluate import load_policy, parse_args
+    from policies.rl_module import LLMRLModule
+
+    checkpoint = fake_checkpoint(tmp_path / "run", "iter_000001")
+    spec = RLModuleSpec(module_class=LLMRLModule, observation_space=UnicodeText(100), action_space=UnicodeText(100),
+                        model_config={"model": "tiny-random"})
+    spec.build().save_to_path(f"{checkpoint}/learner_group/learner/rl_module/default_policy")
+    assert parse_args(["--model", checkpoint, "--envs", "HotpotQA-v0"]).dtype is None
+    dtypes = {dtype: {p.dtype for p in load_policy(checkpoint, dtype)[0].parameters()}
+              for dtype in (None, "bfloat16")}
+    assert dtypes == {None: {torch.float32}, "bfloat16": {torch.bfloat16}}
