@@ -81,29 +81,41 @@ def _argument(annotation: Any) -> dict[str, Any]:
     return keywords
 
 
-def field_help(field: FieldInfo, default: Any) -> str:
+def field_help(field: FieldInfo, default: Any, also: str | None = None) -> str:
     """An option's help: the field's description and its default, once (a description that explains its default,
-    ``(default: ...)``, keeps its own words; a default computed by a factory is left to the description)."""
+    ``(default: ...)``, keeps its own words; a default computed by a factory is left to the description). ``also``:
+    another default, where it applies, said after the first inside the same parentheses
+    (``(default: 1e-06; 0.0005 on a CPU for ...)``)."""
     text = field.description or ""
-    if "(default" in text or default is PydanticUndefined:
-        return text
-    return f"{text} (default: {default})"
+    extra = "" if also is None else f"; {also}"
+    if "(default" in text:  # into the description's own parentheses, before the one that closes them
+        start, depth = text.index("(default"), 0
+        for end in range(start, len(text)):
+            depth += {"(": 1, ")": -1}.get(text[end], 0)
+            if depth == 0:
+                return text[:end] + extra + text[end:]
+        return text + extra
+    if default is PydanticUndefined:
+        return text if also is None else f"{text} ({also})"
+    return f"{text} (default: {default}{extra})"
 
 
 def build_parser(model: type[BaseModel], *, description: str | None = None,
                  aliases: dict[str, tuple[str, Any]] | None = None, sections: Mapping[str, str] | None = None,
-                 defaults: Mapping[str, Any] | None = None) -> argparse.ArgumentParser:
+                 defaults: Mapping[str, Any] | None = None,
+                 also: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
     """A parser with one option per field of ``model``; every option defaults to "not given" (absent from the
     namespace), so that only what the user typed overrides the file and the defaults.
 
     ``sections`` (field -> section) groups the options in ``--help``, sections in the order they first appear,
     fields in that mapping's order (fields it does not name go first); ``defaults`` are the defaults the caller
-    applies instead of the model's (shown in ``--help``)."""
+    applies instead of the model's (shown in ``--help``); ``also`` (field -> words) a second default each, where it
+    applies, shown beside the first (``field_help``)."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
                                      argument_default=argparse.SUPPRESS)
     parser.add_argument("--config", metavar="FILE", help="a YAML file of options (keys as the option names, "
                                                          "snake_case); the command line overrides it")
-    sections, defaults = dict(sections or {}), dict(defaults or {})
+    sections, defaults, also = dict(sections or {}), dict(defaults or {}), dict(also or {})
     groups = {section: parser.add_argument_group(section) for section in dict.fromkeys(sections.values())}
     by_field: dict[str, list[tuple[str, Any]]] = {}
     for alias, (name, constant) in (aliases or {}).items():
@@ -111,7 +123,7 @@ def build_parser(model: type[BaseModel], *, description: str | None = None,
     order = [name for name in model.model_fields if name not in sections] + list(sections)
     for name in order:
         field, group = model.model_fields[name], groups.get(sections.get(name), parser)
-        help_text = field_help(field, defaults.get(name, field.default))
+        help_text = field_help(field, defaults.get(name, field.default), also.get(name))
         flags = [flag(name)] + [alias for alias, constant in by_field.get(name, []) if constant is None]
         if field.annotation is bool:
             group.add_argument(*flags, dest=name, action=argparse.BooleanOptionalAction, help=help_text)

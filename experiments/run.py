@@ -61,6 +61,7 @@ from experiments.settings import (
     RunSettings,
     build_config,
     check_chain_shape,
+    cpu_qa_help,
     help_sections,
     model_config,
     resume_conflicts,
@@ -86,7 +87,8 @@ class RunPlan:
 
 
 def run_parser() -> argparse.ArgumentParser:
-    parser = build_parser(RunSettings, description=__doc__, aliases=CLI_ALIASES, sections=help_sections())
+    parser = build_parser(RunSettings, description=__doc__, aliases=CLI_ALIASES, sections=help_sections(),
+                          also=cpu_qa_help())
     parser.add_argument("--resume", metavar="RUN_OR_CHECKPOINT", default=None,
                         help="continue a run: its directory (from its newest checkpoint) or a checkpoint of it")
     parser.add_argument("--allow-changes", action="store_true", default=False,

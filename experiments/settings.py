@@ -61,6 +61,14 @@ def cpu_qa_profile(data: Any, default_env: str) -> dict[str, Any]:
             if name not in data and not (full_fine_tuning and name in CPU_QA_LORA_OPTIONS)}
 
 
+def cpu_qa_help() -> dict[str, str]:
+    """``--help``'s word on ``CPU_QA_DEFAULTS``: each option's value there, shown beside its own default where the two
+    differ (--model's description names the profile, which it starts)."""
+    where = f"on a CPU for {', '.join(QA_START_ENVS)} from its warm start"
+    return {name: f"{value} {where}" for name, value in CPU_QA_DEFAULTS.items()
+            if name != "model" and value != RunSettings.model_fields[name].default}
+
+
 def device_following(settings: RunSettings) -> tuple[str, ...]:
     """The options whose defaults follow the device this process sees: ``DEVICE_DEFAULTS``, and where a real QA env
     trains from its warm start, the CPU profile's options too (a GPU run keeps the paper's)."""

@@ -373,6 +373,21 @@ def test_help_groups_the_options_by_section_with_one_default_each():
     assert "--split SPLIT         training split (default: the env" in text  # its own words, not "None" too
 
 
+def test_help_shows_the_cpu_profiles_defaults_beside_the_generic_ones():
+    from experiments.qa_start import CPU_QA_DEFAULTS
+
+    text = " ".join(run_parser().format_help().split())
+    profile = "on a CPU for HotpotQA-v0 from its warm start"
+    assert f"--lr LR learning rate (AdamW) (default: 1e-06; 0.0005 {profile})" in text
+    assert f"--M M trees per prompt (default: 2; 1 {profile})" in text
+    # inside a description's own parentheses, where it explains its default
+    assert f"(default: all; 10 {profile}); the backward pass stops below them" in text
+    assert f"every step runs to the cap; 80 {profile})" in text
+    assert "--N N nodes expanded per tree in each expansion round (default: 2) --L" in text  # the profile's too
+    # each but those and --model, whose description names the profile
+    assert text.count(profile) == len(CPU_QA_DEFAULTS.keys() - {"model", "N", "L"})
+
+
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
 def test_shipped_configs_build_valid_algorithm_configs(path, data_dir):
     settings = settings_of(["--config", str(path), "--output", "/nonexistent/out"])
