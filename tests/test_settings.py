@@ -19,6 +19,7 @@ from experiments.checkpoints import write_manifest
 from experiments.cli import SettingsError, dump_yaml, read_yaml
 from experiments.run import plan, run_parser
 from experiments.settings import HELP_SECTIONS, MAY_CHANGE_ON_RESUME, RunSettings, build_config, help_sections
+from policies.models import LORA_TARGETS
 
 PAPER_TABLE = {2: (1, 2, 1), 4: (2, 2, 1), 8: (2, 6, 1), 16: (4, 5, 1)}  # the paper's budget table
 CONFIGS = sorted((Path(__file__).parent.parent / "experiments" / "configs").rglob("*.yaml"))
@@ -54,15 +55,16 @@ def test_base_files_are_read_first(tmp_path):
     assert (s.M, s.N, s.output) == (4, 5, "base_out")
 
 
-def test_core_settings_are_reachable_from_the_command_line_and_yaml(tmp_path):
+def test_core_settings_are_reachable_from_the_command_line_and_yaml(tmp_path, monkeypatch):
+    monkeypatch.setattr(algorithm_settings, "gpu_visible", lambda: False)  # the CPU command: from the warm start
     s = settings_of(["--kl-coef", "0.01", "--temperature", "0.7", "--top-p", "0.9", "--clip-eps", "0.3",
                      "--entropy-coef", "0", "--lora-rank", "8", "--dual-clip", "none", "--output", str(tmp_path)])
     assert (s.kl_coef, s.temperature, s.top_p, s.clip_eps, s.entropy_coef, s.lora_rank, s.dual_clip) == (
         0.01, 0.7, 0.9, 0.3, 0.0, 8, None)
     config = build_config(s)
     assert (config.kl_coef, config.temperature, config.clip_eps) == (0.01, 0.7, 0.3)
-    assert config.model_config["lora"] == {"rank": 8, "alpha": 32, "layers": None,
-                                           "target_modules": ("q_proj", "k_proj", "v_proj", "o_proj")}
+    assert config.model_config["lora"] == {"rank": 8, "alpha": 32, "layers": 10,  # the CPU profile's other LoRA
+                                           "target_modules": LORA_TARGETS["all"]}  # options stay with a given rank
 
 
 @pytest.mark.parametrize("option", NUMERIC_OPTIONS)
