@@ -25,7 +25,7 @@ import functools
 import itertools
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,14 @@ from algos.tree_grpo import metrics as metric_keys
 from algos.tree_grpo.settings import ALGORITHM_FIELDS
 from experiments.cli import SettingsError, build_parser, given_options, validate, yaml_scalar
 from experiments.preflight import check_before_ray, check_resources, node_resources, prepare_start, start_ray
-from experiments.settings import CLI_ALIASES, RunSettings, build_config, help_sections, tracked_params
+from experiments.settings import (
+    CLI_ALIASES,
+    RunSettings,
+    build_config,
+    check_chain_shape,
+    help_sections,
+    tracked_params,
+)
 from experiments.tracking import METRICS_FILE, RunTracker, default_tracking_uri, ensure_experiment, read_rows
 
 # The paper's budget table (arXiv 2509.21240): budget in full chains -> tree (M, N, L); chain GRPO uses G = budget.
@@ -105,12 +112,15 @@ def sweep_points(grid: dict[str, list[Any]], shapes: list[dict[str, Any]], seeds
     return [{**combo, **shape, "seed": seed} for combo in combos for shape in (shapes or [{}]) for seed in seeds]
 
 
-def trial_settings(base: dict[str, Any], points: list[dict[str, Any]]) -> list[RunSettings]:
-    """Every trial's settings, checked (a wrong grid value names the trial and the field)."""
+def trial_settings(base: dict[str, Any], points: list[dict[str, Any]],
+                   typed: Mapping[str, Any] | None = None) -> list[RunSettings]:
+    """Every trial's settings, checked (a wrong grid value names the trial and the field; a shape that chain GRPO
+    would replace, typed on the command line (``typed``) or in the grid, too)."""
     trials = []
     for point in points:
         try:
             trials.append(validate(RunSettings, {**base, **point}))
+            check_chain_shape(trials[-1], {**(typed or {}), **point})
         except SettingsError as error:
             raise SettingsError(f"trial {point}: {error}") from None
     return trials
@@ -202,7 +212,7 @@ def plan(argv: list[str] | None = None):
     shapes = budget_points(namespace.budget, namespace.shapes, expansion_cost=namespace.expansion_cost,
                            tolerance=namespace.tolerance) if namespace.budget else []
     points = sweep_points(parse_grid(namespace.grid), shapes, namespace.seeds or [base.seed])
-    return base, trial_settings(base_values, points), namespace
+    return base, trial_settings(base_values, points, vars(namespace)), namespace
 
 
 def trial_table(rows: list[dict[str, Any]], metric: str) -> str:

@@ -60,6 +60,12 @@ def test_every_trial_is_checked_before_ray_starts(tmp_path):
         plan(["--grid", "M=1,0", "--output", str(tmp_path)])
     with pytest.raises(SettingsError, match=r"lr: Input should be a valid number"):
         plan(["--grid", "lr=fast", "--output", str(tmp_path)])
+    # a grid's M that chain GRPO's trials would replace by --group-size: named, not swept in vain
+    with pytest.raises(SettingsError, match=r"trial \{'algo': 'grpo', 'M': 3, 'seed': 0\}: M: --algo grpo grows "
+                                            r"--group-size \d+ chains"):
+        plan(["--grid", "algo=grpo", "--grid", "M=3", "--output", str(tmp_path)])
+    _, chains, _ = plan(["--grid", "algo=grpo", "--grid", "group_size=2,3", "--output", str(tmp_path)])
+    assert [(t.M, t.N, t.L) for t in chains] == [(2, 0, 0), (3, 0, 0)]
 
 
 def test_help_shows_the_sweeps_own_defaults():
