@@ -39,11 +39,11 @@ from benchmarks.bench_branching import LEAD_WORLD, TOPK, WORLD
 from benchmarks.learning_options import top_p_option
 from benchmarks.learning_testbed import max_turns_for
 from envs.synthetic import BRANCH_ROLES, world_data_dir
-from experiments.checkpoints import RLLIB_MARKER, CheckpointError
+from experiments.checkpoints import CONFIG_FILE, RLLIB_MARKER, CheckpointError
 from experiments.cli import read_yaml
 from experiments.evaluate import load_policy, world_held_out
 from experiments.oracle_trajectories import oracle_trajectory
-from experiments.run import CONFIG_FILE, run_directory
+from experiments.run import run_directory
 from experiments.settings import RunSettings
 from policies.generation import SamplingSettings, end_of_turn_ids
 from policies.sampling import nucleus_mask

@@ -34,6 +34,8 @@ from typing import Any
 MANIFEST = "manifest.json"
 LATEST = "latest"
 PREFIX = "iter_"
+CONFIG_FILE = "config.yaml"  # a run directory's settings, as it started (experiments/run.py)
+RESUMES_DIR = "resumes"  # resumes/iter_NNNNNN.yaml: a resumed invocation's settings, from iteration NNNNNN on
 TMP_PREFIX = ".tmp-"
 RLLIB_MARKER = "rllib_checkpoint.json"  # written by RLlib's save_to_path
 LAYOUT = ("expected a checkpoint directory (iter_NNNNNN holding manifest.json), a run's checkpoints/ "
@@ -214,3 +216,13 @@ def sharded_policy(checkpoint: str | Path) -> Any:
         load_full_weights(module.model, shards_directory(checkpoint / LEARNER_GROUP))
     return module
 
+
+def settings_file_at(run_dir: Path, iteration: int | None) -> Path:
+    """The file holding a run's settings after ``iteration`` (None: its newest): the newest resume record that
+    applies by then (``resumes/iter_NNNNNN.yaml``, NNNNNN the first iteration it applies to), else config.yaml."""
+    def first(path: Path) -> int | None:
+        return checkpoint_iteration(path.with_suffix(""))
+
+    records = sorted((path for path in (run_dir / RESUMES_DIR).glob("*.yaml") if first(path) is not None), key=first)
+    applying = [path for path in records if iteration is None or first(path) <= iteration + 1]
+    return applying[-1] if applying else run_dir / CONFIG_FILE

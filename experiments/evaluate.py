@@ -27,11 +27,13 @@ from algos.evaluation import EVAL_COLUMNS, QUERIES, greedy_chains, mean_results,
 from envs.datasets import MissingDataError, resolve_data_dir
 from envs.retrieval import check_retriever_spec
 from experiments.checkpoints import (
+    CONFIG_FILE,
     RLLIB_MARKER,
     CheckpointError,
     checkpoint_iteration,
     is_sharded,
     restore_errors,
+    settings_file_at,
     sharded_policy,
     verify_checkpoint,
 )
@@ -257,7 +259,6 @@ def trained_with(model: str) -> dict[str, Any]:
     anything else."""
     import yaml
 
-    from experiments.run import CONFIG_FILE, settings_file_at  # not at import: run.py imports this module
 
     checkpoint = Path(model).resolve()
     run_dir = checkpoint.parent.parent

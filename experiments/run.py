@@ -44,12 +44,15 @@ from algos.tree_grpo import metrics as metric_keys
 from envs.cache import WARM_STARTS_DIR
 from envs.datasets import MissingDataError
 from experiments.checkpoints import (
+    CONFIG_FILE,
+    RESUMES_DIR,
     CheckpointError,
     CheckpointManager,
     checkpoint_iteration,
     checkpoint_name,
     resolve_checkpoint,
     restore_errors,
+    settings_file_at,
 )
 from experiments.cli import SettingsError, build_parser, dump_yaml, given_options, read_yaml, validate
 from experiments.evaluate import write_results
@@ -70,8 +73,6 @@ from experiments.settings import (
 from experiments.signals import GracefulStop, StopRequested
 from experiments.tracking import METRICS_FILE, RunTracker, default_tracking_uri, tracker_of, truncate_rows
 
-CONFIG_FILE = "config.yaml"
-RESUMES_DIR = "resumes"  # resumes/iter_NNNNNN.yaml: a resumed invocation's settings, from iteration NNNNNN on
 RUN_FILES = (METRICS_FILE, "checkpoints")  # any of them: the directory holds a run
 WARM_START_FILE = "warm_start.txt"  # with --model warm-start: the cached start the run began from (its key)
 
@@ -192,17 +193,6 @@ def record_start(settings: RunSettings, output: Path) -> None:
     key = start_key(settings)
     if key is not None:
         (output / WARM_START_FILE).write_text(key + "\n", encoding="utf-8")
-
-
-def settings_file_at(run_dir: Path, iteration: int | None) -> Path:
-    """The file holding a run's settings after ``iteration`` (None: its newest): the newest resume record that
-    applies by then (``resumes/iter_NNNNNN.yaml``, NNNNNN the first iteration it applies to), else config.yaml."""
-    def first(path: Path) -> int | None:
-        return checkpoint_iteration(path.with_suffix(""))
-
-    records = sorted((path for path in (run_dir / RESUMES_DIR).glob("*.yaml") if first(path) is not None), key=first)
-    applying = [path for path in records if iteration is None or first(path) <= iteration + 1]
-    return applying[-1] if applying else run_dir / CONFIG_FILE
 
 
 def record_settings(run: RunPlan, first_iteration: int) -> Path:

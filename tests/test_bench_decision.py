@@ -233,7 +233,8 @@ def test_a_runs_final_evaluation_is_written_beside_and_moved_into_place(tmp_path
     """A records save beside a worker (run_records.py) reads held_out.json whole or not at all."""
     record, written = tmp_path / learning_runs.FINAL_EVALUATION, []
     real_write = Path.write_text
-    monkeypatch.setattr(Path, "write_text", lambda path, *a, **k: written.append(path.name) or real_write(path, *a, **k))
+    monkeypatch.setattr(Path, "write_text",
+                        lambda path, *a, **k: written.append(path.name) or real_write(path, *a, **k))
     scores = learning_runs.scores_once(record, {"run": ["--seed", "0"]}, False, lambda: [{"em": 1.0}])
     assert scores == [{"em": 1.0}] and json.loads(record.read_text())["scores"] == scores
     assert written and record.name not in written  # never written in place
