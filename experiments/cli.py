@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import inspect
 import re
 import types
 import typing
@@ -79,6 +80,11 @@ def _argument(annotation: Any) -> dict[str, Any]:
         annotation = type(keywords["choices"][0])
     keywords["type"] = _optional(annotation) if optional else annotation
     return keywords
+
+
+def default_of(function: Any, name: str) -> Any:
+    """The default of parameter ``name`` of ``function`` (a class: its constructor): declared there, not here."""
+    return inspect.signature(function).parameters[name].default
 
 
 def field_help(field: FieldInfo, default: Any, also: str | None = None) -> str:

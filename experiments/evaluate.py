@@ -37,6 +37,7 @@ from experiments.checkpoints import (
     sharded_policy,
     verify_checkpoint,
 )
+from experiments.cli import default_of
 from policies.generation import GENERATORS
 from policies.vllm_generation import vllm_installed
 
@@ -186,8 +187,6 @@ def world_held_out(policy: str | Path, data_dir: Path, questions: int, max_step_
 def untrained_defaults() -> dict[str, Any]:
     """The ``RUN_OPTIONS`` where no training run fixes them: the env's own defaults (declared in ``envs.SearchQAEnv``),
     and for max_step_tokens None (the sampler's own default)."""
-    from experiments.settings import default_of  # not at import: settings imports qa_start, warmstart, then this
-
     return {name: None if name == "max_step_tokens" else default_of(envs.SearchQAEnv, name) for name in RUN_OPTIONS}
 
 

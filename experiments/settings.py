@@ -9,7 +9,6 @@ into the RLlib config. Validation is strict and happens before Ray starts (see `
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import math
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -23,7 +22,7 @@ from algos.tree_grpo.settings import ALGORITHM_FIELDS, TreeGRPOSettings, per_dev
 from envs.datasets import resolve_data_dir
 from envs.retrieval import check_retriever_spec
 from envs.rewards import REWARDS
-from experiments.cli import SettingsError
+from experiments.cli import SettingsError, default_of
 from experiments.qa_start import (
     BUILD_MINUTES,
     CPU_QA_DEFAULTS,
@@ -118,11 +117,6 @@ def check_custom_resources(resources: dict[str, float] | None) -> dict[str, floa
         if not amount > 0:
             raise ValueError(f"{name}={amount:g}: an amount must be positive")
     return resources
-
-
-def default_of(function: Any, name: str) -> Any:
-    """The default of parameter ``name`` of ``function`` (a class: its constructor): declared there, not here."""
-    return inspect.signature(function).parameters[name].default
 
 
 class RunSettings(TreeGRPOSettings):
