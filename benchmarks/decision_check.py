@@ -35,6 +35,7 @@ from benchmarks.learning_runs import run_options, without_output
 from envs.synthetic import BRANCH_ROLES
 
 RESAMPLES = 2000
+START_CHECK = "start-check.json"  # OUTPUT's record of the check, which the rule reads
 # The protocol's rule before any run: the tree at the decision must find the decision (draws a prompt at least this)
 # and give more prompts a signal than chain G=2 (its ratio's 95% interval wholly above this).
 MIN_DECISION_DRAWS = 2.9
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
               f"{time.perf_counter() - start:.0f} s.\n\n")
     go, why = rule_verdict(figures)
     (output / "start-check.md").write_text(header + table + f"\nRule: {why}\n", encoding="utf-8")
-    (output / "start-check.json").write_text(json.dumps({"prompts": len(roles), "repeats": options.repeats,
+    (output / START_CHECK).write_text(json.dumps({"prompts": len(roles), "repeats": options.repeats,
                                                          "arms": figures, "go": go, "rule": why}, indent=1),
                                              encoding="utf-8")
     print(header + table + f"\nRule: {why}")

@@ -35,8 +35,9 @@ RECORDS = Path(__file__).resolve().parent.parent / RESULTS  # the repository's t
 DEMO_RESULT = "demo.json"  # experiments/demo.py's final evaluation (the pipelining protocol's runs)
 RUN_ENDS = (FINAL_EVALUATION, DEMO_RESULT)  # a run folder holding one of these has finished
 # An output's top-level files kept, where present: the start point's evaluation; the decision test's start-policy
-# check (benchmarks/decision_check.py writes it under this name) and start probe (benchmarks/bench_decision.py's
-# START_PROBE, once it lands there: run_records.py, which the queue's save loop runs, imports no benchmark)
+# check (benchmarks/decision_check.py's START_CHECK) and start probe (benchmarks/bench_decision.py's
+# START_PROBE), named here because the queue's save loop runs this file, which imports no benchmark
+# (tests/test_bench_decision.py checks the names agree)
 TOP_FILES = (START_POINT, "start-check.json", "start_probe.json")
 CHECKPOINTS = "checkpoints"  # a run's checkpoint folder: no record in it, and runs delete it as they end
 XZ_PRESET = 9 | lzma.PRESET_EXTREME

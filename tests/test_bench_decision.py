@@ -238,3 +238,9 @@ def test_a_runs_final_evaluation_is_written_beside_and_moved_into_place(tmp_path
     scores = learning_runs.scores_once(record, {"run": ["--seed", "0"]}, False, lambda: [{"em": 1.0}])
     assert scores == [{"em": 1.0}] and json.loads(record.read_text())["scores"] == scores
     assert written and record.name not in written  # never written in place
+
+
+def test_the_records_keep_the_starts_probe_and_check_under_the_names_they_are_written():
+    from benchmarks import run_records
+
+    assert {bench_decision.START_PROBE, decision_check.START_CHECK} <= set(run_records.TOP_FILES)
