@@ -63,7 +63,13 @@ from experiments.oracle_trajectories import (
     train_branch_questions,
 )
 from experiments.sft import SoftmaxVocabulary, TokenWeights, train
-from experiments.warmstart_options import parse_args, template_shares
+from experiments.warmstart_options import (
+    KEYED_DEFAULTS,
+    NOT_TRAINING,
+    defaults_digest,
+    parse_args,
+    template_shares,
+)
 from policies.generation import SamplingSettings, end_of_turn_ids
 from policies.generators import step_generator
 from policies.models import LORA_TARGETS, LoraSettings
@@ -133,16 +139,20 @@ def warm_start_key(readable: str, limit: int = MAX_KEY_LENGTH) -> str:
 
 def readable_warm_start_key(world: WorldSpec | BranchSpec | DataSource, recipe: Sequence[str], *, topk: int,
                       continues: Sequence[str] | None = None) -> str:
-    """The whole key of ``cached_warm_start``'s warm start (the world, top-k, the oracle's format and each stage's
-    options), before ``warm_start_key`` shortens a long one."""
+    """The whole key of ``cached_warm_start``'s warm start (the world, top-k, the oracle's format, the digest of the
+    options' defaults where they changed, and each stage's options), before ``warm_start_key`` shortens a long one."""
     stages = [recipe]
     if continues is not None:
         if "--model" in recipe:
             raise ValueError(f"a recipe that continues another takes that one's model, not its own --model: {recipe}")
         stages = [continues, recipe]
-    # the first format is left out of the key, so starts cached before it was versioned keep theirs
+    # the first format is left out of the key, so starts cached before it was versioned keep theirs; so are the
+    # options' defaults while they are those of KEYED_DEFAULTS
     oracle = "" if ORACLE_FORMAT == 1 else f"oracle-format-{ORACLE_FORMAT}-"
-    return f"{world.key}-topk{topk}-{oracle}" + "-then-".join("-".join(stage).replace("--", "") for stage in stages)
+    digest = defaults_digest()
+    defaults = "" if digest == KEYED_DEFAULTS else f"defaults-{digest}-"
+    return (f"{world.key}-topk{topk}-{oracle}{defaults}"
+            + "-then-".join("-".join(stage).replace("--", "") for stage in stages))
 
 
 def warm_start_dir(world: WorldSpec | BranchSpec | DataSource, recipe: Sequence[str], *, topk: int,
@@ -156,7 +166,8 @@ def cached_warm_start(world: WorldSpec | BranchSpec | DataSource, recipe: Sequen
                       cache_dir: str | os.PathLike | None = None, continues: Sequence[str] | None = None) -> Path:
     """The model directory of the warm start of ``recipe`` (this script's options: model, extra worlds, epochs,
     strategy shares, seed...) on ``world``'s generated world with ``topk`` passages per search, trained once per
-    (world, topk, the oracle's ``ORACLE_FORMAT``, recipe) into the cache (``$TREEGRPO_CACHE_DIR``, default
+    (world, topk, the oracle's ``ORACLE_FORMAT``, recipe, the defaults of the options it does not
+    name) into the cache (``$TREEGRPO_CACHE_DIR``, default
     ``~/.cache/tree-grpo``) and reused after: the demo's start policy and the benchmarks' testbeds. One process
     trains a recipe at a time (a lock file; the others wait, then find it cached) in a staging directory published
     whole when done; a killed training leaves its staging directory and checkpoint, and the next call resumes it.
@@ -217,7 +228,7 @@ def claim_output(output: Path, args: argparse.Namespace) -> tuple[Path, Path]:
     """The training checkpoint in ``output`` and the file recording the settings it was written with; a checkpoint
     left by other settings is refused (resuming it would train a mixture), naming both."""
     checkpoint, settings = output / "checkpoint.pt", output / "checkpoint_settings.json"
-    wanted = {k: v for k, v in vars(args).items() if k not in ("output", "max_minutes", "dev_questions")}
+    wanted = {k: v for k, v in vars(args).items() if k not in NOT_TRAINING}
     wanted["data_dir"] = trained_data(args)
     if checkpoint.exists():
         found = json.loads(settings.read_text(encoding="utf-8")) if settings.exists() else None

@@ -4,11 +4,27 @@ it, and ``--premature-template``'s values."""
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 from collections.abc import Sequence
 
 import envs
 from envs.synthetic import BRANCH_ROLES, SPECS, TEMPLATES
 from policies.models import LORA_TARGETS
+
+# The options that say where a build writes and how long it may run, not what it trains
+NOT_TRAINING = ("output", "max_minutes", "dev_questions")
+LOCATIONS = ("cache_dir", "data_dir")  # where the data is read from: its content is keyed by the world or the source
+# The digest of the options' defaults (``defaults_digest``) when a warm start's key began to hold it: a key names its
+# recipe's options, so a changed default would otherwise rebuild nothing and reuse a start trained another way
+KEYED_DEFAULTS = "6a29d8e650c9"
+
+
+def defaults_digest() -> str:
+    """A digest of every training option's default (not ``NOT_TRAINING``'s nor ``LOCATIONS``')."""
+    defaults = {name: value for name, value in vars(parse_args([])).items()
+                if name not in NOT_TRAINING + LOCATIONS}
+    return hashlib.sha256(json.dumps(defaults, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def parse_args(argv: list[str] | None = None, description: str | None = None) -> argparse.Namespace:

@@ -827,3 +827,20 @@ def test_a_training_killed_within_an_epoch_resumes_there_and_ends_as_an_uninterr
     assert resumed_curve == whole_curve
     for a, b in zip(whole.parameters(), resumed.parameters(), strict=True):
         torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+def test_a_changed_default_of_the_recipes_options_changes_the_key(monkeypatch):
+    """A key names the recipe's options; a default it does not name changes the key too (a start trained another way
+    is never reused), and while the defaults are those keyed first, the key is as it was (cached starts stay found)."""
+    from experiments import warmstart_options
+
+    monkeypatch.setattr(warmstart_module, "KEYED_DEFAULTS", warmstart_options.defaults_digest())
+    key = warmstart_module.readable_warm_start_key(WORLD, ("--seed", "0"), topk=1)
+    assert key == f"{WORLD.key}-topk1-oracle-format-{warmstart_module.ORACLE_FORMAT}-seed-0"
+    parse = warmstart_options.parse_args
+    monkeypatch.setattr(warmstart_options, "parse_args",
+                        lambda argv=None, **kw: argparse.Namespace(**{**vars(parse(argv, **kw)), "max_turns": 4}))
+    changed = warmstart_module.readable_warm_start_key(WORLD, ("--seed", "0"), topk=1)
+    assert changed != key and changed.startswith(f"{key.removesuffix('seed-0')}defaults-")
+    monkeypatch.setattr(warmstart_options, "parse_args", parse)
+    assert warmstart_module.readable_warm_start_key(WORLD, ("--seed", "0"), topk=1) == key
