@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 import os
 import re
 from collections.abc import Sequence
@@ -30,6 +31,7 @@ INVALID_ACTION = (
 NO_RESULTS = "No passage matches this query."
 MAX_ACTION_CHARS = 1 << 16
 MAX_OBSERVATION_CHARS = 1 << 20
+RESET_OPTIONS = ("index",)  # the keys reset(options=...) takes
 
 # The first closing action tag ends a step: a generator with stop strings stops exactly there.
 _CLOSING_TAG = re.compile(r"</(search|answer)>")
@@ -228,13 +230,15 @@ class SearchQAEnv(gym.Env[str, str]):
     # -- Gymnasium API ----------------------------------------------------------------------------------------
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
-        """Pose question ``options["index"]``, or a random one drawn with the env's seeded generator."""
+        """Pose question ``options["index"]`` (any integer, numpy's included), or a random one drawn with the env's
+        seeded generator; ``index`` is the only option, and any other key is refused by name."""
         super().reset(seed=seed)
         options = options or {}
+        unknown = sorted(map(repr, set(options) - set(RESET_OPTIONS)))
+        if unknown:
+            raise ValueError(f"unknown reset option {', '.join(unknown)}; known: {', '.join(RESET_OPTIONS)}")
         if "index" in options:
-            index = options["index"]
-            if not isinstance(index, int) or not 0 <= index < len(self.records):
-                raise ValueError(f"options['index'] must be an int in [0, {len(self.records)}), got {index!r}")
+            index = self._checked_index(options["index"], "options['index']")
         else:
             index = int(self.np_random.integers(len(self.records)))
         self._state = SearchQAState(source=self.source, index=index)
@@ -313,6 +317,13 @@ class SearchQAEnv(gym.Env[str, str]):
     def prompt(self) -> str:
         question = self.record.question.strip()
         return self.prompt_template.format(question=question if question.endswith("?") else question + "?")
+
+    def _checked_index(self, index: Any, name: str) -> int:
+        """``index`` as an int when it is an integer (not a bool) of a question of this env, else a ValueError naming
+        ``name``."""
+        if isinstance(index, bool) or not isinstance(index, numbers.Integral) or not 0 <= index < len(self.records):
+            raise ValueError(f"{name} must be an int in [0, {len(self.records)}), got {index!r}")
+        return int(index)
 
     def _require_state(self) -> SearchQAState:
         if self._state is None:
