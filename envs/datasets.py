@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -372,6 +372,15 @@ def _file_digest(path: Path, size: int, mtime_ns: int) -> str:
             f.seek(size - DIGEST_CHUNK)
             digest.update(f.read())
     return digest.hexdigest()[:12]
+
+
+def records_digest(records: Sequence[QARecord]) -> str:
+    """A short digest of questions in order: each record's id, question and answers (ids alone would not tell apart
+    two generated worlds of the same sizes). Computed once per env, in about 20 ms for 100k questions."""
+    digest = hashlib.sha256()
+    for record in records:
+        digest.update("\x1f".join((record.id, record.question, *record.answers)).encode() + b"\x1e")
+    return digest.hexdigest()[:16]
 
 
 def train_and_corpus_digest(dataset: str, data_dir: str | os.PathLike | None = None) -> str:

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 import gymnasium as gym
 from gymnasium import spaces
 
-from envs.datasets import DATASETS, QARecord, load_dataset, load_records
+from envs.datasets import DATASETS, QARecord, load_dataset, load_records, records_digest
 from envs.datasets import corpus_path as data_dir_corpus
 from envs.retrieval import DEFAULT_BACKEND, Retriever, SearchHit, get_retriever, is_url
 from envs.rewards import RewardFn, exact_match, get_reward_fn, is_valid_format, token_f1
@@ -107,9 +107,10 @@ class UnicodeText(spaces.Text):
 @dataclass(frozen=True)
 class SearchQAState:
     """A snapshot of an episode: which question, how far, and the steps so far (immutable, so snapshots
-    share their strings; pickled it is a few kB)."""
+    share their strings; pickled it is a few kB). ``source`` names the questions it indexes: the dataset, the split
+    (or data file) and the records' count and digest (``SearchQAEnv.source``)."""
 
-    source: tuple[str, str]
+    source: tuple[str, str, str]
     index: int
     turn: int = 0
     tool_calls: int = 0
@@ -174,8 +175,9 @@ class SearchQAEnv(gym.Env[str, str]):
     observation.
 
     ## Snapshots
-    ``get_state()`` returns a small immutable :class:`SearchQAState`; ``set_state`` on any env of the same
-    dataset and split restores it exactly. The retriever is shared by every env of a process, never copied.
+    ``get_state()`` returns a small immutable :class:`SearchQAState`; ``set_state`` on any env serving the same
+    questions (the same dataset and split, or data file, with the same records: another world's, or another
+    file's, are refused) restores it exactly. The retriever is shared by every env of a process, never copied.
 
     ## Version History
     * v0: initial version (``prefetch`` and retrieval servers added later change no observation or reward).
@@ -217,7 +219,9 @@ class SearchQAEnv(gym.Env[str, str]):
             retriever = get_retriever(retriever, searched_corpus(retriever, corpus_path, data_dir))
         self.retriever = retriever
         self._prefetched: dict[str, list[SearchHit]] = {}  # query -> hits, from the last prefetch
-        self.source = (dataset, split if data_file is None else os.fspath(data_file))
+        # what a snapshot's index points into, by content (computed once: clones copy it, set_state compares it)
+        self.source = (dataset, split if data_file is None else os.fspath(data_file),
+                       f"{len(self.records)} records {records_digest(self.records)}")
         self.topk, self.max_turns, self.max_obs_chars = topk, max_turns, max_obs_chars
         self.passage_words = passage_words
         self.reward_fn = get_reward_fn(reward)
@@ -296,14 +300,15 @@ class SearchQAEnv(gym.Env[str, str]):
     # -- Snapshots --------------------------------------------------------------------------------------------
 
     def get_state(self) -> SearchQAState:
-        """A snapshot of the episode, restorable with ``set_state`` on any env of the same dataset/split."""
+        """A snapshot of the episode, restorable with ``set_state`` on any env serving the same questions."""
         return self._require_state()
 
     def set_state(self, state: SearchQAState) -> None:
         if not isinstance(state, SearchQAState):
             raise TypeError(f"set_state takes a SearchQAState, got {type(state).__name__}")
         if state.source != self.source:
-            raise ValueError(f"the state is from {state.source}, this env serves {self.source}")
+            raise ValueError(f"the state is from {state.source}, this env serves {self.source}: other questions")
+        self._checked_index(state.index, "the state's index")
         self._state = state
 
     # -- Helpers ----------------------------------------------------------------------------------------------

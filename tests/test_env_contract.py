@@ -1,13 +1,19 @@
-"""SearchQAEnv's contract on small generated worlds (no data directory, no index): the reset options it takes."""
+"""SearchQAEnv's contract on small generated worlds (no data directory, no index): the reset options it takes, and
+snapshots restored only into an env serving the same questions."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import pickle
 from collections.abc import Sequence
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import pytest
 
+import envs.search_qa  # also registers the ids
 from envs.retrieval import Retriever, SearchHit
 from envs.search_qa import SearchQAEnv
 from envs.synthetic import WorldSpec, write_world
@@ -59,3 +65,54 @@ def test_reset_refuses_unknown_options_naming_them_and_the_known_ones(world):
     with pytest.raises(ValueError, match=r"unknown reset option 'question', 'seed'; known: index"):
         env.reset(options={"index": 3, "seed": 0, "question": "q"})
     assert env.reset(options={})[1]["index"] in range(SMALL["dev_questions"])  # no option: a random question
+
+
+# -- snapshots: which questions they index ---------------------------------------------------------------------
+
+
+def test_a_snapshot_of_another_world_of_the_same_sizes_is_refused_naming_both():
+    one, two = (gym.make("SynthHop-v0", split="dev", world={**SMALL, "seed": seed}, retriever=FixedRetriever())
+                for seed in (1, 2))
+    assert one.unwrapped.source[:2] == two.unwrapped.source[:2] == ("synthhop", "dev")  # alike but for the records
+    assert len(one.unwrapped.records) == len(two.unwrapped.records)
+    one.reset(options={"index": 3})
+    one.step("<search>a query</search>")
+    two.reset(options={"index": 0})
+    with pytest.raises(ValueError, match=r"the state is from .*, this env serves") as error:
+        two.unwrapped.set_state(one.unwrapped.get_state())
+    assert one.unwrapped.source[2] in str(error.value) and two.unwrapped.source[2] in str(error.value)
+    assert two.unwrapped.get_state().index == 0  # left as it was
+
+
+def test_a_snapshot_restores_into_an_env_serving_the_same_world_from_elsewhere(tmp_path):
+    spec = WorldSpec(**SMALL, seed=1)
+    first, second = (world_env(write_world(spec, tmp_path / name)) for name in ("a", "b"))
+    first.reset(options={"index": 5})
+    first.step("<search>a query</search>")
+    second.reset(options={"index": 0})
+    second.set_state(pickle.loads(pickle.dumps(first.get_state())))
+    assert second.step("<answer>x</answer>")[1:] == first.step("<answer>x</answer>")[1:]
+    assert second.get_state() == first.get_state() and second.record == first.record
+
+
+def test_a_snapshot_whose_index_is_no_question_is_refused(world):
+    env = world_env(world)
+    env.reset(options={"index": 0})
+    for index in (SMALL["dev_questions"], -1):
+        with pytest.raises(ValueError, match=r"the state's index must be an int in \[0, 30\)"):
+            env.set_state(dataclasses.replace(env.get_state(), index=index))
+
+
+def test_snapshots_and_clones_never_digest_the_records_again(world, monkeypatch):
+    env = world_env(world)
+    env.reset(options={"index": 2})
+
+    def refuse(records):
+        raise AssertionError("the records were digested again")
+
+    monkeypatch.setattr(envs.search_qa, "records_digest", refuse)
+    clone = copy.deepcopy(env)
+    clone.set_state(env.get_state())
+    clone.step("<search>a query</search>")
+    env.set_state(clone.get_state())
+    assert env.get_state().turn == 1
