@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import urllib.parse
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -117,6 +119,25 @@ def check_custom_resources(resources: dict[str, float] | None) -> dict[str, floa
         if not amount > 0:
             raise ValueError(f"{name}={amount:g}: an amount must be positive")
     return resources
+
+
+# Tracking URIs MLflow reads without a scheme (its own names for Databricks' stores)
+SCHEMELESS_STORES = ("databricks", "databricks-uc", "uc")
+
+
+def check_tracking_uri(uri: str | None) -> str | None:
+    """``uri`` if MLflow 3 can track into it: a URI with a scheme (``sqlite:///``, ``http(s)://``, ``postgresql://``,
+    ``databricks``, ...); a ValueError naming a sqlite URI to use instead where it is a plain path or a ``file:``
+    URI, MLflow's file store, which MLflow 3 refuses (run.py would train untracked, tune.py fail after Ray started)."""
+    if uri is None or uri in SCHEMELESS_STORES:
+        return uri
+    scheme = urllib.parse.urlparse(uri).scheme
+    if len(scheme) > 1 and scheme != "file":  # one letter: a Windows drive, a path to MLflow too
+        return uri
+    directory = Path(urllib.parse.urlparse(uri).path if scheme == "file" else uri).resolve()
+    raise ValueError(f"{uri!r} is a directory for MLflow's file store, which MLflow 3 refuses; give a store's URI, "
+                     f"e.g. sqlite:///{directory / 'mlflow.db'} (a SQLite file; four slashes before an absolute "
+                     f"path) or http://HOST:PORT (a tracking server)")
 
 
 class RunSettings(TreeGRPOSettings):
@@ -227,7 +248,10 @@ class RunSettings(TreeGRPOSettings):
                                           description="envs of the final evaluation (default: the training env)")
     # tracking
     mlflow: bool = Field(True, description="track the run in MLflow")
-    mlflow_uri: str | None = Field(None, description="MLflow tracking URI (default: sqlite:///OUTPUT/mlflow.db)")
+    mlflow_uri: str | None = Field(None, description="MLflow tracking URI with a scheme: sqlite:///ABS/PATH/mlflow.db, "
+                                                     "http://HOST:PORT, ... (a plain path, MLflow's file store, is "
+                                                     "refused: MLflow 3 refuses it; default: "
+                                                     "sqlite:///OUTPUT/mlflow.db)")
     experiment: str = Field("tree-grpo", description="MLflow experiment name")
     run_name: str | None = Field(None, description="MLflow run name (default: the output directory's name)")
 
@@ -262,6 +286,11 @@ class RunSettings(TreeGRPOSettings):
     @classmethod
     def _known_retriever(cls, value: str) -> str:
         return check_retriever_spec(value)
+
+    @field_validator("mlflow_uri")
+    @classmethod
+    def _tracking_store(cls, value: str | None) -> str | None:
+        return check_tracking_uri(value)
 
     @field_validator("env_runner_resources", mode="before")
     @classmethod

@@ -639,3 +639,20 @@ def test_a_gpu_learner_without_a_gpu_is_refused_before_ray_starts(monkeypatch, t
     with pytest.raises(SettingsError, match="the local learner"):  # ... but never to the driver's own learner
         check_learner_device(settings_of(["--num-gpus-per-learner", "1", *out]))
     assert not ray.is_initialized()
+
+
+def test_a_plain_path_as_mlflow_uri_is_refused_naming_the_option_and_a_sqlite_uri(tmp_path, monkeypatch):
+    """MLflow 3 refuses its file store: a path (or file: URI) used to train untracked (run.py) or fail after Ray
+    started (tune.py); it is an error naming mlflow_uri and the sqlite URI of the same place."""
+    from experiments.cli import validate
+
+    monkeypatch.chdir(tmp_path)
+    for plain in ("./mlruns", "mlruns", str(tmp_path / "mlruns"), (tmp_path / "mlruns").as_uri()):
+        with pytest.raises(SettingsError, match=rf"^mlflow_uri: .*file store, which MLflow 3 refuses.* "
+                                                rf"sqlite:///{tmp_path}/mlruns/mlflow\.db \("):
+            validate(RunSettings, {"mlflow_uri": plain})
+    assert "mlflow_uri: './mlruns' is a directory for MLflow's file store" in error_of(
+        ["--mlflow-uri", "./mlruns", "--output", str(tmp_path)])
+    for uri in (f"sqlite:///{tmp_path}/mlflow.db", "http://127.0.0.1:5000", "https://mlflow.example.org",
+                "postgresql://user@host/mlflow", "databricks", "databricks://profile", None):
+        assert validate(RunSettings, {"mlflow_uri": uri}).mlflow_uri == uri
