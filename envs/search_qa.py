@@ -177,7 +177,10 @@ class SearchQAEnv(gym.Env[str, str]):
     ## Snapshots
     ``get_state()`` returns a small immutable :class:`SearchQAState`; ``set_state`` on any env serving the same
     questions (the same dataset and split, or data file, with the same records: another world's, or another
-    file's, are refused) restores it exactly. The retriever is shared by every env of a process, never copied.
+    file's, are refused) restores the episode exactly: the same actions then give the same observations and
+    rewards. A snapshot does not hold the env's random generator: ``set_state`` leaves it as it was, so the
+    question a later ``reset()`` draws without an ``index`` follows the env's own seed. The retriever is shared
+    by every env of a process, never copied.
 
     ## Version History
     * v0: initial version (``prefetch`` and retrieval servers added later change no observation or reward).
@@ -300,7 +303,8 @@ class SearchQAEnv(gym.Env[str, str]):
     # -- Snapshots --------------------------------------------------------------------------------------------
 
     def get_state(self) -> SearchQAState:
-        """A snapshot of the episode, restorable with ``set_state`` on any env serving the same questions."""
+        """A snapshot of the episode (question, turn, tool calls, steps), restorable with ``set_state`` on any env
+        serving the same questions; not of the env's random generator, which ``set_state`` leaves as it was."""
         return self._require_state()
 
     def set_state(self, state: SearchQAState) -> None:

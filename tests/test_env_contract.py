@@ -116,3 +116,15 @@ def test_snapshots_and_clones_never_digest_the_records_again(world, monkeypatch)
     clone.step("<search>a query</search>")
     env.set_state(clone.get_state())
     assert env.get_state().turn == 1
+
+
+def test_set_state_restores_the_episode_and_leaves_the_random_generator_as_it_was(world):
+    source, target, control = world_env(world), world_env(world), world_env(world)
+    source.reset(seed=99)
+    source.step("<search>a query</search>")
+    target.reset(seed=5)
+    control.reset(seed=5)
+    target.set_state(source.get_state())
+    assert target.step("<answer>x</answer>") == source.step("<answer>x</answer>")
+    drawn = [[env.reset()[1]["index"] for _ in range(8)] for env in (target, control)]
+    assert drawn[0] == drawn[1]  # the draws the env's own seed gives, whatever snapshot it restored
