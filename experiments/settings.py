@@ -123,15 +123,21 @@ def check_custom_resources(resources: dict[str, float] | None) -> dict[str, floa
 
 # Tracking URIs MLflow reads without a scheme (its own names for Databricks' stores)
 SCHEMELESS_STORES = ("databricks", "databricks-uc", "uc")
+SQLITE_PREFIX = "sqlite:///"  # then the file's path: relative, or absolute (a fourth slash)
 
 
 def check_tracking_uri(uri: str | None) -> str | None:
     """``uri`` if MLflow 3 can track into it: a URI with a scheme (``sqlite:///``, ``http(s)://``, ``postgresql://``,
-    ``databricks``, ...); a ValueError naming a sqlite URI to use instead where it is a plain path or a ``file:``
-    URI, MLflow's file store, which MLflow 3 refuses (run.py would train untracked, tune.py fail after Ray started)."""
+    ``databricks``, ...), a relative SQLite path made absolute (from this directory, once: a Tune trial runs in its
+    own directory, where ``sqlite:///mlflow.db`` would be a store of its own); a ValueError naming a sqlite URI to
+    use instead where it is a plain path or a ``file:`` URI, MLflow's file store, which MLflow 3 refuses (run.py
+    would train untracked, tune.py fail after Ray started)."""
     if uri is None or uri in SCHEMELESS_STORES:
         return uri
     scheme = urllib.parse.urlparse(uri).scheme
+    relative = uri.removeprefix(SQLITE_PREFIX)
+    if uri.startswith(SQLITE_PREFIX) and relative and not relative.startswith(("/", ":memory:")):
+        return f"{SQLITE_PREFIX}{Path(relative).resolve()}"
     if len(scheme) > 1 and scheme != "file":  # one letter: a Windows drive, a path to MLflow too
         return uri
     directory = Path(urllib.parse.urlparse(uri).path if scheme == "file" else uri).resolve()

@@ -656,3 +656,18 @@ def test_a_plain_path_as_mlflow_uri_is_refused_naming_the_option_and_a_sqlite_ur
     for uri in (f"sqlite:///{tmp_path}/mlflow.db", "http://127.0.0.1:5000", "https://mlflow.example.org",
                 "postgresql://user@host/mlflow", "databricks", "databricks://profile", None):
         assert validate(RunSettings, {"mlflow_uri": uri}).mlflow_uri == uri
+
+
+def test_a_relative_sqlite_mlflow_uri_is_made_absolute_once(tmp_path, monkeypatch):
+    """A Tune trial runs in its own directory: ``sqlite:///mlflow.db`` resolved there would give every trial a store
+    of its own and leave the sweep's empty. The settings hold the absolute file, from the directory they were given
+    in, and keep it wherever they are read again (a trial's params)."""
+    from experiments.cli import validate
+
+    monkeypatch.chdir(tmp_path)
+    absolute = f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}"
+    assert validate(RunSettings, {"mlflow_uri": "sqlite:///runs/mlflow.db"}).mlflow_uri == absolute
+    assert settings_of(["--mlflow-uri", "sqlite:///./runs/mlflow.db", "--output", "out"]).mlflow_uri == absolute
+    monkeypatch.chdir(tmp_path / "..")  # elsewhere, as a trial's directory is
+    assert validate(RunSettings, {"mlflow_uri": absolute}).mlflow_uri == absolute
+    assert validate(RunSettings, {"mlflow_uri": "sqlite:///:memory:"}).mlflow_uri == "sqlite:///:memory:"
