@@ -30,7 +30,8 @@ INVALID_ACTION = (
 )
 NO_RESULTS = "No passage matches this query."
 MAX_ACTION_CHARS = 1 << 16
-MAX_OBSERVATION_CHARS = 1 << 20
+MAX_OBSERVATION_CHARS = 1 << 20  # the observation space's floor: prompts and messages fit in it
+INFORMATION_TAGS = ("\n\n<information>", "</information>\n\n")  # around a search's passages
 RESET_OPTIONS = ("index",)  # the keys reset(options=...) takes
 
 # The first closing action tag ends a step: a generator with stop strings stops exactly there.
@@ -81,7 +82,7 @@ def format_passages(hits: Sequence[SearchHit], max_chars: int, passage_words: in
     body = "\n".join(f"Doc {i}(Title: {hit.title}) {first_words(hit.text, passage_words)}"
                      for i, hit in enumerate(hits, start=1))
     body = body[:max_chars] if body else NO_RESULTS
-    return f"\n\n<information>{body}</information>\n\n"
+    return body.join(INFORMATION_TAGS)
 
 
 class UnicodeText(spaces.Text):
@@ -142,7 +143,7 @@ class SearchQAEnv(gym.Env[str, str]):
     the step; a step without a complete action tag, or with an empty query, is an invalid action.
 
     ## Observation Space
-    ``UnicodeText(1048576)``: text to append to the conversation. ``reset`` returns the prompt (instructions
+    ``UnicodeText(max(1048576, max_obs_chars + 31))``: text to append to the conversation. ``reset`` returns the prompt (instructions
     and question). A search returns ``\\n\\n<information>Doc 1(Title: ..) ..\\nDoc 2..</information>\\n\\n``
     with each passage's text cut to its first ``passage_words`` words (default: whole), then the block to
     ``max_obs_chars`` characters (default 2000, about 500 tokens); an invalid action
@@ -230,7 +231,9 @@ class SearchQAEnv(gym.Env[str, str]):
         self.reward_fn = get_reward_fn(reward)
         self.prompt_template = prompt_template
         self.render_mode = render_mode
-        self.observation_space = UnicodeText(MAX_OBSERVATION_CHARS)
+        # a search's observation is at most max_obs_chars of passages inside the information tags
+        self.observation_space = UnicodeText(max(MAX_OBSERVATION_CHARS,
+                                                 max_obs_chars + sum(map(len, INFORMATION_TAGS))))
         self.action_space = UnicodeText(MAX_ACTION_CHARS)
         self._state: SearchQAState | None = None
 

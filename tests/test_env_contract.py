@@ -1,5 +1,5 @@
-"""SearchQAEnv's contract on small generated worlds (no data directory, no index): the reset options it takes, and
-snapshots restored only into an env serving the same questions."""
+"""SearchQAEnv's contract on small generated worlds (no data directory, no index): the reset options it takes,
+snapshots restored only into an env serving the same questions, and observations inside the declared space."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 
 import envs.search_qa  # also registers the ids
 from envs.retrieval import Retriever, SearchHit
-from envs.search_qa import SearchQAEnv
+from envs.search_qa import INFORMATION_TAGS, MAX_OBSERVATION_CHARS, SearchQAEnv
 from envs.synthetic import WorldSpec, write_world
 
 SMALL = {"people": 40, "companies": 20, "cities": 10, "countries": 4, "train_questions": 60, "dev_questions": 30}
@@ -128,3 +128,19 @@ def test_set_state_restores_the_episode_and_leaves_the_random_generator_as_it_wa
     assert target.step("<answer>x</answer>") == source.step("<answer>x</answer>")
     drawn = [[env.reset()[1]["index"] for _ in range(8)] for env in (target, control)]
     assert drawn[0] == drawn[1]  # the draws the env's own seed gives, whatever snapshot it restored
+
+
+# -- the observation space ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("max_obs_chars", [2000, MAX_OBSERVATION_CHARS, 3 * MAX_OBSERVATION_CHARS])
+def test_a_search_observation_is_in_the_observation_space_whatever_max_obs_chars(world, max_obs_chars):
+    passage = "word " * (max_obs_chars // 5 + 10)  # longer than the cap: the observation is as long as it can be
+    env = world_env(world, max_obs_chars=max_obs_chars, retriever=FixedRetriever(passage))
+    prompt, _ = env.reset(options={"index": 0})
+    observation, *_ = env.step("<search>a query</search>")
+    assert len(observation) == max_obs_chars + sum(map(len, INFORMATION_TAGS))
+    assert env.observation_space.contains(observation) and env.observation_space.contains(prompt)
+    invalid, *_ = env.step("no action")
+    assert env.observation_space.contains(invalid)
+    assert env.observation_space.max_length == max(MAX_OBSERVATION_CHARS, len(observation))
