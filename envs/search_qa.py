@@ -143,11 +143,12 @@ class SearchQAEnv(gym.Env[str, str]):
     the step; a step without a complete action tag, or with an empty query, is an invalid action.
 
     ## Observation Space
-    ``UnicodeText(max(1048576, max_obs_chars + 31))``: text to append to the conversation. ``reset`` returns the prompt (instructions
-    and question). A search returns ``\\n\\n<information>Doc 1(Title: ..) ..\\nDoc 2..</information>\\n\\n``
-    with each passage's text cut to its first ``passage_words`` words (default: whole), then the block to
-    ``max_obs_chars`` characters (default 2000, about 500 tokens); an invalid action
-    returns a message naming the allowed tags; the final step returns ``""``.
+    ``UnicodeText(max(1048576, max_obs_chars + 31))``: text to append to the conversation. ``reset`` returns the
+    prompt (instructions and question). A search returns
+    ``\\n\\n<information>Doc 1(Title: ..) ..\\nDoc 2..</information>\\n\\n`` with each passage's text cut to
+    its first ``passage_words`` words (default: whole), then the block to ``max_obs_chars`` characters (default 2000,
+    about 500 tokens; the tags add 31); an invalid action returns a message naming the allowed tags; the final step
+    returns ``""``.
 
     ## Rewards
     0 until the last step, then ``reward`` of (answer, gold answers, format valid): by default Search-R1's
