@@ -1,10 +1,12 @@
 """SearchQAEnv's contract on small generated worlds (no data directory, no index): the reset options it takes,
-snapshots restored only into an env serving the same questions, and observations inside the declared space."""
+snapshots restored only into an env serving the same questions, observations inside the declared space, and the
+options docs/environments.md lists."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 import pickle
 from collections.abc import Sequence
 from pathlib import Path
@@ -144,3 +146,11 @@ def test_a_search_observation_is_in_the_observation_space_whatever_max_obs_chars
     invalid, *_ = env.step("no action")
     assert env.observation_space.contains(invalid)
     assert env.observation_space.max_length == max(MAX_OBSERVATION_CHARS, len(observation))
+
+
+def test_the_environments_page_lists_every_option_the_env_takes():
+    page = (Path(__file__).resolve().parents[1] / "docs" / "environments.md").read_text()
+    options = page[page.index("Options (all `gym.make` keyword arguments"):]
+    options = options[: options.index("\n\n")]
+    taken = inspect.signature(SearchQAEnv).parameters
+    assert [name for name in taken if f"`{name}" not in options] == []
