@@ -5,9 +5,11 @@ RLlib's result dict.
 
 MLflow goes through ``MlflowClient`` with an explicit run id (no global active run), so several trackers can
 live in one process (tests, Tune). A store that cannot be reached gives one warning and the run goes on
-untracked. Default store: ``sqlite:///<output>/mlflow.db`` (MLflow 3 refuses plain file stores), artifacts
-beside it. A resumed run continues its MLflow run (``OUTPUT/mlflow_run_id``): params already logged are
-kept, an option that changed on resume is recorded as a ``changed_on_resume/<name>`` tag.
+untracked; a write that fails once the run is started loses that write alone (one warning per kind of write),
+and the run is still ended with its status. Default store: ``sqlite:///<output>/mlflow.db`` (MLflow 3 refuses
+plain file stores), artifacts beside it. A resumed run continues its MLflow run (``OUTPUT/mlflow_run_id``):
+params already logged are kept, an option that changed on resume is recorded as a ``changed_on_resume/<name>``
+tag.
 """
 
 from __future__ import annotations
@@ -141,14 +143,21 @@ def truncate_rows(path: str | Path, last_iteration: int) -> int:
 
 
 class MLflowRun:
-    """One MLflow run. Every method is a no-op once tracking is off or has failed (one warning)."""
+    """One MLflow run. Every method is a no-op when tracking is off or the run could not be started or continued
+    (one warning). A write that fails (a store busy or away for a moment) loses that write alone: it warns once per
+    kind (params, tag, metrics, artifact, end), and later writes and ``end`` are still sent."""
 
     def __init__(self, tracking_uri: str | None, *, experiment: str, run_name: str | None = None,
                  run_id: str | None = None, tags: Mapping[str, str] | None = None):
         self.tracking_uri, self.run_id, self._client = tracking_uri, None, None
         self.params: dict[str, str] = {}  # already logged (a continued run's)
+        self.failed: set[str] = set()  # the kinds of write that have failed (each warned about once)
         if tracking_uri is not None:
-            self._guard(self._start, experiment, run_name, run_id, dict(tags or {}))
+            try:
+                self._start(experiment, run_name, run_id, dict(tags or {}))
+            except Exception as error:  # tracking must never stop training
+                warnings.warn(f"MLflow tracking at {tracking_uri} failed ({type(error).__name__}: {error}); "
+                              f"training goes on without it", RuntimeWarning, stacklevel=2)
 
     @property
     def enabled(self) -> bool:
@@ -171,13 +180,16 @@ class MLflowRun:
             run_id = client.create_run(experiment_id, run_name=run_name, tags=tags).info.run_id
         self._client, self.run_id = client, run_id
 
-    def _guard(self, fn, *args) -> None:
+    def _write(self, kind: str, fn: Callable[..., Any], *args: Any) -> None:
+        """``fn(*args)``, a write of ``kind``; a failure warns (the first of its kind) and tracking stays on."""
         try:
             fn(*args)
         except Exception as error:  # tracking must never stop training
-            warnings.warn(f"MLflow tracking at {self.tracking_uri} failed ({type(error).__name__}: {error}); "
-                          f"training goes on without it", RuntimeWarning, stacklevel=3)
-            self._client = None
+            if kind not in self.failed:
+                self.failed.add(kind)
+                warnings.warn(f"MLflow tracking at {self.tracking_uri} failed to log {kind} ({type(error).__name__}: "
+                              f"{error}); training goes on, and later writes are still sent (this warning is not "
+                              f"repeated for {kind})", RuntimeWarning, stacklevel=3)
 
     def log_params(self, params: Mapping[str, Any], *, first_iteration: int = 1) -> None:
         """Nested params, flattened (``env_config/topk``). MLflow params cannot change: a value that differs from
@@ -190,7 +202,7 @@ class MLflowRun:
         flat = flatten(params)
         new = [Param(k, v) for k, v in flat.items() if k not in self.params]
         for start in range(0, len(new), BATCH_LIMIT):
-            self._guard(self._client.log_batch, self.run_id, [], new[start:start + BATCH_LIMIT])
+            self._write("params", self._client.log_batch, self.run_id, [], new[start:start + BATCH_LIMIT])
         for key, value in flat.items():
             if key in self.params and self.params[key] != value:
                 self.set_tag(f"changed_on_resume/{key}",
@@ -199,7 +211,7 @@ class MLflowRun:
 
     def set_tag(self, key: str, value: str) -> None:
         if self.enabled:
-            self._guard(self._client.set_tag, self.run_id, key, value)
+            self._write("tag", self._client.set_tag, self.run_id, key, value)
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int) -> None:
         """The finite numbers of ``metrics`` at ``step`` (None and NaN are skipped)."""
@@ -210,15 +222,15 @@ class MLflowRun:
         now = int(time.time() * 1000)
         batch = [Metric(k, v, now, step) for k, v in numeric_metrics(metrics).items()]
         if batch:
-            self._guard(self._client.log_batch, self.run_id, batch)
+            self._write("metrics", self._client.log_batch, self.run_id, batch)
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         if self.enabled and Path(path).exists():
-            self._guard(self._client.log_artifact, self.run_id, str(path), artifact_path)
+            self._write("artifact", self._client.log_artifact, self.run_id, str(path), artifact_path)
 
     def end(self, status: str = "FINISHED") -> None:
         if self.enabled:
-            self._guard(self._client.set_terminated, self.run_id, status)
+            self._write("end", self._client.set_terminated, self.run_id, status)
 
 
 def write_trees(trees: list[dict[str, Any]], directory: Path, iteration: int, title: str) -> list[Path]:

@@ -210,3 +210,67 @@ def test_truncate_rows_drops_only_the_rows_after_the_checkpoint(tmp_path):
     assert truncate_rows(path, 2) == 2
     assert read_rows(path) == [{"iteration": 1, "reward_mean": 0.1}, {"iteration": 2, "reward_mean": 0.2}]
     assert truncate_rows(path, 2) == 0
+
+
+class FlakyClient:
+    """A stand-in for ``MlflowClient``: records every write in ``written``; ``log_batch`` raises for its first
+    ``failures`` calls, ``create_run`` when ``broken`` (each test sets them with monkeypatch)."""
+
+    failures, broken, written = 0, False, []
+
+    def __init__(self, tracking_uri: str):
+        pass
+
+    def get_experiment_by_name(self, name):
+        return None
+
+    def create_experiment(self, name, artifact_location=None):
+        return "0"
+
+    def create_run(self, experiment_id, run_name=None, tags=None):
+        if self.broken:
+            raise ConnectionError("store away")
+        return type("Run", (), {"info": type("Info", (), {"run_id": "run-1"})})()
+
+    def log_batch(self, run_id, metrics=(), params=()):
+        if FlakyClient.failures:
+            FlakyClient.failures -= 1
+            raise ConnectionError("database is locked")
+        self.written.append(("batch", [(m.key, m.step) for m in metrics], [p.key for p in params]))
+
+    def set_tag(self, run_id, key, value):
+        self.written.append(("tag", key))
+
+    def set_terminated(self, run_id, status):
+        self.written.append(("end", status))
+
+
+def test_a_failed_write_loses_that_write_alone_and_warns_once(monkeypatch):
+    import mlflow.tracking
+
+    monkeypatch.setattr(mlflow.tracking, "MlflowClient", FlakyClient)
+    monkeypatch.setattr(FlakyClient, "failures", 2)
+    monkeypatch.setattr(FlakyClient, "written", [])
+    run = MLflowRun("sqlite:////nowhere/mlflow.db", experiment="tree-grpo")
+    with pytest.warns(RuntimeWarning, match=r"failed to log metrics \(ConnectionError: database is locked\)") as caught:
+        for step in (1, 2, 3):
+            run.log_metrics({"reward_mean": 0.5}, step=step)
+    assert len(caught) == 1  # once per kind, not per step
+    run.set_tag("k", "v")
+    run.end("FINISHED")
+    assert run.enabled and FlakyClient.written == [("batch", [("reward_mean", 3)], []), ("tag", "k"),
+                                                  ("end", "FINISHED")]
+
+
+def test_a_run_that_cannot_start_switches_tracking_off(monkeypatch):
+    import mlflow.tracking
+
+    monkeypatch.setattr(mlflow.tracking, "MlflowClient", FlakyClient)
+    monkeypatch.setattr(FlakyClient, "broken", True)
+    with pytest.warns(RuntimeWarning, match="training goes on without it"):
+        run = MLflowRun("sqlite:////nowhere/mlflow.db", experiment="tree-grpo")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # off: the writes are no-ops, without a warning each
+        run.log_metrics({"reward_mean": 0.5}, step=1)
+        run.end()
+    assert not run.enabled and run.run_id is None
