@@ -14,8 +14,10 @@ with G = B (``algo: grpo``, the same code path). Trials run as many at a time as
 is tracked as run.py's runs are (the ``RunTracker`` callback: its directory's metrics.jsonl and trees, one MLflow
 run per trial under run.py's param names, default store ``sqlite:///OUTPUT/mlflow.db``). Writes
 OUTPUT/tune_results.md and .json (trials sorted by ``--metric``, a metrics.jsonl column). The defaults differ from
-run.py's where a sweep needs it (``--output outputs/tune``, ``--iterations 5``, no periodic checkpoints or trees;
-``--help`` shows them). An --output that already holds a sweep is refused: one directory, one sweep, one table.
+run.py's where a sweep needs it (``--output outputs/tune``, ``--iterations 5``, no periodic checkpoints or trees,
+one checkpoint kept; ``--help`` shows them). run.py's own options, which a sweep does not act on (``SWEEP_IGNORES``:
+--final-eval, --eval-envs, --run-name), are refused on the command line and named from a --config file. An
+--output that already holds a sweep is refused: one directory, one sweep, one table.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import functools
 import itertools
 import json
 import math
+import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -33,7 +36,7 @@ from algos.rollout import TreeShape
 from algos.tree_grpo import TreeGRPO
 from algos.tree_grpo import metrics as metric_keys
 from algos.tree_grpo.settings import ALGORITHM_FIELDS
-from experiments.cli import SettingsError, build_parser, given_options, validate, yaml_scalar
+from experiments.cli import SettingsError, Sources, build_parser, flag, given_options, validate, yaml_scalar
 from experiments.preflight import check_before_ray, check_resources, node_resources, prepare_start, start_ray
 from experiments.settings import (
     CLI_ALIASES,
@@ -51,8 +54,16 @@ PAPER_SHAPES: dict[int, TreeShape] = {2: TreeShape(1, 2, 1), 4: TreeShape(2, 2, 
 GRID_FIELDS = (*ALGORITHM_FIELDS, "seed")  # what a trial may vary: the algorithm's settings and the seed
 SUMMARY_FIELDS = ("algo", "M", "N", "L", "advantage_mode")
 SWEEP_FILES = ("sweep", "tune_results.md", "tune_results.json")  # any of them: --output holds a sweep
-SWEEP_DEFAULTS = {"output": "outputs/tune", "iterations": 5, "checkpoint_every": 0, "trees_every": 0,
-                  "log_rollout_steps": False}
+SWEEP_DEFAULTS = {"output": "outputs/tune", "iterations": 5, "checkpoint_every": 0, "keep_checkpoints": 1,
+                  "trees_every": 0, "log_rollout_steps": False}
+# run.py's options that a sweep does not act on, and why: given on the command line they are refused, from a
+# --config file (a run's file, which may set them for run.py) named on stderr
+SWEEP_IGNORES = {
+    "final_eval": "a trial ends without run.py's final evaluation (--eval-every evaluates during a trial; "
+                  "experiments/evaluate.py evaluates a trial's checkpoint)",
+    "eval_envs": "the envs of run.py's final evaluation, which a trial does not run",
+    "run_name": "each trial's MLflow run is named after its trial directory",
+}
 
 
 def shapes_for_budget(budget: float, *, expansion_cost: float = 0.5, tolerance: float = 0.15, max_L: int = 2,
@@ -199,10 +210,26 @@ def tune_parser():
     return parser
 
 
+def check_sweep_options(given: Mapping[str, Any], sources: Sources) -> None:
+    """A ``SettingsError`` naming the options given on the command line that a sweep would not act on
+    (``SWEEP_IGNORES``: run.py's alone); those a ``--config`` file sets (``sources``: where each came from), named
+    on stderr: a run's file may set them for run.py, and sweeping from it is what the file is for."""
+    ignored = [name for name in SWEEP_IGNORES if name in given
+               and given[name] != RunSettings.model_fields[name].default]
+    typed = [name for name in ignored if name not in sources]
+    if typed:
+        raise SettingsError("\n".join(f"{name}: run.py's option, which a sweep does not act on ({SWEEP_IGNORES[name]});"
+                                      f" drop {flag(name)}" for name in typed))
+    for name in ignored:
+        print(f"tune.py: {sources[name]}: {name} is not acted on by a sweep ({SWEEP_IGNORES[name]})",
+              file=sys.stderr)
+
+
 def plan(argv: list[str] | None = None):
     """(base settings, every trial's settings, sweep options), all checked before Ray starts."""
     namespace = tune_parser().parse_args(argv)
     given, sources = given_options(RunSettings, namespace)
+    check_sweep_options(given, sources)
     base_values = {**SWEEP_DEFAULTS, **given}
     base = validate(RunSettings, base_values, sources)
     existing = [name for name in SWEEP_FILES if (Path(base.output) / name).exists()]
@@ -213,6 +240,33 @@ def plan(argv: list[str] | None = None):
                            tolerance=namespace.tolerance) if namespace.budget else []
     points = sweep_points(parse_grid(namespace.grid), shapes, namespace.seeds or [base.seed])
     return base, trial_settings(base_values, points, vars(namespace)), namespace
+
+
+def stop_criteria(base: RunSettings, time_budget_s: float | None) -> dict[str, float]:
+    """Tune's stop: a trial ends after ``--iterations`` or ``--time-budget-s``, or as run.py ends a run, after the
+    iteration that reaches ``--token-budget`` or makes ``--stop-after-uniform`` iterations in a row whose prompts'
+    leaves were each rewarded alike (the result's ``uniform_streak``)."""
+    stop: dict[str, float] = {"training_iteration": base.iterations}
+    if time_budget_s:
+        stop["time_total_s"] = time_budget_s
+    if base.token_budget:
+        stop[metric_keys.TOKENS_GENERATED_TOTAL] = base.token_budget
+    if base.stop_after_uniform:
+        stop[metric_keys.UNIFORM_STREAK] = base.stop_after_uniform
+    return stop
+
+
+def run_config(base: RunSettings, output: Path, time_budget_s: float | None):
+    """The sweep's ``tune.RunConfig``: its directory, stop criteria and checkpoints (``--checkpoint-every``, the
+    last ``--keep-checkpoints``, and one at the end)."""
+    from ray import tune
+
+    return tune.RunConfig(
+        name="sweep", storage_path=str(output), stop=stop_criteria(base, time_budget_s), verbose=1,
+        # each trial's RunTracker writes into its working directory; Tune copies it to the trial directory
+        sync_config=tune.SyncConfig(sync_artifacts=True),
+        checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=base.checkpoint_every, checkpoint_at_end=True,
+                                                num_to_keep=base.keep_checkpoints))
 
 
 def trial_table(rows: list[dict[str, Any]], metric: str) -> str:
@@ -278,23 +332,13 @@ def main(argv: list[str] | None = None) -> Path:
     # cross product.
     space, trial_points = search_space([build_config(trial).to_dict() for trial in trials], tune.choice)
     space["callbacks"] = tracker  # after the comparison: each config's copy of it would differ from the others
-    stop = {"training_iteration": base.iterations}
-    if options.time_budget_s:
-        stop["time_total_s"] = options.time_budget_s
-    if base.token_budget:  # as run.py: after the iteration that reaches it
-        stop[metric_keys.TOKENS_GENERATED_TOTAL] = base.token_budget
     tuner = tune.Tuner(
         TreeGRPO,
         param_space=space,
         tune_config=tune.TuneConfig(
             search_alg=BasicVariantGenerator(points_to_evaluate=trial_points), num_samples=len(trials),
             max_concurrent_trials=options.max_concurrent or None),
-        run_config=tune.RunConfig(
-            name="sweep", storage_path=str(output), stop=stop, verbose=1,
-            # each trial's RunTracker writes into its working directory; Tune copies it to the trial directory
-            sync_config=tune.SyncConfig(sync_artifacts=True),
-            checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=base.checkpoint_every,
-                                                    checkpoint_at_end=True, num_to_keep=1)),
+        run_config=run_config(base, output, options.time_budget_s),
     )
     results = tuner.fit()
     rows = [trial_summary(Path(result.path), result.config, metric, result.error) for result in results]

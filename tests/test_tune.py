@@ -17,6 +17,7 @@ from experiments.tune import (
     main,
     parse_grid,
     plan,
+    run_config,
     search_space,
     shapes_for_budget,
     sweep_points,
@@ -108,6 +109,42 @@ def test_trial_table_sorts_by_the_metric_trials_without_it_last():
     rows = [{"trial": "a", "dev_em": 0.1}, {"trial": "b", "dev_em": None}, {"trial": "c", "dev_em": 0.3}]
     lines = trial_table(rows, "dev_em").splitlines()
     assert [line.split(" | ")[0] for line in lines[2:]] == ["| c", "| a", "| b"]
+
+
+def test_run_py_options_a_sweep_does_not_act_on_are_refused_or_named(tmp_path, capsys):
+    """--final-eval, --eval-envs and --run-name act in run.py alone: given to a sweep they are refused before Ray
+    starts, naming each; set by a --config file (a run's, e.g. experiments/configs/hotpotqa_tree.yaml) they are
+    named on stderr, and the sweep goes on."""
+    out = ["--output", str(tmp_path / "out")]
+    with pytest.raises(SettingsError, match=r"^final_eval: run.py's option, which a sweep does not act on \(a trial "
+                                            r"ends without run.py's final evaluation.*\); drop --final-eval$"):
+        plan(["--final-eval", *out])
+    with pytest.raises(SettingsError) as caught:
+        plan(["--run-name", "mine", "--eval-envs", "NQ-v0", *out])
+    assert [line.split(":")[0] for line in str(caught.value).splitlines()] == ["eval_envs", "run_name"]
+    plan(["--no-final-eval", *out])  # their defaults: nothing ignored
+    assert capsys.readouterr().err == ""
+    config = tmp_path / "run.yaml"
+    config.write_text("lr: 1.0e-6\nfinal_eval: true\neval_envs: [NQ-v0]\n")
+    base, _, _ = plan(["--config", str(config), *out])
+    assert base.final_eval and base.lr == 1e-6
+    err = capsys.readouterr().err
+    assert f"tune.py: {config}:2: final_eval is not acted on by a sweep" in err
+    assert f"tune.py: {config}:3: eval_envs is not acted on by a sweep" in err
+
+
+def test_a_trial_stops_and_keeps_checkpoints_as_run_py_would(tmp_path):
+    """--stop-after-uniform stops a trial as it stops a run (the result's uniform_streak), beside --iterations,
+    --time-budget-s and --token-budget; --keep-checkpoints keeps that many of a trial's (a sweep's default: 1)."""
+    base, _, _ = plan(["--stop-after-uniform", "2", "--token-budget", "1000", "--keep-checkpoints", "3",
+                       "--iterations", "7", "--output", str(tmp_path)])
+    config = run_config(base, tmp_path, time_budget_s=60.0)
+    assert config.stop == {"training_iteration": 7, "time_total_s": 60.0, "tokens_generated_total": 1000,
+                           "uniform_streak": 2}
+    assert config.checkpoint_config.num_to_keep == 3
+    default, _, _ = plan(["--output", str(tmp_path)])
+    assert run_config(default, tmp_path, time_budget_s=None).stop == {"training_iteration": 5}
+    assert run_config(default, tmp_path, time_budget_s=None).checkpoint_config.num_to_keep == 1
 
 
 def test_two_trial_grid_is_tracked_in_mlflow(data_dir, tmp_path):
