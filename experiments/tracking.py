@@ -27,6 +27,7 @@ from typing import Any
 from ray.rllib.callbacks.callbacks import RLlibCallback
 from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, EVALUATION_RESULTS, LEARNER_RESULTS
 
+from algos.evaluation import EVAL_COLUMNS, QUESTIONS
 from algos.tree_grpo import metrics as metric_keys
 from algos.tree_view import trees_html
 from experiments.plot import METRICS_FILE  # declared beside its reader, which must not import Ray
@@ -123,6 +124,13 @@ def metrics_row(result: Mapping[str, Any]) -> dict[str, Any]:
             value = float(value)
             row[key] = round(value) if key in COUNT_KEYS and math.isfinite(value) else value
     return row
+
+
+def metric_columns() -> tuple[str, ...]:
+    """The numeric columns of metrics.jsonl: every column ``metrics_row`` writes but the list of the runners that
+    sampled (``sampled_by``), then the greedy evaluation's (``dev_<column>``, on evaluating iterations)."""
+    written = [key for key in metrics_row({}) if key != metric_keys.SAMPLED_BY]
+    return (*written, *(f"{metric_keys.DEV_PREFIX}{key}" for key in (*EVAL_COLUMNS, QUESTIONS)))
 
 
 def read_rows(path: str | Path) -> list[dict[str, Any]]:

@@ -23,6 +23,7 @@ one checkpoint kept; ``--help`` shows them). run.py's own options, which a sweep
 from __future__ import annotations
 
 import copy
+import difflib
 import functools
 import itertools
 import json
@@ -46,7 +47,14 @@ from experiments.settings import (
     help_sections,
     tracked_params,
 )
-from experiments.tracking import METRICS_FILE, RunTracker, default_tracking_uri, ensure_experiment, read_rows
+from experiments.tracking import (
+    METRICS_FILE,
+    RunTracker,
+    default_tracking_uri,
+    ensure_experiment,
+    metric_columns,
+    read_rows,
+)
 
 # The paper's budget table (arXiv 2509.21240): budget in full chains -> tree (M, N, L); chain GRPO uses G = budget.
 PAPER_SHAPES: dict[int, TreeShape] = {2: TreeShape(1, 2, 1), 4: TreeShape(2, 2, 1), 8: TreeShape(2, 6, 1),
@@ -203,8 +211,10 @@ def tune_parser():
     sweep.add_argument("--seeds", type=int, nargs="+", default=None, help="(default: --seed)")
     sweep.add_argument("--time-budget-s", type=float, default=None,
                        help="stop each trial after this many seconds (default: no limit)")
-    sweep.add_argument("--metric", default=None, help="a metrics.jsonl column to sort by (default: dev_em with "
-                                                      "--eval-every, else reward_mean)")
+    sweep.add_argument("--metric", default=None, help="a numeric metrics.jsonl column to sort by (default: dev_em "
+                                                      "with --eval-every, else reward_mean)")
+    sweep.add_argument("--mode", choices=["max", "min"], default="max",
+                       help="best --metric first: the largest (max) or the smallest (min) (default: %(default)s)")
     sweep.add_argument("--max-concurrent", type=int, default=0,
                        help="trials at a time, 0: as resources allow (default: %(default)s)")
     return parser
@@ -239,7 +249,25 @@ def plan(argv: list[str] | None = None):
     shapes = budget_points(namespace.budget, namespace.shapes, expansion_cost=namespace.expansion_cost,
                            tolerance=namespace.tolerance) if namespace.budget else []
     points = sweep_points(parse_grid(namespace.grid), shapes, namespace.seeds or [base.seed])
+    namespace.metric = sweep_metric(namespace.metric, base)
     return base, trial_settings(base_values, points, vars(namespace)), namespace
+
+
+def sweep_metric(metric: str | None, base: RunSettings) -> str:
+    """The metrics.jsonl column the table sorts by: ``metric`` (--metric), else dev_em with --eval-every, else the
+    mean reward. A ``SettingsError`` where no trial would write it as a number (naming the close columns), or where it
+    is the greedy evaluation's and the trials do not evaluate."""
+    if metric is None:
+        return f"{metric_keys.DEV_PREFIX}em" if base.eval_every else metric_keys.REWARD
+    columns = metric_columns()
+    if metric not in columns:
+        near = difflib.get_close_matches(metric, columns, n=3, cutoff=0.6)
+        hint = f"did you mean {', '.join(near)}?" if near else f"choose from {', '.join(columns)}"
+        raise SettingsError(f"--metric {metric}: not a numeric metrics.jsonl column; {hint}")
+    if metric.startswith(metric_keys.DEV_PREFIX) and not base.eval_every:
+        raise SettingsError(f"--metric {metric}: a column of the greedy evaluation, which the trials run only with "
+                            f"--eval-every K; set it, or sort by another column")
+    return metric
 
 
 def stop_criteria(base: RunSettings, time_budget_s: float | None) -> dict[str, float]:
@@ -269,11 +297,13 @@ def run_config(base: RunSettings, output: Path, time_budget_s: float | None):
                                                 num_to_keep=base.keep_checkpoints))
 
 
-def trial_table(rows: list[dict[str, Any]], metric: str) -> str:
-    """Markdown: one line per trial, best ``metric`` first (trials without it last)."""
+def trial_table(rows: list[dict[str, Any]], metric: str, mode: str = "max") -> str:
+    """Markdown: one line per trial, best ``metric`` first (the largest with ``mode`` max, the smallest with min;
+    trials without it last)."""
     columns = list(dict.fromkeys(["trial", *SUMMARY_FIELDS, "seed", "iterations", metric, metric_keys.REWARD,
                                   metric_keys.TOKENS_GENERATED, metric_keys.BUDGET_MEASURED]))
-    rows = sorted(rows, key=lambda r: (r.get(metric) is None, -(r.get(metric) or 0.0)))
+    sign = -1.0 if mode == "max" else 1.0
+    rows = sorted(rows, key=lambda r: (r.get(metric) is None, sign * (r.get(metric) or 0.0)))
     lines = ["| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]
     for row in rows:
         cells = [f"{v:.4g}" if isinstance(v, float) else "-" if v is None else str(v)
@@ -314,7 +344,7 @@ def main(argv: list[str] | None = None) -> Path:
     from ray.tune.search.basic_variant import BasicVariantGenerator
 
     output = Path(base.output).resolve()
-    metric = options.metric or (f"{metric_keys.DEV_PREFIX}em" if base.eval_every else metric_keys.REWARD)
+    metric = options.metric  # checked, or the default, by plan
     varied = varied_fields(trials)
     shown = [{key: values[i] for key, values in varied.items()} for i in range(len(trials))]
     print(f"{len(shown)} trials: " + "; ".join(", ".join(f"{k}={v}" for k, v in p.items()) for p in shown))
@@ -342,10 +372,10 @@ def main(argv: list[str] | None = None) -> Path:
     )
     results = tuner.fit()
     rows = [trial_summary(Path(result.path), result.config, metric, result.error) for result in results]
-    table = trial_table(rows, metric)
+    table = trial_table(rows, metric, options.mode)
     (output / "tune_results.md").write_text(table, encoding="utf-8")
-    (output / "tune_results.json").write_text(json.dumps({"metric": metric, "trials": rows}, indent=1),
-                                              encoding="utf-8")
+    (output / "tune_results.json").write_text(json.dumps({"metric": metric, "mode": options.mode, "trials": rows},
+                                                         indent=1), encoding="utf-8")
     print(table)
     print(f"results: {output / 'tune_results.md'}; trials: {output / 'sweep'}")
     return output / "tune_results.md"

@@ -109,6 +109,28 @@ def test_trial_table_sorts_by_the_metric_trials_without_it_last():
     rows = [{"trial": "a", "dev_em": 0.1}, {"trial": "b", "dev_em": None}, {"trial": "c", "dev_em": 0.3}]
     lines = trial_table(rows, "dev_em").splitlines()
     assert [line.split(" | ")[0] for line in lines[2:]] == ["| c", "| a", "| b"]
+    lines = trial_table(rows, "dev_em", mode="min").splitlines()  # e.g. kl or time_s: the smallest first
+    assert [line.split(" | ")[0] for line in lines[2:]] == ["| a", "| c", "| b"]
+
+
+def test_the_metric_is_a_numeric_column_the_trials_write_checked_before_ray_starts(tmp_path):
+    """A misspelt --metric gave a table of "-", a list column (sampled_by) a TypeError after the sweep, an evaluation
+    column without --eval-every a table of "-": each is refused before Ray starts, naming the close columns."""
+    out = ["--output", str(tmp_path)]
+    assert plan(out)[2].metric == "reward_mean" and plan(["--eval-every", "2", *out])[2].metric == "dev_em"
+    for column in ("kl", "time_s", "tokens_per_forward_pass", "iteration", "budget_chains_measured"):
+        assert plan(["--metric", column, *out])[2].metric == column
+    options = plan(["--metric", "dev_f1", "--eval-every", "1", "--mode", "min", *out])[2]
+    assert (options.metric, options.mode) == ("dev_f1", "min")
+    with pytest.raises(SettingsError, match=r"^--metric reward_mena: not a numeric metrics.jsonl column; did you "
+                                            r"mean reward_mean\b"):
+        plan(["--metric", "reward_mena", *out])
+    with pytest.raises(SettingsError, match=r"--metric sampled_by: not a numeric metrics\.jsonl column"):
+        plan(["--metric", "sampled_by", *out])
+    with pytest.raises(SettingsError, match=r"--metric dev_em: a column of the greedy evaluation, which the trials "
+                                            r"run only with --eval-every K"):
+        plan(["--metric", "dev_em", *out])
+    assert not ray.is_initialized()
 
 
 def test_run_py_options_a_sweep_does_not_act_on_are_refused_or_named(tmp_path, capsys):
