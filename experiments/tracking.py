@@ -9,7 +9,7 @@ untracked; a write that fails once the run is started loses that write alone (on
 and the run is still ended with its status. Default store: ``sqlite:///<output>/mlflow.db`` (MLflow 3 refuses
 plain file stores), artifacts beside it. A resumed run continues its MLflow run (``OUTPUT/mlflow_run_id``):
 params already logged are kept, an option that changed on resume is recorded as a ``changed_on_resume/<name>``
-tag.
+tag. A sweep's driver ends the runs of the trials that stop early or fail (:class:`EndTrialRuns`).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from typing import Any
 
 from ray.rllib.callbacks.callbacks import RLlibCallback
 from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, EVALUATION_RESULTS, LEARNER_RESULTS
+from ray.tune import Callback
 
 from algos.evaluation import EVAL_COLUMNS, QUESTIONS
 from algos.tree_grpo import metrics as metric_keys
@@ -35,6 +36,7 @@ from experiments.plot import METRICS_FILE  # declared beside its reader, which m
 PARAM_VALUE_LIMIT = 6000  # MLflow's limit on a param value
 BATCH_LIMIT = 100  # params per log_batch call
 RUN_ID_FILE = "mlflow_run_id"
+TRIAL_TAG = "tune_trial_id"  # a Tune trial's MLflow run: the trial's id, by which the sweep's driver ends the run
 
 # metrics.jsonl columns by where they are in RLlib's result dict
 ENV_RUNNER_KEYS = (metric_keys.REWARD, metric_keys.EM, metric_keys.TREES, metric_keys.LEAVES,
@@ -279,9 +281,11 @@ class RunTracker(RLlibCallback):
         self.output.mkdir(parents=True, exist_ok=True)
         run_id_file = self.output / RUN_ID_FILE
         run_id = run_id_file.read_text().strip() if options["resume"] and run_id_file.exists() else None
+        trial_id = getattr(algorithm, "trial_id", "default")  # Ray's "default": not a Tune trial
+        trial = {TRIAL_TAG: trial_id} if trial_id != "default" else {}
         self.mlflow = MLflowRun(options["mlflow_uri"], experiment=options["experiment"],
                                 run_name=options["run_name"] or self.output.name, run_id=run_id,
-                                tags={"algo": algorithm.config.algo, "env": str(algorithm.config.env),
+                                tags={"algo": algorithm.config.algo, "env": str(algorithm.config.env), **trial,
                                       **options["tags"]})
         if self.mlflow.enabled:
             run_id_file.write_text(self.mlflow.run_id)
@@ -309,6 +313,40 @@ class RunTracker(RLlibCallback):
         if final is not None and row["iteration"] >= final:
             self.mlflow.log_artifact(self.output / METRICS_FILE)
             self.mlflow.end("FINISHED")
+
+
+class EndTrialRuns(Callback):
+    """The Tune callback, in a sweep's driver, that ends the MLflow run of every trial that ends before its
+    ``RunTracker`` could (which ends it after ``final_iteration``, and hears of no stop: RLlib's callbacks have no stop
+    hook): a trial stopped by --time-budget-s, --token-budget or --stop-after-uniform is FINISHED, one that failed
+    FAILED. The run is found by the trial's id (its tag ``TRIAL_TAG``), wherever the trial ran; a run already ended
+    is left as it is. A store that cannot be reached warns, and the sweep goes on."""
+
+    def __init__(self, tracking_uri: str, experiment: str):
+        self.tracking_uri, self.experiment = tracking_uri, experiment
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self.end(trial.trial_id, "FINISHED")
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self.end(trial.trial_id, "FAILED")
+
+    def end(self, trial_id: str, status: str) -> None:
+        """End the runs of trial ``trial_id`` still RUNNING with ``status``."""
+        from mlflow.tracking import MlflowClient
+
+        try:
+            client = MlflowClient(self.tracking_uri)
+            experiment = client.get_experiment_by_name(self.experiment)
+            if experiment is None:  # no trial started its run
+                return
+            running = client.search_runs([experiment.experiment_id], filter_string=(
+                f"tags.{TRIAL_TAG} = '{trial_id}' and attributes.status = 'RUNNING'"))
+            for run in running:
+                client.set_terminated(run.info.run_id, status)
+        except Exception as error:  # tracking must never stop the sweep
+            warnings.warn(f"MLflow tracking at {self.tracking_uri} failed to end trial {trial_id}'s run "
+                          f"({type(error).__name__}: {error})", RuntimeWarning, stacklevel=2)
 
 
 def tracker_of(algorithm) -> RunTracker:

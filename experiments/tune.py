@@ -49,6 +49,7 @@ from experiments.settings import (
 )
 from experiments.tracking import (
     METRICS_FILE,
+    EndTrialRuns,
     RunTracker,
     default_tracking_uri,
     ensure_experiment,
@@ -284,13 +285,14 @@ def stop_criteria(base: RunSettings, time_budget_s: float | None) -> dict[str, f
     return stop
 
 
-def run_config(base: RunSettings, output: Path, time_budget_s: float | None):
-    """The sweep's ``tune.RunConfig``: its directory, stop criteria and checkpoints (``--checkpoint-every``, the
-    last ``--keep-checkpoints``, and one at the end)."""
+def run_config(base: RunSettings, output: Path, time_budget_s: float | None, mlflow_uri: str | None = None):
+    """The sweep's ``tune.RunConfig``: its directory, stop criteria, checkpoints (``--checkpoint-every``, the last
+    ``--keep-checkpoints``, and one at the end) and, tracking into ``mlflow_uri``, ``EndTrialRuns``."""
     from ray import tune
 
     return tune.RunConfig(
         name="sweep", storage_path=str(output), stop=stop_criteria(base, time_budget_s), verbose=1,
+        callbacks=[EndTrialRuns(mlflow_uri, base.experiment)] if mlflow_uri else None,
         # each trial's RunTracker writes into its working directory; Tune copies it to the trial directory
         sync_config=tune.SyncConfig(sync_artifacts=True),
         checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=base.checkpoint_every, checkpoint_at_end=True,
@@ -368,7 +370,7 @@ def main(argv: list[str] | None = None) -> Path:
         tune_config=tune.TuneConfig(
             search_alg=BasicVariantGenerator(points_to_evaluate=trial_points), num_samples=len(trials),
             max_concurrent_trials=options.max_concurrent or None),
-        run_config=run_config(base, output, options.time_budget_s),
+        run_config=run_config(base, output, options.time_budget_s, mlflow_uri),
     )
     results = tuner.fit()
     rows = [trial_summary(Path(result.path), result.config, metric, result.error) for result in results]

@@ -12,6 +12,7 @@ import time
 import urllib.request
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import ray
@@ -20,7 +21,17 @@ from mlflow.tracking import MlflowClient
 
 from experiments.evaluate import load_policy
 from experiments.run import main
-from experiments.tracking import MLflowRun, flatten, metrics_row, numeric_metrics, read_rows, truncate_rows
+from experiments.tracking import (
+    TRIAL_TAG,
+    EndTrialRuns,
+    MLflowRun,
+    RunTracker,
+    flatten,
+    metrics_row,
+    numeric_metrics,
+    read_rows,
+    truncate_rows,
+)
 from policies.models import load_model
 from tests.ports import free_port, refused_port
 
@@ -274,3 +285,30 @@ def test_a_run_that_cannot_start_switches_tracking_off(monkeypatch):
         run.log_metrics({"reward_mean": 0.5}, step=1)
         run.end()
     assert not run.enabled and run.run_id is None
+
+
+def test_the_sweep_ends_the_runs_of_trials_that_stop_early_or_fail(tmp_path):
+    """A trial stopped by a time or token budget, or failed, never reaches the iteration at which its RunTracker ends
+    its run: the sweep's driver ends it (EndTrialRuns, Tune's callback), found by the trial id the tracker tags it
+    with; a run already ended, another trial's and run.py's (no trial id) are left alone."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+    def started(trial_id: str) -> RunTracker:  # as RunTracker starts a trial's run (Ray's "default": run.py)
+        algorithm = SimpleNamespace(logdir=str(tmp_path / trial_id), trial_id=trial_id, iteration=0,
+                                    config=SimpleNamespace(algo="tree_grpo", env="HotpotQA-v0"))
+        tracker = RunTracker(mlflow_uri=uri)
+        tracker.on_algorithm_init(algorithm=algorithm)
+        return tracker
+
+    stopped, failed, done, other, run_py = (started(t) for t in ("a_00000", "a_00001", "a_00002", "a_00003",
+                                                                  "default"))
+    done.mlflow.end("FINISHED")
+    ender = EndTrialRuns(uri, "tree-grpo")
+    ender.on_trial_complete(iteration=3, trials=[], trial=SimpleNamespace(trial_id="a_00000"))
+    for trial_id in ("a_00001", "a_00002", "default"):
+        ender.on_trial_error(iteration=3, trials=[], trial=SimpleNamespace(trial_id=trial_id))
+    client = MlflowClient(uri)
+    status = {t: client.get_run(t.mlflow.run_id).info.status for t in (stopped, failed, done, other, run_py)}
+    assert list(status.values()) == ["FINISHED", "FAILED", "FINISHED", "RUNNING", "RUNNING"]
+    assert client.get_run(failed.mlflow.run_id).data.tags[TRIAL_TAG] == "a_00001"
+    assert TRIAL_TAG not in client.get_run(run_py.mlflow.run_id).data.tags

@@ -11,7 +11,7 @@ from mlflow.tracking import MlflowClient
 from algos.rollout import TreeShape
 from experiments.cli import SettingsError
 from experiments.settings import RunSettings, tracked_params
-from experiments.tracking import METRICS_FILE, flatten, read_rows
+from experiments.tracking import METRICS_FILE, EndTrialRuns, flatten, read_rows
 from experiments.tune import (
     budget_points,
     main,
@@ -167,6 +167,10 @@ def test_a_trial_stops_and_keeps_checkpoints_as_run_py_would(tmp_path):
     default, _, _ = plan(["--output", str(tmp_path)])
     assert run_config(default, tmp_path, time_budget_s=None).stop == {"training_iteration": 5}
     assert run_config(default, tmp_path, time_budget_s=None).checkpoint_config.num_to_keep == 1
+    # tracked, the driver ends the MLflow runs of the trials that stop early (tests/test_tracking.py)
+    tracked = run_config(default, tmp_path, None, mlflow_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert [type(callback) for callback in tracked.callbacks] == [EndTrialRuns]
+    assert not run_config(default, tmp_path, None, mlflow_uri=None).callbacks  # --no-mlflow
 
 
 def test_two_trial_grid_is_tracked_in_mlflow(data_dir, tmp_path):
