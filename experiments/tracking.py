@@ -7,9 +7,13 @@ MLflow goes through ``MlflowClient`` with an explicit run id (no global active r
 live in one process (tests, Tune). A store that cannot be reached gives one warning and the run goes on
 untracked; a write that fails once the run is started loses that write alone (one warning per kind of write),
 and the run is still ended with its status. Default store: ``sqlite:///<output>/mlflow.db`` (MLflow 3 refuses
-plain file stores), artifacts beside it. A resumed run continues its MLflow run (``OUTPUT/mlflow_run_id``):
-params already logged are kept, an option that changed on resume is recorded as a ``changed_on_resume/<name>``
-tag. A sweep's driver ends the runs of the trials that stop early or fail (:class:`EndTrialRuns`).
+plain file stores), artifacts beside it. ``OUTPUT/mlflow_runs.json`` records the MLflow runs a training run was
+tracked in (store, experiment, run id; :class:`RunRecord`). A resumed run continues the recorded MLflow run that the
+store and experiment it is resumed with hold: params already logged are kept, an option that changed on resume is
+recorded as a ``changed_on_resume/<name>`` tag. Resumed into a store or experiment that holds none of them (another
+``--mlflow-uri`` or ``--experiment``), it starts a new MLflow run there, tagged ``resumed_from`` with the latest
+recorded run, whose params are logged as a new run's. A sweep's driver ends the runs of the trials that stop early or
+fail (:class:`EndTrialRuns`).
 """
 
 from __future__ import annotations
@@ -17,10 +21,12 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 import urllib.request
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +41,9 @@ from experiments.plot import METRICS_FILE  # declared beside its reader, which m
 
 PARAM_VALUE_LIMIT = 6000  # MLflow's limit on a param value
 BATCH_LIMIT = 100  # params per log_batch call
-RUN_ID_FILE = "mlflow_run_id"
+RUNS_FILE = "mlflow_runs.json"  # a run directory's MLflow runs (RunRecord), the latest last
+LEGACY_RUN_ID_FILE = "mlflow_run_id"  # its format before RUNS_FILE: the bare id of the one run, store not recorded
+RESUMED_TAG = "resumed_from"  # a run started on resume in another store or experiment: the run it continues
 TRIAL_TAG = "tune_trial_id"  # a Tune trial's MLflow run: the trial's id, by which the sweep's driver ends the run
 
 # metrics.jsonl columns by where they are in RLlib's result dict
@@ -152,19 +160,60 @@ def truncate_rows(path: str | Path, last_iteration: int) -> int:
     return len(rows) - len(kept)
 
 
+@dataclass(frozen=True)
+class RunRecord:
+    """An MLflow run a training run was tracked in. ``tracking_uri`` and ``experiment`` are None in a record read
+    from ``LEGACY_RUN_ID_FILE``, which did not name them."""
+
+    tracking_uri: str | None
+    experiment: str | None
+    run_id: str
+
+    def describe(self) -> str:
+        """The run, its store and its experiment, in words (the ``RESUMED_TAG`` tag's value)."""
+        return (f"run {self.run_id} in {self.tracking_uri or 'an unrecorded store'}"
+                + (f" (experiment {self.experiment})" if self.experiment else ""))
+
+
+def read_run_records(output: str | Path) -> list[RunRecord]:
+    """The MLflow runs recorded in run directory ``output``, the latest last: ``RUNS_FILE``, else the bare run id of
+    ``LEGACY_RUN_ID_FILE`` (store and experiment unknown); [] when neither exists."""
+    output = Path(output)
+    if (output / RUNS_FILE).exists():
+        return [RunRecord(**record) for record in json.loads((output / RUNS_FILE).read_text(encoding="utf-8"))]
+    legacy = output / LEGACY_RUN_ID_FILE
+    run_id = legacy.read_text(encoding="utf-8").strip() if legacy.exists() else ""
+    return [RunRecord(None, None, run_id)] if run_id else []
+
+
+def record_run(output: str | Path, run: RunRecord, earlier: Sequence[RunRecord] = ()) -> None:
+    """Write ``RUNS_FILE``: ``earlier`` but any record of ``run``'s id, then ``run``; a legacy file is replaced."""
+    output = Path(output)
+    records = [record for record in earlier if record.run_id != run.run_id] + [run]
+    (output / RUNS_FILE).write_text(json.dumps([asdict(record) for record in records], indent=1) + "\n",
+                                    encoding="utf-8")
+    (output / LEGACY_RUN_ID_FILE).unlink(missing_ok=True)
+
+
 class MLflowRun:
     """One MLflow run. Every method is a no-op when tracking is off or the run could not be started or continued
     (one warning). A write that fails (a store busy or away for a moment) loses that write alone: it warns once per
-    kind (params, tag, metrics, artifact, end), and later writes and ``end`` are still sent."""
+    kind (params, tag, metrics, artifact, end), and later writes and ``end`` are still sent.
+
+    ``previous``: the runs a resumed training run was tracked in, the latest last. The latest of them that this
+    store holds in ``experiment`` (and not deleted) is continued, whatever URI reached the store when it was
+    recorded; when it holds none (another store or experiment, or the run deleted), a new run is started, tagged
+    ``RESUMED_TAG`` with the latest record (``resumed_from``)."""
 
     def __init__(self, tracking_uri: str | None, *, experiment: str, run_name: str | None = None,
-                 run_id: str | None = None, tags: Mapping[str, str] | None = None):
-        self.tracking_uri, self.run_id, self._client = tracking_uri, None, None
+                 previous: Sequence[RunRecord] = (), tags: Mapping[str, str] | None = None):
+        self.tracking_uri, self.experiment, self.run_id, self._client = tracking_uri, experiment, None, None
         self.params: dict[str, str] = {}  # already logged (a continued run's)
         self.failed: set[str] = set()  # the kinds of write that have failed (each warned about once)
+        self.resumed_from: RunRecord | None = None  # the run a new run continues (previous, none of them here)
         if tracking_uri is not None:
             try:
-                self._start(experiment, run_name, run_id, dict(tags or {}))
+                self._start(run_name, list(previous), dict(tags or {}))
             except Exception as error:  # tracking must never stop training
                 warnings.warn(f"MLflow tracking at {tracking_uri} failed ({type(error).__name__}: {error}); "
                               f"training goes on without it", RuntimeWarning, stacklevel=2)
@@ -173,7 +222,7 @@ class MLflowRun:
     def enabled(self) -> bool:
         return self._client is not None and self.run_id is not None
 
-    def _start(self, experiment: str, run_name: str | None, run_id: str | None, tags: dict[str, str]) -> None:
+    def _start(self, run_name: str | None, previous: list[RunRecord], tags: dict[str, str]) -> None:
         from mlflow.tracking import MlflowClient
 
         if self.tracking_uri.startswith(("http://", "https://")):
@@ -182,13 +231,35 @@ class MLflowRun:
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
             urllib.request.urlopen(f"{self.tracking_uri.rstrip('/')}/health", timeout=5).close()
         client = MlflowClient(self.tracking_uri)
+        run_id = self._held(client, previous)
         if run_id is not None:  # a resumed training run continues its MLflow run
             client.update_run(run_id, status="RUNNING")
             self.params = dict(client.get_run(run_id).data.params)
         else:
-            experiment_id = ensure_experiment(client, experiment, self.tracking_uri)
+            if previous:
+                self.resumed_from = previous[-1]
+                tags = {**tags, RESUMED_TAG: self.resumed_from.describe()}
+            experiment_id = ensure_experiment(client, self.experiment, self.tracking_uri)
             run_id = client.create_run(experiment_id, run_name=run_name, tags=tags).info.run_id
         self._client, self.run_id = client, run_id
+
+    def _held(self, client, previous: list[RunRecord]) -> str | None:
+        """The id of the latest run of ``previous`` that this store holds, not deleted, in the experiment; None if
+        none is (nor the experiment). Looked up by id, not by the recorded URI: the same store may be reached by
+        another (a moved run directory's default store, another name of a server)."""
+        from mlflow.exceptions import MlflowException
+
+        found = client.get_experiment_by_name(self.experiment) if previous else None
+        for record in reversed(previous if found is not None else []):
+            try:
+                run = client.get_run(record.run_id)
+            except MlflowException as error:
+                if error.error_code != "RESOURCE_DOES_NOT_EXIST":
+                    raise
+                continue
+            if run.info.experiment_id == found.experiment_id and run.info.lifecycle_stage == "active":
+                return record.run_id
+        return None
 
     def _write(self, kind: str, fn: Callable[..., Any], *args: Any) -> None:
         """``fn(*args)``, a write of ``kind``; a failure warns (the first of its kind) and tracking stays on."""
@@ -258,8 +329,10 @@ class RunTracker(RLlibCallback):
     ``output``: the run's directory (default: the algorithm's log directory, a Tune trial's own directory).
     ``mlflow_uri``: None for no MLflow. ``params``: what to log as MLflow params, or a function of the algorithm's
     config that returns them (a Tune trial's settings are known only in the trial). ``resume``: continue the
-    MLflow run recorded in ``output``; its params are logged by ``log_params`` once the algorithm is restored
-    (the caller's call), so that a changed value names the iteration it applies from.
+    MLflow run recorded in ``output`` (``RUNS_FILE``) that this store and experiment hold, or start one tagged
+    ``resumed_from`` (:class:`MLflowRun`, ``previous``; one line on stderr says so); its params are logged by
+    ``log_params`` once the algorithm is restored (the caller's call), so that a changed value names the iteration
+    it applies from.
     ``final_iteration``: end the MLflow run (FINISHED, with metrics.jsonl) after that iteration, for callers that
     do not end it themselves (Tune trials); run.py ends it with the run's status.
     """
@@ -279,16 +352,19 @@ class RunTracker(RLlibCallback):
         options = self._options
         self.output = Path(options["output"] or algorithm.logdir).resolve()
         self.output.mkdir(parents=True, exist_ok=True)
-        run_id_file = self.output / RUN_ID_FILE
-        run_id = run_id_file.read_text().strip() if options["resume"] and run_id_file.exists() else None
+        previous = read_run_records(self.output) if options["resume"] else []
         trial_id = getattr(algorithm, "trial_id", "default")  # Ray's "default": not a Tune trial
         trial = {TRIAL_TAG: trial_id} if trial_id != "default" else {}
-        self.mlflow = MLflowRun(options["mlflow_uri"], experiment=options["experiment"],
-                                run_name=options["run_name"] or self.output.name, run_id=run_id,
-                                tags={"algo": algorithm.config.algo, "env": str(algorithm.config.env), **trial,
-                                      **options["tags"]})
-        if self.mlflow.enabled:
-            run_id_file.write_text(self.mlflow.run_id)
+        mlflow = self.mlflow = MLflowRun(options["mlflow_uri"], experiment=options["experiment"],
+                                         run_name=options["run_name"] or self.output.name, previous=previous,
+                                         tags={"algo": algorithm.config.algo, "env": str(algorithm.config.env),
+                                               **trial, **options["tags"]})
+        if mlflow.enabled:
+            record_run(self.output, RunRecord(mlflow.tracking_uri, mlflow.experiment, mlflow.run_id), previous)
+            if mlflow.resumed_from is not None:
+                print(f"resume: MLflow {mlflow.resumed_from.describe()} is not in {mlflow.tracking_uri} (experiment "
+                      f"{mlflow.experiment}): the run goes on in a new MLflow run there, {mlflow.run_id}, tagged "
+                      f"{RESUMED_TAG}", file=sys.stderr)
         if not options["resume"]:
             self.log_params(algorithm)
 

@@ -25,11 +25,13 @@ from experiments.tracking import (
     TRIAL_TAG,
     EndTrialRuns,
     MLflowRun,
+    RunRecord,
     RunTracker,
     flatten,
     metrics_row,
     numeric_metrics,
     read_rows,
+    read_run_records,
     truncate_rows,
 )
 from policies.models import load_model
@@ -51,7 +53,7 @@ def tracked_run(tmp_path_factory, data_dir):
     finally:
         ray.shutdown()
     uri = f"sqlite:///{output / 'mlflow.db'}"
-    return output, uri, (output / "mlflow_run_id").read_text().strip()
+    return output, uri, read_run_records(output)[-1].run_id
 
 
 def artifact_paths(client: MlflowClient, run_id: str, path: str | None = None) -> set[str]:
@@ -160,7 +162,7 @@ def test_unreachable_tracking_uri_only_warns(data_dir, tmp_path):
     with refused_port() as port, pytest.warns(RuntimeWarning, match="MLflow tracking at http://127.0.0.1:.* failed"):
         main([*FAST, "--iterations", "1", "--output", str(tmp_path), "--mlflow-uri", f"http://127.0.0.1:{port}"])
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 1
-    assert not (tmp_path / "mlflow_run_id").exists()
+    assert not read_run_records(tmp_path)
     ray.shutdown()
 
 
@@ -188,7 +190,7 @@ def test_resumed_run_continues_its_mlflow_run_and_records_changed_params(tmp_pat
     first.log_params({"iterations": 2, "M": 2})
     first.log_metrics({"reward_mean": 0.25}, step=1)
     first.end("KILLED")
-    resumed = MLflowRun(uri, experiment="tree-grpo", run_id=first.run_id)
+    resumed = MLflowRun(uri, experiment="tree-grpo", previous=[RunRecord(uri, "tree-grpo", first.run_id)])
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # "Changing param values is not allowed" used to end tracking here
         resumed.log_params({"iterations": 5, "M": 2, "eval_every": 1}, first_iteration=3)
