@@ -30,8 +30,8 @@ Before, halfway and after, the same held-out questions are answered greedily; th
 with its 95% interval and the paired change (per question) with its interval, the failure mix, the tokens
 generated, and where the plots, the sampled trees and the MLflow store are. ``held_out_curve.png`` draws held-out
 exact match (with its interval) beside the sampled training reward, which moves with each iteration's prompts and
-is not what the policy has learnt. Everything lands in ``--output``: ``summary.md``, ``summary.json``, the curve
-and the run's own files (``metrics.jsonl``, ``learning_curve.png``, ``trees/``, ``checkpoints/``, ``mlflow.db``).
+is not what the policy has learnt. Everything lands in ``--output``: ``summary.md``, ``demo.json`` (its numbers), the
+curve and the run's own files (``metrics.jsonl``, ``learning_curve.png``, ``trees/``, ``checkpoints/``, ``mlflow.db``).
 """
 
 from __future__ import annotations
@@ -87,6 +87,8 @@ START_BAND = (0.25, 0.50)
 SHORT_BAND = (0.35, 0.50)
 DEFAULT_LR = 2e-4
 HELD_OUT_CURVE = "held_out_curve.png"
+DEMO_RESULT = "demo.json"  # the summary's numbers
+DEMO_MARKER = "demo_run.txt"  # written before the run starts: the folder holds a demo's run, which a demo replaces
 SUMMARY_METRICS = {"em": "exact match", "answered": "answer rate", "reward": "reward", "tool_calls": "tool calls"}
 
 
@@ -220,6 +222,22 @@ def curve_iterations(iterations: int, every: int) -> list[int]:
     return [*range(every, iterations, every), iterations]
 
 
+def claim_output(output: Path) -> None:
+    """Make ``output`` ready for a fresh demo run: a demo's earlier run there (finished or interrupted) is removed,
+    since the demo always starts fresh; a folder holding another run (run.py's: metrics or checkpoints) is refused,
+    never deleted."""
+    from experiments.run import RUN_FILES
+
+    if (output / DEMO_RESULT).exists() or (output / DEMO_MARKER).exists():
+        shutil.rmtree(output)
+    elif held := [name for name in RUN_FILES if (output / name).exists()]:
+        raise SystemExit(f"demo.py: --output {output} holds a run that is not a demo's ({', '.join(held)}): choose "
+                         f"another --output (the demo replaces only its own runs)")
+    output.mkdir(parents=True, exist_ok=True)
+    (output / DEMO_MARKER).write_text("a demo's run (experiments/demo.py): the next demo into this folder replaces "
+                                      "it\n", encoding="utf-8")
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     import time
 
@@ -239,8 +257,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     start_text = band_text(mean_interval([row["em"] for row in before]), short_share(before))
     print(start_text, flush=True)
     output = Path(args.output).resolve()
-    if (output / "demo.json").exists() or (output / METRICS_FILE).exists():
-        shutil.rmtree(output)  # a demo's own earlier run: the demo always starts fresh
+    claim_output(output)
     points = curve_iterations(args.iterations, args.curve_every)
     latest = run([*task_options(data_dir, model, args.seed, args.lr), "--iterations", str(args.iterations),
                   "--eval-every", "0", "--checkpoint-every", str(args.curve_every),
@@ -266,7 +283,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                "held_out_em": {str(i): asdict(em) for i, em in held_out.items()},
                "metrics": {k: {part: asdict(i) for part, i in v.items()} for k, v in comparison["metrics"].items()},
                "failures": comparison["failures"], "questions": {"before": before, "after": after}}
-    (output / "demo.json").write_text(json.dumps(payload, indent=1), encoding="utf-8")
+    (output / DEMO_RESULT).write_text(json.dumps(payload, indent=1), encoding="utf-8")
     (output / "summary.md").write_text(text, encoding="utf-8")
     print("\n" + text, flush=True)
     return payload

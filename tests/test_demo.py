@@ -204,3 +204,21 @@ def test_the_demo_leaves_the_device_defaults_to_run_py(tmp_path, monkeypatch):
         "bfloat16", False, 1.0, True)
     assert (on_cpu.dtype, on_cpu.num_gpus_per_learner, on_cpu.gradient_checkpointing) == ("float32", 0.0, False)
     assert on_gpu.prompts_per_iteration == on_cpu.prompts_per_iteration == 8
+
+
+def test_the_demo_replaces_only_its_own_runs(tmp_path):
+    from benchmarks import run_records
+    from experiments import demo
+
+    ours = tmp_path / "ours"
+    demo.claim_output(ours)  # a new folder: made, and marked as a demo's
+    (ours / "metrics.jsonl").write_text("{}\n")  # the demo's run, interrupted before demo.json
+    demo.claim_output(ours)
+    assert sorted(p.name for p in ours.iterdir()) == [demo.DEMO_MARKER]  # replaced
+    theirs = tmp_path / "theirs"
+    (theirs / "checkpoints").mkdir(parents=True)
+    (theirs / "metrics.jsonl").write_text("{}\n")  # a run.py run
+    with pytest.raises(SystemExit, match=r"holds a run that is not a demo's \(metrics.jsonl, checkpoints\)"):
+        demo.claim_output(theirs)
+    assert (theirs / "checkpoints").is_dir() and (theirs / "metrics.jsonl").is_file()  # left as it was
+    assert run_records.DEMO_RESULT == demo.DEMO_RESULT  # the pipelining study's records keep the demo's result
