@@ -51,7 +51,7 @@ from envs.cache import default_cache_dir
 from envs.synthetic import WorldSpec, world_data_dir
 from experiments.confidence import Interval, mean_interval, paired_difference_interval
 from experiments.evaluate import world_held_out
-from experiments.warmstart import cached_warm_start, warm_start_dir
+from experiments.warmstart import cached_warm_start, minutes_on_this_cpu, warm_start_dir
 
 WORLD = WorldSpec(seed=0, people=70, companies=35, cities=12, countries=5, train_questions=175, dev_questions=175,
                   hop_mix=(0.5, 0.5, 0.0))
@@ -86,6 +86,9 @@ START_BAND = (0.25, 0.50)
 # 2-hop questions, about half of them
 SHORT_BAND = (0.35, 0.50)
 DEFAULT_LR = 2e-4
+# The first demo's minutes on 2 cores (its start policy trained, then the run), by the CPU's widest vector unit: 13
+# measured with AVX-512 (tests/test_learning.py's), about 45 with AVX2 only
+FIRST_RUN_MINUTES = {"AVX512": 13, "AVX2": 45}
 HELD_OUT_CURVE = "held_out_curve.png"
 DEMO_RESULT = "demo.json"  # the summary's numbers
 DEMO_MARKER = "demo_run.txt"  # written before the run starts: the folder holds a demo's run, which a demo replaces
@@ -101,7 +104,11 @@ def recipe_with_seed(recipe: Sequence[str], seed: int) -> tuple[str, ...]:
 
 def start_policy(seed: int, cache_dir: Path) -> Path:
     """The demo's start policy for warm-start ``seed``: ``ONE_HOP_SHORT`` on from ``WARM_START``, both with that seed
-    (each stage trained once and cached)."""
+    (each stage trained once and cached; the first time, how long the demo will take is said before it starts)."""
+    if not (start_policy_dir(seed, cache_dir) / "config.json").exists():
+        print(f"demo: the start policy is not cached yet: it is trained first, so this demo takes about "
+              f"{minutes_on_this_cpu(FIRST_RUN_MINUTES)} minutes on 2 cores of this CPU (about 2 once it is cached)",
+              flush=True)
     return cached_warm_start(WORLD, recipe_with_seed(ONE_HOP_SHORT, seed), topk=TOPK, cache_dir=cache_dir,
                              continues=recipe_with_seed(WARM_START, seed))
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import envs
 from envs.datasets import MissingDataError, corpus_path, dataset_path, resolve_data_dir, train_and_corpus_digest
-from experiments.warmstart import cached_warm_start, warm_start_dir
+from experiments.warmstart import cached_warm_start, minutes_on_this_cpu, warm_start_dir
 from policies.models import WARM_START_MODEL
 
 # The real QA envs whose CPU runs start from their warm start: those with a train split to build it from.
@@ -65,9 +65,7 @@ BUILD_MINUTES = {"AVX512": 31, "AVX2": 80}
 def build_minutes(capability: str | None = None) -> int:
     """About how many minutes the first build takes on 2 cores of this CPU (``capability``: torch's CPU capability,
     this machine's by default); the slower figure where the vector unit has not been measured."""
-    import torch
-
-    return BUILD_MINUTES.get(capability or torch.backends.cpu.get_cpu_capability(), max(BUILD_MINUTES.values()))
+    return minutes_on_this_cpu(BUILD_MINUTES, capability)
 
 
 @dataclass(frozen=True)

@@ -128,6 +128,13 @@ def greedy_results(model, tokenizer, args: argparse.Namespace, env: gym.Env, que
     return chains_in_batches(env, generator, tokenizer, questions, batch_size=32)
 
 
+def minutes_on_this_cpu(minutes: dict[str, int], capability: str | None = None) -> int:
+    """About how long a build takes on 2 cores of this CPU, from ``minutes`` measured by the CPU's widest vector unit
+    as torch dispatches to it (``capability``: torch's, this machine's by default); the slowest figure where this
+    unit has not been measured."""
+    return minutes.get(capability or torch.backends.cpu.get_cpu_capability(), max(minutes.values()))
+
+
 def warm_start_key(readable: str, limit: int = MAX_KEY_LENGTH) -> str:
     """A warm start's cache key: ``readable`` (the world, top-k and recipe), or where that is longer than ``limit``
     (file names end at 255 bytes, with the lock's and staging's suffixes), its start and a hash of the whole."""

@@ -222,3 +222,19 @@ def test_the_demo_replaces_only_its_own_runs(tmp_path):
         demo.claim_output(theirs)
     assert (theirs / "checkpoints").is_dir() and (theirs / "metrics.jsonl").is_file()  # left as it was
     assert run_records.DEMO_RESULT == demo.DEMO_RESULT  # the pipelining study's records keep the demo's result
+
+
+def test_a_first_demo_says_how_long_it_will_take_on_this_cpu(tmp_path, monkeypatch, capsys):
+    import torch
+
+    import experiments.demo as demo
+
+    monkeypatch.setattr(demo, "cached_warm_start", lambda world, recipe, **kwargs: None)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    demo.start_policy(0, tmp_path)
+    assert f"this demo takes about {demo.FIRST_RUN_MINUTES['AVX2']} minutes" in capsys.readouterr().out
+    model = demo.start_policy_dir(0, tmp_path)
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    demo.start_policy(0, tmp_path)  # cached: nothing said
+    assert capsys.readouterr().out == ""
