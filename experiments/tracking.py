@@ -12,8 +12,10 @@ tracked in (store, experiment, run id; :class:`RunRecord`). A resumed run contin
 store and experiment it is resumed with hold: params already logged are kept, an option that changed on resume is
 recorded as a ``changed_on_resume/<name>`` tag. Resumed into a store or experiment that holds none of them (another
 ``--mlflow-uri`` or ``--experiment``), it starts a new MLflow run there, tagged ``resumed_from`` with the latest
-recorded run, whose params are logged as a new run's. A sweep's driver ends the runs of the trials that stop early or
-fail (:class:`EndTrialRuns`).
+recorded run, whose params are logged as a new run's. A sweep's driver ends the runs of the trials that stop early,
+fail or are interrupted (:class:`EndTrialRuns`); a trial restored by a resumed sweep continues its rows and its MLflow
+run (``bring_back_trial_files``). A run's first row in a process drops the rows from that iteration on (written after
+the checkpoint it resumed from, or by a trial restarted from its start).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ BATCH_LIMIT = 100  # params per log_batch call
 RUNS_FILE = "mlflow_runs.json"  # a run directory's MLflow runs (RunRecord), the latest last
 LEGACY_RUN_ID_FILE = "mlflow_run_id"  # its format before RUNS_FILE: the bare id of the one run, store not recorded
 RESUMED_TAG = "resumed_from"  # a run started on resume in another store or experiment: the run it continues
-TRIAL_TAG = "tune_trial_id"  # a Tune trial's MLflow run: the trial's id, by which the sweep's driver ends the run
+TRIAL_TAG = "tune_trial"  # a Tune trial's MLflow run: the trial's directory name, by which the sweep's driver ends it
 
 # metrics.jsonl columns by where they are in RLlib's result dict
 ENV_RUNNER_KEYS = (metric_keys.REWARD, metric_keys.EM, metric_keys.TREES, metric_keys.LEAVES,
@@ -193,6 +195,30 @@ def record_run(output: str | Path, run: RunRecord, earlier: Sequence[RunRecord] 
     (output / RUNS_FILE).write_text(json.dumps([asdict(record) for record in records], indent=1) + "\n",
                                     encoding="utf-8")
     (output / LEGACY_RUN_ID_FILE).unlink(missing_ok=True)
+
+
+def tune_storage(algorithm) -> Any:
+    """Tune's ``StorageContext`` of the trial that runs ``algorithm`` (its directory's name and where its files are
+    kept), or None outside Tune. RLlib drops the trial's id Tune passes in the config (``algorithm.trial_id`` is
+    ``"default"`` in a trial too): the trial's directory name is what the trial and the sweep's driver both know."""
+    return getattr(algorithm, "_storage", None)
+
+
+def bring_back_trial_files(storage, output: Path) -> bool:
+    """Whether a Tune trial is restored (a resumed sweep): its rows and MLflow records (``METRICS_FILE``,
+    ``RUNS_FILE``) are copied from the trial's directory in the sweep's ``storage`` into ``output``, the new working
+    directory Tune gives the trial (it brings back only the checkpoint), when ``output`` lacks them. False for a
+    trial that never reported."""
+    from pyarrow.fs import FileType, copy_files
+
+    found = False
+    for name in (METRICS_FILE, RUNS_FILE):
+        kept = f"{storage.trial_fs_path}/{name}"
+        if storage.storage_filesystem.get_file_info(kept).type == FileType.File:
+            found = True
+            if not (output / name).exists():
+                copy_files(kept, str(output / name), source_filesystem=storage.storage_filesystem)
+    return found
 
 
 class MLflowRun:
@@ -352,9 +378,11 @@ class RunTracker(RLlibCallback):
         options = self._options
         self.output = Path(options["output"] or algorithm.logdir).resolve()
         self.output.mkdir(parents=True, exist_ok=True)
-        previous = read_run_records(self.output) if options["resume"] else []
-        trial_id = getattr(algorithm, "trial_id", "default")  # Ray's "default": not a Tune trial
-        trial = {TRIAL_TAG: trial_id} if trial_id != "default" else {}
+        storage = tune_storage(algorithm)
+        trial = {TRIAL_TAG: storage.trial_dir_name} if storage is not None else {}
+        # a Tune trial restored by a resumed sweep continues its rows and its MLflow run
+        restored = storage is not None and bring_back_trial_files(storage, self.output)
+        previous = read_run_records(self.output) if options["resume"] or restored else []
         mlflow = self.mlflow = MLflowRun(options["mlflow_uri"], experiment=options["experiment"],
                                          run_name=options["run_name"] or self.output.name, previous=previous,
                                          tags={"algo": algorithm.config.algo, "env": str(algorithm.config.env),
@@ -376,6 +404,8 @@ class RunTracker(RLlibCallback):
 
     def on_train_result(self, *, algorithm, metrics_logger=None, result: dict, **kwargs) -> None:
         row = metrics_row(result)
+        if self.last_row is None:  # this process's first row: rows from that iteration on are a run's lost work
+            truncate_rows(self.output / METRICS_FILE, row["iteration"] - 1)
         with (self.output / METRICS_FILE).open("a", encoding="utf-8") as log:
             log.write(json.dumps(row) + "\n")
         self.mlflow.log_metrics(row, step=row["iteration"])
@@ -391,24 +421,40 @@ class RunTracker(RLlibCallback):
             self.mlflow.end("FINISHED")
 
 
+def trial_unfinished(failed: bool, last_result: Mapping[str, Any]) -> bool:
+    """Whether a Tune trial neither failed nor ended: Tune marks the last result of a trial that met its stop
+    criteria ``done``, and stops an interrupted sweep's trials as TERMINATED all the same."""
+    return not failed and not last_result.get("done")
+
+
 class EndTrialRuns(Callback):
     """The Tune callback, in a sweep's driver, that ends the MLflow run of every trial that ends before its
     ``RunTracker`` could (which ends it after ``final_iteration``, and hears of no stop: RLlib's callbacks have no stop
     hook): a trial stopped by --time-budget-s, --token-budget or --stop-after-uniform is FINISHED, one that failed
-    FAILED. The run is found by the trial's id (its tag ``TRIAL_TAG``), wherever the trial ran; a run already ended
-    is left as it is. A store that cannot be reached warns, and the sweep goes on."""
+    FAILED, and one still unfinished when the sweep ends (interrupted: Ctrl-C) KILLED, until a resumed sweep continues
+    it. The run gets the trial's metrics.jsonl as its artifact, as a run ended by its tracker does (from the trial's
+    directory, when the sweep's storage is this machine's disk). The run is found by the trial's directory name (its tag
+    ``TRIAL_TAG``), wherever the trial ran; a run already ended is left as it is. A store that cannot be reached
+    warns, and the sweep goes on."""
 
     def __init__(self, tracking_uri: str, experiment: str):
         self.tracking_uri, self.experiment = tracking_uri, experiment
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self.end(trial.trial_id, "FINISHED")
+        self.end(trial.path, "FINISHED")
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self.end(trial.trial_id, "FAILED")
+        self.end(trial.path, "FAILED")
 
-    def end(self, trial_id: str, status: str) -> None:
-        """End the runs of trial ``trial_id`` still RUNNING with ``status``."""
+    def on_experiment_end(self, trials: list, **info: Any) -> None:
+        for trial in trials:
+            if trial_unfinished(trial.status == "ERROR", trial.last_result):
+                self.end(trial.path, "KILLED")
+
+    def end(self, trial_dir: str, status: str) -> None:
+        """End the runs of the trial in ``trial_dir`` (the storage's path of its directory) still RUNNING with
+        ``status``, logging its metrics.jsonl first when that is on this machine's disk."""
+        trial_id = Path(trial_dir).name
         from mlflow.tracking import MlflowClient
 
         try:
@@ -418,7 +464,10 @@ class EndTrialRuns(Callback):
                 return
             running = client.search_runs([experiment.experiment_id], filter_string=(
                 f"tags.{TRIAL_TAG} = '{trial_id}' and attributes.status = 'RUNNING'"))
+            metrics_file = Path(trial_dir) / METRICS_FILE
             for run in running:
+                if metrics_file.is_absolute() and metrics_file.is_file():
+                    client.log_artifact(run.info.run_id, str(metrics_file))
                 client.set_terminated(run.info.run_id, status)
         except Exception as error:  # tracking must never stop the sweep
             warnings.warn(f"MLflow tracking at {self.tracking_uri} failed to end trial {trial_id}'s run "

@@ -4,6 +4,7 @@
     python experiments/tune.py --budget 4 --iterations 10 --seeds 0 1 2               # tree vs chain at budget 4
     python experiments/tune.py --budget 2 4 8 16 --iterations 20 --eval-every 5       # the paper's budget table
     python experiments/tune.py --config experiments/configs/hotpotqa_tree.yaml --grid lr=1e-6,3e-6
+    python experiments/tune.py --resume outputs/tune                                  # continue after Ctrl-C
 
 Every run.py option sets the base settings (``--config FILE`` too). ``--grid KEY=V1,V2`` sweeps a setting of the
 algorithm (M, N, L, lr, kl_coef, temperature, ...; the cross product of all grids; a key with one value sets it for
@@ -17,7 +18,8 @@ OUTPUT/tune_results.md and .json (trials sorted by ``--metric``, a metrics.jsonl
 run.py's where a sweep needs it (``--output outputs/tune``, ``--iterations 5``, no periodic checkpoints or trees,
 one checkpoint kept; ``--help`` shows them). run.py's own options, which a sweep does not act on (``SWEEP_IGNORES``:
 --final-eval, --eval-envs, --run-name), are refused on the command line and named from a --config file. An
---output that already holds a sweep is refused: one directory, one sweep, one table.
+--output that already holds a sweep is refused: one directory, one sweep, one table; ``--resume OUTPUT`` continues
+an interrupted one (Ctrl-C) with its own options (docs/tracking.md).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import functools
 import itertools
 import json
 import math
+import os
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -55,6 +58,7 @@ from experiments.tracking import (
     ensure_experiment,
     metric_columns,
     read_rows,
+    trial_unfinished,
 )
 
 # The paper's budget table (arXiv 2509.21240): budget in full chains -> tree (M, N, L); chain GRPO uses G = budget.
@@ -62,7 +66,8 @@ PAPER_SHAPES: dict[int, TreeShape] = {2: TreeShape(1, 2, 1), 4: TreeShape(2, 2, 
                                       16: TreeShape(4, 5, 1)}
 GRID_FIELDS = (*ALGORITHM_FIELDS, "seed")  # what a trial may vary: the algorithm's settings and the seed
 SUMMARY_FIELDS = ("algo", "M", "N", "L", "advantage_mode")
-SWEEP_FILES = ("sweep", "tune_results.md", "tune_results.json")  # any of them: --output holds a sweep
+SWEEP_COMMAND = "sweep_command.json"  # the sweep's options (its command line and directory), read by --resume
+SWEEP_FILES = ("sweep", SWEEP_COMMAND, "tune_results.md", "tune_results.json")  # any of them: --output holds a sweep
 SWEEP_DEFAULTS = {"output": "outputs/tune", "iterations": 5, "checkpoint_every": 0, "keep_checkpoints": 1,
                   "trees_every": 0, "log_rollout_steps": False}
 # run.py's options that a sweep does not act on, and why: given on the command line they are refused, from a
@@ -218,6 +223,9 @@ def tune_parser():
                        help="best --metric first: the largest (max) or the smallest (min) (default: %(default)s)")
     sweep.add_argument("--max-concurrent", type=int, default=0,
                        help="trials at a time, 0: as resources allow (default: %(default)s)")
+    sweep.add_argument("--resume", metavar="OUTPUT", default=None,
+                       help="continue the interrupted sweep in OUTPUT with its own options: its unfinished trials "
+                            "from their last checkpoints (--checkpoint-every), or from their start (default: off)")
     return parser
 
 
@@ -237,16 +245,55 @@ def check_sweep_options(given: Mapping[str, Any], sources: Sources) -> None:
 
 
 def plan(argv: list[str] | None = None):
-    """(base settings, every trial's settings, sweep options), all checked before Ray starts."""
+    """(base settings, every trial's settings, sweep options), all checked before Ray starts. With ``--resume
+    OUTPUT``, those of the sweep in OUTPUT (``resumed_argv``), and ``options.resume`` its Tune state's directory."""
+    argv = argv_of(argv)
+    namespace = tune_parser().parse_args(argv)
+    if namespace.resume is not None:
+        state = Path(namespace.resume).resolve() / "sweep"
+        base, trials, options = plan_sweep(resumed_argv(namespace.resume, argv), resuming=True)
+        options.resume = state
+        return base, trials, options
+    return plan_sweep(argv)
+
+
+def resumed_argv(output: str, argv: list[str]) -> list[str]:
+    """The command line of the sweep in ``output`` (``SWEEP_COMMAND``), its --output made absolute; the working
+    directory becomes the sweep's (its relative paths, such as --config or --data-dir, are read from there). A
+    ``SettingsError`` where ``argv`` gives more than ``--resume`` (a sweep continues with its own options), or
+    ``output`` holds no sweep that Tune can continue."""
+    from ray import tune
+
+    extra = [arg for arg in argv if arg not in ("--resume", output) and not arg.startswith("--resume=")]
+    if extra:
+        raise SettingsError(f"--resume continues a sweep with the options it started with; drop {' '.join(extra)}")
+    directory = Path(output).resolve()
+    command, state = directory / SWEEP_COMMAND, directory / "sweep"
+    if not command.is_file() or not tune.Tuner.can_restore(state):
+        raise SettingsError(f"--resume {output}: no sweep to continue there; a sweep's --output holds {SWEEP_COMMAND} "
+                            f"(its options) and sweep/ (Ray Tune's state), both written when it starts")
+    saved = json.loads(command.read_text(encoding="utf-8"))
+    if Path(saved["cwd"]).resolve() != Path.cwd().resolve():
+        if not Path(saved["cwd"]).is_dir():
+            raise SettingsError(f"--resume {output}: the sweep ran from {saved['cwd']}, which is gone (its relative "
+                                f"paths were read from there)")
+        print(f"tune.py: resuming from {saved['cwd']}, the directory the sweep ran from", file=sys.stderr)
+        os.chdir(saved["cwd"])
+    return [*saved["argv"], "--output", str(directory)]
+
+
+def plan_sweep(argv: list[str], resuming: bool = False):
+    """``plan`` for a sweep's own command line; ``resuming``: its --output holds it already."""
     namespace = tune_parser().parse_args(argv)
     given, sources = given_options(RunSettings, namespace)
     check_sweep_options(given, sources)
     base_values = {**SWEEP_DEFAULTS, **given}
     base = validate(RunSettings, base_values, sources)
     existing = [name for name in SWEEP_FILES if (Path(base.output) / name).exists()]
-    if existing:
-        raise SettingsError(f"--output {base.output} already holds a sweep ({', '.join(existing)}): choose another "
-                            f"--output (two sweeps' trials would mix in one directory)")
+    if existing and not resuming:
+        raise SettingsError(f"--output {base.output} already holds a sweep ({', '.join(existing)}): continue it with "
+                            f"--resume {base.output}, or choose another --output (two sweeps' trials would mix in "
+                            f"one directory)")
     shapes = budget_points(namespace.budget, namespace.shapes, expansion_cost=namespace.expansion_cost,
                            tolerance=namespace.tolerance) if namespace.budget else []
     points = sweep_points(parse_grid(namespace.grid), shapes, namespace.seeds or [base.seed])
@@ -332,6 +379,7 @@ def trial_summary(trial_dir: Path, config: dict[str, Any], metric: str, error: A
 def main(argv: list[str] | None = None) -> Path:
     import ray
 
+    argv = argv_of(argv)
     try:
         base, trials, options = plan(argv)
         for trial in trials:  # as run.py checks a run
@@ -342,8 +390,6 @@ def main(argv: list[str] | None = None) -> Path:
             prepare_start(trial)
     except SettingsError as error:
         tune_parser().exit(2, f"tune.py: error: {error}\n")
-    from ray import tune
-    from ray.tune.search.basic_variant import BasicVariantGenerator
 
     output = Path(base.output).resolve()
     metric = options.metric  # checked, or the default, by plan
@@ -357,22 +403,10 @@ def main(argv: list[str] | None = None) -> Path:
         from mlflow.tracking import MlflowClient
 
         ensure_experiment(MlflowClient(mlflow_uri), base.experiment, mlflow_uri)
-    tracker = functools.partial(RunTracker, mlflow_uri=mlflow_uri, experiment=base.experiment,
-                                tags={"model": base.model, "sweep": output.name}, final_iteration=base.iterations,
-                                params=functools.partial(trial_params, base))
-    # Explicit trials (points_to_evaluate) instead of grid_search: the budget mode's shapes are a list, not a
-    # cross product.
-    space, trial_points = search_space([build_config(trial).to_dict() for trial in trials], tune.choice)
-    space["callbacks"] = tracker  # after the comparison: each config's copy of it would differ from the others
-    tuner = tune.Tuner(
-        TreeGRPO,
-        param_space=space,
-        tune_config=tune.TuneConfig(
-            search_alg=BasicVariantGenerator(points_to_evaluate=trial_points), num_samples=len(trials),
-            max_concurrent_trials=options.max_concurrent or None),
-        run_config=run_config(base, output, options.time_budget_s, mlflow_uri),
-    )
-    results = tuner.fit()
+    if not options.resume:
+        (output / SWEEP_COMMAND).write_text(json.dumps({"argv": argv, "cwd": os.getcwd()}, indent=1),
+                                            encoding="utf-8")
+    results = sweep_tuner(base, trials, options, output, mlflow_uri).fit()
     rows = [trial_summary(Path(result.path), result.config, metric, result.error) for result in results]
     table = trial_table(rows, metric, options.mode)
     (output / "tune_results.md").write_text(table, encoding="utf-8")
@@ -380,7 +414,53 @@ def main(argv: list[str] | None = None) -> Path:
                                                          indent=1), encoding="utf-8")
     print(table)
     print(f"results: {output / 'tune_results.md'}; trials: {output / 'sweep'}")
+    # Ctrl-C: Tune saved its state; trials it had not yet started are not among the results
+    unfinished = len(trials) - sum(not trial_unfinished(result.error is not None, result.metrics) for result in results)
+    if unfinished:
+        print(f"tune.py: the sweep was interrupted with {unfinished} of {len(trials)} trials unfinished; continue it "
+              f"with: python experiments/tune.py --resume {output}", file=sys.stderr)
+        raise SystemExit(130)
     return output / "tune_results.md"
+
+
+def sweep_space(base: RunSettings, trials: list[RunSettings], output: Path, mlflow_uri: str | None,
+                ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Tune's param space and one point per trial of ``trials``, each trial tracked by a ``RunTracker``. A resumed
+    sweep gives Tune the same space again: Tune keeps the objects in it (the tracker, classes) as placeholders."""
+    from ray import tune
+
+    tracker = functools.partial(RunTracker, mlflow_uri=mlflow_uri, experiment=base.experiment,
+                                tags={"model": base.model, "sweep": output.name}, final_iteration=base.iterations,
+                                params=functools.partial(trial_params, base))
+    # Explicit trials (points_to_evaluate) instead of grid_search: the budget mode's shapes are a list, not a
+    # cross product.
+    space, trial_points = search_space([build_config(trial).to_dict() for trial in trials], tune.choice)
+    space["callbacks"] = tracker  # after the comparison: each config's copy of it would differ from the others
+    return space, trial_points
+
+
+def sweep_tuner(base: RunSettings, trials: list[RunSettings], options, output: Path, mlflow_uri: str | None):
+    """The sweep's ``tune.Tuner``: a new one, or with ``options.resume`` the one restored from its state."""
+    from ray import tune
+    from ray.tune.search.basic_variant import BasicVariantGenerator
+
+    space, trial_points = sweep_space(base, trials, output, mlflow_uri)
+    if options.resume:  # Tune's state holds the trials, their checkpoints and the run config
+        return tune.Tuner.restore(str(options.resume), TreeGRPO, resume_unfinished=True, param_space=space)
+    return tune.Tuner(
+        TreeGRPO,
+        param_space=space,
+        # the cap goes to the generator: Tune ignores max_concurrent_trials beside a search algorithm's generator
+        tune_config=tune.TuneConfig(
+            search_alg=BasicVariantGenerator(points_to_evaluate=trial_points, max_concurrent=options.max_concurrent),
+            num_samples=len(trials)),
+        run_config=run_config(base, output, options.time_budget_s, mlflow_uri),
+    )
+
+
+def argv_of(argv: list[str] | None) -> list[str]:
+    """The sweep's command line as given (``sys.argv``'s when ``main`` was called without one)."""
+    return sys.argv[1:] if argv is None else list(argv)
 
 
 if __name__ == "__main__":

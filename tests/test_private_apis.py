@@ -186,6 +186,15 @@ def default_storage_path() -> None:
            "Trainable no longer reads the module global DEFAULT_STORAGE_PATH when it makes its log folder")
 
 
+def trainable_storage() -> None:
+    from ray.train._internal.storage import StorageContext
+    from ray.tune.trainable.trainable import Trainable
+
+    expect_assigned(Trainable.__init__, "_storage")
+    for name in ("trial_dir_name", "trial_fs_path", "storage_filesystem"):
+        expect(name in source_of(StorageContext), f"StorageContext.{name} is gone")
+
+
 def learner_group_learner() -> None:
     from ray.rllib.core.learner.learner_group import LearnerGroup
 
@@ -361,6 +370,9 @@ APIS = [
     PrivateAPI("ray", "ray.tune.trainable.trainable.DEFAULT_STORAGE_PATH", "tests/conftest.py",
                "Trainable's default log folder (~/ray_results): the tests point it into their temporary folder",
                default_storage_path),
+    PrivateAPI("ray", "Trainable._storage (StorageContext)", "experiments/tracking.py",
+               "Trainable.__init__ and ray/train/_internal/storage.py: a Tune trial's directory name and where its "
+               "files are kept", trainable_storage),
     PrivateAPI("ray", "LearnerGroup._learner", "tests/test_algorithm.py, tests/test_env_runners.py, tests/test_vllm.py",
                "LearnerGroup.__init__: the local learner of a group with num_learners=0", learner_group_learner),
     PrivateAPI("ray", "EnvRunnerGroup._worker_manager", "tests/test_env_runners.py",

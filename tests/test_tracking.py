@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -18,6 +19,7 @@ import pytest
 import ray
 import torch
 from mlflow.tracking import MlflowClient
+from pyarrow.fs import LocalFileSystem
 
 from experiments.evaluate import load_policy
 from experiments.run import main
@@ -127,13 +129,15 @@ def get_json(url: str) -> dict:
         return json.loads(response.read())
 
 
-def test_mlflow_server_serves_the_run_over_rest(tracked_run):
+def test_mlflow_server_serves_the_run_over_rest(tracked_run, tmp_path):
     _, uri, run_id = tracked_run
     port = free_port()
+    log = tmp_path / "server.log"  # a file, not a pipe: a server whose pipe nobody reads blocks, and never stops
     server = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--host", "127.0.0.1",
          "--port", str(port), "--workers", "1"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "MLFLOW_ALLOW_FILE_STORE": "false"})
+        stdout=subprocess.DEVNULL, stderr=log.open("wb"), env={**os.environ, "MLFLOW_ALLOW_FILE_STORE": "false"},
+        start_new_session=True)  # its own process group: the server's workers are stopped with it
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -143,7 +147,7 @@ def test_mlflow_server_serves_the_run_over_rest(tracked_run):
                 break
             except OSError:
                 if server.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"mlflow server did not start: {server.stderr.read().decode()[-2000:]}")
+                    pytest.fail(f"mlflow server did not start: {log.read_text()[-2000:]}")
                 time.sleep(0.5)
         run = get_json(f"{base}/api/2.0/mlflow/runs/get?run_id={run_id}")["run"]
         assert run["info"]["run_id"] == run_id
@@ -153,8 +157,12 @@ def test_mlflow_server_serves_the_run_over_rest(tracked_run):
         assert [m["step"] for m in history["metrics"]] == [1, 2]
         assert all(m["value"] == 12 for m in history["metrics"])  # 2 prompts x 6 leaves
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:  # slow to stop on busy cores: what it served was checked above
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
 
 
 def test_unreachable_tracking_uri_only_warns(data_dir, tmp_path):
@@ -291,24 +299,25 @@ def test_a_run_that_cannot_start_switches_tracking_off(monkeypatch):
 
 def test_the_sweep_ends_the_runs_of_trials_that_stop_early_or_fail(tmp_path):
     """A trial stopped by a time or token budget, or failed, never reaches the iteration at which its RunTracker ends
-    its run: the sweep's driver ends it (EndTrialRuns, Tune's callback), found by the trial id the tracker tags it
-    with; a run already ended, another trial's and run.py's (no trial id) are left alone."""
+    its run: the sweep's driver ends it (EndTrialRuns, Tune's callback), found by the trial directory's name the
+    tracker tags it with; a run already ended, another trial's and run.py's (no trial tag) are left alone."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
 
-    def started(trial_id: str) -> RunTracker:  # as RunTracker starts a trial's run (Ray's "default": run.py)
-        algorithm = SimpleNamespace(logdir=str(tmp_path / trial_id), trial_id=trial_id, iteration=0,
+    def started(name: str) -> RunTracker:  # as RunTracker starts a trial's run (no Tune storage: run.py's)
+        storage = SimpleNamespace(trial_dir_name=name, trial_fs_path=str(tmp_path / "kept" / name),
+                                  storage_filesystem=LocalFileSystem()) if name != "run" else None
+        algorithm = SimpleNamespace(logdir=str(tmp_path / name), _storage=storage, iteration=0,
                                     config=SimpleNamespace(algo="tree_grpo", env="HotpotQA-v0"))
         tracker = RunTracker(mlflow_uri=uri)
         tracker.on_algorithm_init(algorithm=algorithm)
         return tracker
 
-    stopped, failed, done, other, run_py = (started(t) for t in ("a_00000", "a_00001", "a_00002", "a_00003",
-                                                                  "default"))
+    stopped, failed, done, other, run_py = (started(t) for t in ("a_00000", "a_00001", "a_00002", "a_00003", "run"))
     done.mlflow.end("FINISHED")
     ender = EndTrialRuns(uri, "tree-grpo")
-    ender.on_trial_complete(iteration=3, trials=[], trial=SimpleNamespace(trial_id="a_00000"))
-    for trial_id in ("a_00001", "a_00002", "default"):
-        ender.on_trial_error(iteration=3, trials=[], trial=SimpleNamespace(trial_id=trial_id))
+    ender.on_trial_complete(iteration=3, trials=[], trial=SimpleNamespace(path=str(tmp_path / "kept" / "a_00000")))
+    for name in ("a_00001", "a_00002", "run"):
+        ender.on_trial_error(iteration=3, trials=[], trial=SimpleNamespace(path=str(tmp_path / "kept" / name)))
     client = MlflowClient(uri)
     status = {t: client.get_run(t.mlflow.run_id).info.status for t in (stopped, failed, done, other, run_py)}
     assert list(status.values()) == ["FINISHED", "FAILED", "FINISHED", "RUNNING", "RUNNING"]

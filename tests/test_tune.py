@@ -11,7 +11,7 @@ from mlflow.tracking import MlflowClient
 from algos.rollout import TreeShape
 from experiments.cli import SettingsError
 from experiments.settings import RunSettings, tracked_params
-from experiments.tracking import METRICS_FILE, EndTrialRuns, flatten, read_rows
+from experiments.tracking import METRICS_FILE, TRIAL_TAG, EndTrialRuns, flatten, read_rows
 from experiments.tune import (
     budget_points,
     main,
@@ -21,6 +21,7 @@ from experiments.tune import (
     search_space,
     shapes_for_budget,
     sweep_points,
+    sweep_tuner,
     trial_table,
     tune_parser,
 )
@@ -195,6 +196,8 @@ def test_two_trial_grid_is_tracked_in_mlflow(data_dir, tmp_path):
     trial_dirs = sorted(path for path in (tmp_path / "sweep").iterdir() if path.is_dir())
     assert len(trial_dirs) == 2, f"the sweep kept {len(trial_dirs)} trial directories, not 2: {trial_dirs}"
     assert sorted(path.name for path in trial_dirs) == sorted(t["trial"] for t in results["trials"])
+    # each trial's run is tagged with its directory's name, by which the sweep's driver ends a run that stops early
+    assert sorted(r.data.tags[TRIAL_TAG] for r in runs) == [path.name for path in trial_dirs]
     for trial in trial_dirs:
         assert json.loads((trial / "params.json").read_text())["M"] in (1, 2), trial
         assert [row["iteration"] for row in read_rows(trial / METRICS_FILE)] == [1], trial
@@ -210,3 +213,22 @@ def test_a_one_valued_grid_key_is_what_the_trial_trains_and_a_token_budget_stops
     (trial,) = json.loads((tmp_path / "tune_results.json").read_text())["trials"]
     # the first iteration generates more than 1 token: the trial stops after it, as run.py's runs do
     assert trial["M"] == 1 and trial["error"] is None and trial["iterations"] == 1
+
+
+def test_max_concurrent_caps_the_trials_generator(tmp_path, monkeypatch):
+    """Tune ignores TuneConfig's max_concurrent_trials beside a search algorithm (it warns, and runs every trial at
+    once): the cap goes to the generator of the sweep's trials."""
+    from ray.tune.search import basic_variant
+
+    made = []
+
+    class Recorded(basic_variant.BasicVariantGenerator):
+        def __init__(self, **kwargs):
+            made.append(kwargs)
+            super().__init__(**kwargs)
+
+    monkeypatch.setattr(basic_variant, "BasicVariantGenerator", Recorded)
+    base, trials, options = plan(["--model", "tiny-random", "--grid", "M=1,2", "--max-concurrent", "1",
+                                  "--output", str(tmp_path)])
+    sweep_tuner(base, trials, options, tmp_path, mlflow_uri=None)
+    assert made[0]["max_concurrent"] == 1 and len(made[0]["points_to_evaluate"]) == 2
