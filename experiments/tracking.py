@@ -454,23 +454,23 @@ class EndTrialRuns(Callback):
     def end(self, trial_dir: str, status: str) -> None:
         """End the runs of the trial in ``trial_dir`` (the storage's path of its directory) still RUNNING with
         ``status``, logging its metrics.jsonl first when that is on this machine's disk."""
-        trial_id = Path(trial_dir).name
         from mlflow.tracking import MlflowClient
 
+        name = Path(trial_dir).name  # the trial's tag
         try:
             client = MlflowClient(self.tracking_uri)
             experiment = client.get_experiment_by_name(self.experiment)
             if experiment is None:  # no trial started its run
                 return
             running = client.search_runs([experiment.experiment_id], filter_string=(
-                f"tags.{TRIAL_TAG} = '{trial_id}' and attributes.status = 'RUNNING'"))
+                f"tags.{TRIAL_TAG} = '{name}' and attributes.status = 'RUNNING'"))
             metrics_file = Path(trial_dir) / METRICS_FILE
             for run in running:
                 if metrics_file.is_absolute() and metrics_file.is_file():
                     client.log_artifact(run.info.run_id, str(metrics_file))
                 client.set_terminated(run.info.run_id, status)
         except Exception as error:  # tracking must never stop the sweep
-            warnings.warn(f"MLflow tracking at {self.tracking_uri} failed to end trial {trial_id}'s run "
+            warnings.warn(f"MLflow tracking at {self.tracking_uri} failed to end trial {name}'s run "
                           f"({type(error).__name__}: {error})", RuntimeWarning, stacklevel=2)
 
 
