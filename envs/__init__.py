@@ -5,8 +5,9 @@
 
     env = gym.make("HotpotQA-v0", split="dev", topk=3, max_turns=3)
 
-Every id serves :class:`envs.search_qa.SearchQAEnv` on the shared corpus (``DATA_DIR/wiki/paragraphs.jsonl``);
-every constructor argument can be overridden through ``gym.make`` keyword arguments. ``SynthHop-v0`` serves
+Every id serves :class:`envs.search_qa.SearchQAEnv` on the shared corpus (``DATA_DIR/wiki/wiki-18.jsonl``, else
+``DATA_DIR/wiki/paragraphs.jsonl``); every constructor argument can be overridden through ``gym.make`` keyword
+arguments (but a generated world's dataset). ``SynthHop-v0`` serves
 the same env over a generated fictional world (``envs.synthetic``; ``gym.make("SynthHop-v0", world={...})``), and
 ``SynthBranch-v0`` over its variant whose questions turn on one routing decision
 (``envs.synthetic.make_synthbranch_env``).

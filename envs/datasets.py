@@ -133,6 +133,22 @@ def _field(raw: Any, key: str, kind: type | tuple[type, ...], where: str, layout
     return value
 
 
+def _strings(value: Any, key: str, where: str, layout: str) -> list[str]:
+    """Field ``key``'s value as a list of strings (a JSON list of them), else a ``DataError``."""
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise DataError(f"{where}: field {key!r} is not a list of strings; expected {layout}")
+    return value
+
+
+def _fact_titles(facts: Any, where: str, layout: str) -> list[str]:
+    """The titles of supporting facts, ``[[title, sentence_id], ...]``, else a ``DataError``."""
+    if not isinstance(facts, list) or not all(isinstance(fact, list) and fact and isinstance(fact[0], str)
+                                              for fact in facts):
+        raise DataError(f"{where}: field 'supporting_facts' is not a list of [title, sentence_id] pairs; expected "
+                        f"{layout}")
+    return [fact[0] for fact in facts]
+
+
 def _unique(items: list[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(items))
 
@@ -172,26 +188,31 @@ def _parse_hotpotqa(raw: Any, where: str) -> QARecord:
     lay = HOTPOTQA_LAYOUT
     facts = raw.get("supporting_facts") if isinstance(raw, dict) else None
     titles = raw.get("supporting_titles") if isinstance(raw, dict) else None
-    if not titles and facts:
-        titles = [fact[0] for fact in facts]
-    return _record(raw, where, lay, "_id", [_field(raw, "answer", str, where, lay)], list(titles or []))
+    titles = _strings(titles, "supporting_titles", where, lay) if titles is not None else []
+    if not titles and facts is not None:
+        titles = _fact_titles(facts, where, lay)
+    return _record(raw, where, lay, "_id", [_field(raw, "answer", str, where, lay)], titles)
 
 
 def _parse_2wiki(raw: Any, where: str) -> QARecord:
     lay = TWOWIKI_LAYOUT
     facts = _field(raw, "supporting_facts", list, where, lay)
-    return _record(raw, where, lay, "_id", [_field(raw, "answer", str, where, lay)], [fact[0] for fact in facts])
+    return _record(raw, where, lay, "_id", [_field(raw, "answer", str, where, lay)], _fact_titles(facts, where, lay))
 
 
 def _parse_musique(raw: Any, where: str) -> QARecord:
     lay = MUSIQUE_LAYOUT
     paragraphs = _field(raw, "paragraphs", list, where, lay)
+    if not all(isinstance(p, dict) and isinstance(p.get("title"), str) for p in paragraphs):
+        raise DataError(f"{where}: field 'paragraphs' holds an entry that is not an object with a 'title' string; "
+                        f"expected {lay}")
     # Supporting paragraphs in hop order when the decomposition says so, else in paragraph order.
     order = [step.get("paragraph_support_idx") for step in raw.get("question_decomposition") or []]
     by_idx = {p.get("idx", i): p for i, p in enumerate(paragraphs)}
     supporting = [by_idx[i]["title"] for i in order if i in by_idx]
     supporting += [p["title"] for p in paragraphs if p.get("is_supporting")]
-    answers = _unique([_field(raw, "answer", str, where, lay), *raw.get("answer_aliases", [])])
+    aliases = _strings(raw.get("answer_aliases", []), "answer_aliases", where, lay)
+    answers = _unique([_field(raw, "answer", str, where, lay), *aliases])
     return _record(raw, where, lay, "id", list(answers), supporting)
 
 

@@ -102,7 +102,18 @@ class UnicodeText(spaces.Text):
         return isinstance(x, str) and self.min_length <= len(x) <= self.max_length
 
     def __repr__(self) -> str:
-        return f"UnicodeText({self.min_length}, {self.max_length})"
+        return f"UnicodeText({self.max_length}, min_length={self.min_length})"
+
+
+def _no_vector_form(space: UnicodeText, *args: Any) -> Any:
+    raise NotImplementedError(f"{space!r} (free text, any character) has no fixed-size vector form: tokenize the "
+                              f"observations (e.g. with the policy's tokenizer) instead of flattening them")
+
+
+# Gymnasium's Text flattening indexes the sampling charset, which real text leaves (KeyError mid-episode): refused
+# up front instead (FlattenObservation calls flatten_space when it is built)
+for _flattening in (spaces.utils.flatten_space, spaces.utils.flatdim, spaces.utils.flatten, spaces.utils.unflatten):
+    _flattening.register(UnicodeText)(_no_vector_form)
 
 
 @dataclass(frozen=True)
@@ -157,17 +168,21 @@ class SearchQAEnv(gym.Env[str, str]):
 
     ## Episode End
     ``terminated`` when the agent answers; ``truncated`` when the final step (turn ``max_turns + 1``) holds no
-    answer. ``info`` always has ``action`` (search / answer / invalid), ``turn`` and ``tool_calls``; at the end
-    also ``answer`` (None when unanswered), ``em``, ``f1`` and ``format_valid``.
+    answer. ``reset``'s ``info`` has ``index`` (the question's position in the split) and ``id`` (its dataset id);
+    ``step``'s always has ``action`` (search / answer / invalid), ``turn`` and ``tool_calls``; at the end also
+    ``answer`` (None when unanswered), ``em``, ``f1`` and ``format_valid``.
 
     ## Arguments
     ``dataset`` (a name in ``envs.datasets.DATASETS``), ``split``, ``data_dir`` (default ``$TREEGRPO_DATA_DIR``
     else ``./data``), ``data_file`` (a file in the dataset's format, or a Search-R1 ``.parquet``, instead of the
     split's), ``retriever`` (a backend name, the URL of a retrieval server, or a ``Retriever``), ``corpus_path``
     (default: the data directory's corpus, ``wiki/wiki-18.jsonl`` or ``wiki/paragraphs.jsonl``; not with a URL),
-    ``topk`` (3), ``max_turns`` (3), ``reward``, ``max_obs_chars``, ``passage_words`` (None: whole passages; a word cap
-    per passage keeps a short context whole-passage truncation would spend on the first hit), ``prompt_template``
-    (with ``{question}``).
+    ``topk`` (3), ``max_turns`` (3), ``reward`` (``"format"``), ``max_obs_chars`` (2000), ``passage_words`` (None:
+    whole passages; a word cap per passage keeps a short context whole-passage truncation would spend on the first
+    hit), ``prompt_template`` (``DEFAULT_PROMPT``: a ``str.format`` template with the one field ``{question}``,
+    checked here), ``render_mode`` (None, or ``"ansi"``: ``render()`` returns the transcript). Defaults: ``dataset``
+    ``"hotpotqa"``, ``split`` ``"train"``, ``retriever`` ``envs.retrieval.DEFAULT_BACKEND``. Integer options take any
+    integer (numpy's included), not a bool.
 
     ## Batched search
     ``prefetch([(state, text), ...])`` searches, in one batch, the queries that stepping each text from its state
@@ -178,9 +193,11 @@ class SearchQAEnv(gym.Env[str, str]):
 
     ## Snapshots
     ``get_state()`` returns a small immutable :class:`SearchQAState`; ``set_state`` on any env serving the same
-    questions (the same dataset and split, or data file, with the same records: another world's, or another
-    file's, are refused) restores the episode exactly: the same actions then give the same observations and
-    rewards. A snapshot does not hold the env's random generator: ``set_state`` leaves it as it was, so the
+    questions (the same dataset and records, whether read from a split or a data file: another world's, or another
+    file's, are refused) restores the episode exactly: with the same settings (``topk``, ``max_turns``,
+    ``max_obs_chars``, ``passage_words``, ``reward``, the corpus), the same actions then give the same observations
+    and rewards; an env with other settings goes on under its own (e.g. a larger ``max_turns`` allows more
+    steps). A snapshot does not hold the env's random generator: ``set_state`` leaves it as it was, so the
     question a later ``reset()`` draws without an ``index`` follows the env's own seed. The retriever is shared
     by every env of a process, never copied.
 
@@ -212,8 +229,7 @@ class SearchQAEnv(gym.Env[str, str]):
             _check_positive(passage_words=passage_words)
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}")
-        if "{question}" not in prompt_template:
-            raise ValueError("prompt_template must contain '{question}'")
+        _check_template(prompt_template)
         if dataset not in DATASETS:
             raise ValueError(f"unknown dataset {dataset!r}; known datasets: {', '.join(sorted(DATASETS))}")
         if data_file is not None:
@@ -227,8 +243,8 @@ class SearchQAEnv(gym.Env[str, str]):
         # what a snapshot's index points into, by content (computed once: clones copy it, set_state compares it)
         self.source = (dataset, split if data_file is None else os.fspath(data_file),
                        f"{len(self.records)} records {records_digest(self.records)}")
-        self.topk, self.max_turns, self.max_obs_chars = topk, max_turns, max_obs_chars
-        self.passage_words = passage_words
+        self.topk, self.max_turns, self.max_obs_chars = int(topk), int(max_turns), int(max_obs_chars)
+        self.passage_words = None if passage_words is None else int(passage_words)
         self.reward_fn = get_reward_fn(reward)
         self.prompt_template = prompt_template
         self.render_mode = render_mode
@@ -314,7 +330,7 @@ class SearchQAEnv(gym.Env[str, str]):
     def set_state(self, state: SearchQAState) -> None:
         if not isinstance(state, SearchQAState):
             raise TypeError(f"set_state takes a SearchQAState, got {type(state).__name__}")
-        if state.source != self.source:
+        if (state.source[0], state.source[2]) != (self.source[0], self.source[2]):  # the split or file may differ
             raise ValueError(f"the state is from {state.source}, this env serves {self.source}: other questions")
         self._checked_index(state.index, "the state's index")
         self._state = state
@@ -357,5 +373,16 @@ class SearchQAEnv(gym.Env[str, str]):
 
 def _check_positive(**values: int) -> None:
     for name, value in values.items():
-        if not isinstance(value, int) or value < 1:
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def _check_template(template: str) -> None:
+    """A ``ValueError`` unless ``template`` formats with the one field ``question`` (literal braces doubled)."""
+    try:
+        template.format(question="")
+    except (KeyError, IndexError, ValueError) as error:
+        raise ValueError(f"prompt_template must be a str.format template whose one field is {{question}} (write "
+                         f"literal braces as {{{{ }}}}): {type(error).__name__}: {error}") from None
+    if "{question}" not in template:
+        raise ValueError("prompt_template must contain '{question}'")

@@ -456,3 +456,25 @@ def test_a_files_digest_is_read_once_while_it_is_unchanged_and_follows_its_conte
     copy = tmp_path / "copy.json"
     copy.write_text("[2]")
     assert content_digest(copy) == content_digest(path)  # by content, not by name
+
+
+@pytest.mark.parametrize(
+    ("format_name", "template", "field", "value"),
+    [
+        ("hotpotqa", HOTPOT_ROW, "supporting_facts", [5]),
+        ("hotpotqa", HOTPOT_ROW, "supporting_titles", "T"),
+        ("2wikimultihopqa", TWOWIKI_ROW, "supporting_facts", [[0, 0]]),
+        ("musique", MUSIQUE_ROW, "paragraphs", [{"idx": 0, "paragraph_text": "x", "is_supporting": True}]),
+        ("musique", MUSIQUE_ROW, "answer_aliases", "Xavier"),  # a string is not a list of its characters
+    ],
+)
+def test_a_malformed_nested_field_names_the_record_and_the_field(
+    tmp_path: Path, format_name: str, template: dict, field: str, value: object
+) -> None:
+    jsonl = FORMATS[format_name].jsonl
+    bad = {**_row(template, "2"), field: value}
+    path = _write(tmp_path / ("data.jsonl" if jsonl else "data.json"), [_row(template, "1"), bad], jsonl)
+    with pytest.raises(DataError) as err:
+        load_records(path, format_name)
+    assert repr(field) in str(err.value)
+    assert (f"{path}:2" if jsonl else f"{path}: record 1") in str(err.value)

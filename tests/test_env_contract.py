@@ -154,3 +154,45 @@ def test_the_environments_page_lists_every_option_the_env_takes():
     options = options[: options.index("\n\n")]
     taken = inspect.signature(SearchQAEnv).parameters
     assert [name for name in taken if f"`{name}" not in options] == []
+
+
+def test_a_snapshot_restores_whether_its_questions_were_read_from_a_split_or_the_same_file(world):
+    by_split = world_env(world)
+    by_file = SearchQAEnv("synthhop", data_file=world / "synthhop" / "dev.json", retriever=FixedRetriever())
+    by_split.reset(options={"index": 4})
+    by_file.set_state(by_split.get_state())  # the same records: the same questions
+    assert by_file.record == by_split.record
+
+
+@pytest.mark.parametrize(("option", "value"), [("topk", np.int64(2)), ("max_turns", np.int32(4)),
+                                               ("passage_words", np.uint16(30))])
+def test_integer_options_take_any_integer_and_keep_a_python_int(world, option, value):
+    env = world_env(world, **{option: value})
+    assert getattr(env, option) == value and type(getattr(env, option)) is int
+
+
+@pytest.mark.parametrize("value", [True, 2.0, "2", 0])
+def test_an_integer_option_that_is_not_a_positive_integer_is_refused_naming_it(world, value):
+    with pytest.raises(ValueError, match=f"topk must be a positive int, got {value!r}"):
+        world_env(world, topk=value)
+
+
+@pytest.mark.parametrize("template", ['Reply as JSON {"answer": ...}. Q: {question}', "Q: {question} {0}",
+                                      "Q: {question} {", "no field at all"])
+def test_a_prompt_template_that_cannot_format_is_refused_when_the_env_is_built(world, template):
+    with pytest.raises(ValueError, match="prompt_template"):
+        world_env(world, prompt_template=template)
+    env = world_env(world, prompt_template='Reply as JSON {{"answer": ...}}. Q: {question}')  # braces doubled
+    assert env.reset(options={"index": 0})[0].startswith('Reply as JSON {"answer": ...}. Q: ')
+
+
+def test_text_spaces_refuse_flattening_up_front_naming_why(world):
+    """Gymnasium flattens a Text space by its sampling charset, which real text leaves ("[", "Ω"): a KeyError in
+    mid-episode. The env's spaces refuse it when a wrapper is built."""
+    env = gym.make("SynthHop-v0", split="dev", data_dir=world, retriever=FixedRetriever())
+    with pytest.raises(NotImplementedError, match="no fixed-size vector form: tokenize"):
+        gym.wrappers.FlattenObservation(env)
+    with pytest.raises(NotImplementedError, match="no fixed-size vector form"):
+        gym.spaces.utils.flatten(env.observation_space, "Price [1] Ω")
+    space = env.observation_space
+    assert eval(repr(space), {"UnicodeText": type(space)}) == space  # its repr builds it again

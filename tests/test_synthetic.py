@@ -121,6 +121,20 @@ def test_gym_make_generates_the_world_into_the_cache(tmp_path, monkeypatch):
     assert env.unwrapped.record.question in prompt
 
 
+def test_a_world_env_refuses_what_it_would_otherwise_ignore(tmp_path, monkeypatch):
+    """A data_dir that does not exist, a world= that is not the one data_dir holds, and the dataset, which the id
+    names: each refused by name (each was silently ignored)."""
+    monkeypatch.setenv("TREEGRPO_CACHE_DIR", str(tmp_path / "cache"))
+    with pytest.raises(envs.datasets.MissingDataError, match=f"data_dir {tmp_path / 'typo'} does not exist"):
+        gym.make("SynthHop-v0", world={**SMALL, "seed": 1}, data_dir=tmp_path / "typo")
+    held = write_world(WorldSpec(**SMALL, seed=1), tmp_path / "held")
+    assert gym.make("SynthHop-v0", world={**SMALL, "seed": 1}, data_dir=held).unwrapped.records  # the same world
+    with pytest.raises(ValueError, match="is not the world written in data_dir"):
+        gym.make("SynthHop-v0", world={**SMALL, "seed": 2}, data_dir=held)
+    with pytest.raises(ValueError, match="serves the synthhop dataset; dataset='hotpotqa' cannot be set"):
+        gym.make("SynthHop-v0", world={**SMALL, "seed": 1}, dataset="hotpotqa")
+
+
 # -- SynthBranch: one routing decision per question ---------------------------------------------------------------
 
 BRANCH = {"people": 20, "companies": 12, "cities": 6, "countries": 3, "train_questions": 16, "dev_questions": 8}
@@ -278,3 +292,10 @@ def test_run_refuses_fewer_turns_than_the_worlds_hops_before_ray(tmp_path, capsy
     assert caught.value.code == 2 and not ray.is_initialized() and not (tmp_path / "run").exists()
     err = capsys.readouterr().err
     assert "--max-turns 3: the SynthBranch-v0 world the run would serve asks 4-hop questions" in err
+
+
+def test_a_world_env_refuses_fewer_turns_than_its_worlds_hops(tmp_path):
+    root = write_world(BranchSpec(**BRANCH, hops=4), tmp_path / "world")
+    with pytest.raises(ValueError, match="max_turns 3: the synthbranch world asks 4-hop questions"):
+        gym.make("SynthBranch-v0", data_dir=root)
+    assert gym.make("SynthBranch-v0", data_dir=root, max_turns=4).unwrapped.max_turns == 4

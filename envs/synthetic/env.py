@@ -8,16 +8,29 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from envs.synthetic.files import world_data_dir
+from envs.synthetic.files import read_spec, world_data_dir
 from envs.synthetic.world import spec_from_fields
 
 
 def make_synthhop_env(split: str = "train", *, world: Mapping[str, Any] | None = None,
                       data_dir: str | os.PathLike | None = None, **env_kwargs: Any):
-    """``gym.make("SynthHop-v0", world={...}, ...)``: a ``SearchQAEnv`` over a generated world. A
-    ``data_dir`` that holds ``synthhop/`` files (``python -m envs.synthetic DIR``) is served as it is; any
-    other (e.g. the real data directory) is ignored and the world of ``world`` (``WorldSpec`` fields) is
-    generated into the cache."""
+    """``gym.make("SynthHop-v0", world={...}, ...)``: search QA over a generated world of people, companies, cities
+    and countries, where a question takes 1 to 3 hops ("In which country is the company Anna works for based?").
+
+    ## Action Space, Observation Space, Rewards, Episode End
+    Those of ``SearchQAEnv`` (``UnicodeText`` actions and observations: the step's text, and the retrieved
+    passages or the final ""; Search-R1's format-aware exact-match reward at the end; ``terminated`` on an
+    answer, ``truncated`` when the final, answer-only step (turn ``max_turns + 1``) holds none). A question needs
+    one search per hop: ``max_turns`` below the world's most hops is refused.
+
+    ## Arguments
+    ``world``: ``WorldSpec`` fields (sizes, seed, ``hop_mix``), generated into the cache. A ``data_dir`` that holds
+    ``synthhop/`` files (``python -m envs.synthetic DIR``) is served as it is; any other (e.g. the real data
+    directory) is ignored; one that does not exist is an error. Every other keyword goes to ``SearchQAEnv``.
+
+    ## Version History
+    * v0: initial version.
+    """
     return _world_env("synthhop", split, world, data_dir, env_kwargs)
 
 
@@ -40,7 +53,7 @@ def make_synthbranch_env(split: str = "train", *, world: Mapping[str, Any] | Non
     Those of ``SearchQAEnv`` (``UnicodeText`` actions and observations: the step's text, and the retrieved
     passages or the final ""; Search-R1's format-aware exact-match reward at the end; ``terminated`` on an
     answer, ``truncated`` when the final, answer-only step (turn ``max_turns + 1``) holds none). A question needs
-    ``hops`` searches: ``max_turns`` must be at least ``hops`` (run.py refuses less before Ray starts). With
+    ``hops`` searches: ``max_turns`` must be at least ``hops`` (less is refused). With
     ``hops`` 3 and the paper's ``max_turns`` 3, a trajectory is 3 searches and the answer: 4 LLM calls.
 
     ## Why step-level credit matters here
@@ -72,15 +85,35 @@ def make_synthbranch_env(split: str = "train", *, world: Mapping[str, Any] | Non
 
 def _world_env(dataset: str, split: str, world: Mapping[str, Any] | None, data_dir: str | os.PathLike | None,
                env_kwargs: dict[str, Any]):
+    """The env over the world; a ``ValueError`` where its ``max_turns`` cannot make the searches a question needs
+    (one per hop), or ``env_kwargs`` names another dataset."""
     from envs.search_qa import SearchQAEnv
 
-    return SearchQAEnv(dataset, split, data_dir=world_dir(dataset, world, data_dir), **env_kwargs)
+    if "dataset" in env_kwargs:
+        raise ValueError(f"this env serves the {dataset} dataset; dataset={env_kwargs['dataset']!r} cannot be set "
+                         f"(gym.make another id, or build SearchQAEnv)")
+    env = SearchQAEnv(dataset, split, data_dir=world_dir(dataset, world, data_dir), **env_kwargs)
+    hops = max(len(record.supporting_titles) for record in env.records)
+    if hops > env.max_turns:
+        raise ValueError(f"max_turns {env.max_turns}: the {dataset} world asks {hops}-hop questions, one search per "
+                         f"hop: set max_turns to at least {hops}")
+    return env
 
 
 def world_dir(dataset: str, world: Mapping[str, Any] | None = None,
               data_dir: str | os.PathLike | None = None) -> Path:
     """The data directory a ``dataset`` (synthhop, synthbranch) env serves: ``data_dir`` when it holds that
-    dataset's files, else the cached world of ``world`` (the spec's fields), written on first use."""
+    dataset's files (``world``, if given, must be the world written there), else the cached world of ``world``
+    (the spec's fields), written on first use. A ``data_dir`` that does not exist is a ``MissingDataError``."""
+    from envs.datasets import MissingDataError
+
+    if data_dir is not None and not Path(data_dir).is_dir():
+        raise MissingDataError(f"data_dir {data_dir} does not exist: pass a directory holding {dataset}/world.json "
+                               f"(python -m envs.synthetic DIR), or none, to generate the world of world= into the "
+                               f"cache")
     if data_dir is not None and (Path(data_dir) / dataset / "world.json").exists():
+        if world is not None and spec_from_fields(dataset, world) != read_spec(dataset, data_dir):
+            raise ValueError(f"world={dict(world)} is not the world written in data_dir {data_dir} "
+                             f"({dataset}/world.json): give one of them")
         return Path(data_dir)
     return world_data_dir(spec_from_fields(dataset, world))
