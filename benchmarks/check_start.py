@@ -36,9 +36,9 @@ import torch
 
 import envs  # noqa: F401  (registers the env ids)
 from benchmarks.bench_branching import LEAD_WORLD, TOPK, WORLD
-from benchmarks.learning_options import top_p_option
 from benchmarks.learning_testbed import max_turns_for
 from envs.synthetic import BRANCH_ROLES, world_data_dir
+from experiments.arg_types import fraction
 from experiments.checkpoints import CONFIG_FILE, RLLIB_MARKER, CheckpointError
 from experiments.cli import read_yaml
 from experiments.evaluate import load_policy, world_held_out
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     p.add_argument("model", help="the start policy: a model directory, a --model name or a training checkpoint")
     p.add_argument("--questions", type=int, default=100)
     p.add_argument("--split", choices=["dev", "train"], default="dev", help="teacher-forced part: which split")
-    p.add_argument("--top-p", type=top_p_option, default=SamplingSettings().top_p,
+    p.add_argument("--top-p", type=fraction, default=SamplingSettings().top_p,
                    help="the rollouts' nucleus, for the share of questions whose right role it holds (default: "
                         "%(default)s, run.py's)")
     p.add_argument("--sampled", action="store_true",

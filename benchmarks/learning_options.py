@@ -10,6 +10,7 @@ import dataclasses
 from algos.tree_grpo.settings import TreeGRPOSettings
 from benchmarks.learning_stats import DELTA
 from benchmarks.learning_testbed import Testbed
+from experiments.arg_types import fraction, non_negative_float, non_negative_int, positive_int
 from policies.generation import SamplingSettings
 
 # benchmark option -> (run.py's option, what it is): design choices a benchmark can set for every setting
@@ -42,7 +43,7 @@ def add_run_options(p: argparse.ArgumentParser, settings: list[str], *, seeds: l
     # SynthHop leaf in the rollout benchmark), so 64 holds any step a warm start writes and cuts runaway ones early
     # on a CPU; it is also warmstart.py's dev-evaluation cap, so a warm start's dev EM and the runs' are alike.
     p.add_argument("--max-step-tokens", type=int, default=64)
-    p.add_argument("--top-p", type=top_p_option, default=None,
+    p.add_argument("--top-p", type=fraction, default=None,
                    help=f"nucleus of the rollouts' sampling, the same for every setting (default: run.py's, "
                         f"{SamplingSettings().top_p})")
     p.add_argument("--entropy-coef", type=non_negative_float, default=None,
@@ -66,36 +67,6 @@ def add_run_options(p: argparse.ArgumentParser, settings: list[str], *, seeds: l
                         "match, e.g. after an interruption, or to report on seeds run by several processes")
 
 
-def non_negative_int(text: str) -> int:
-    """argparse type: an integer >= 0 (the option's name is added by argparse to the error)."""
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    """argparse type: a number >= 0."""
-    value = float(text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
-def top_p_option(text: str) -> float:
-    """argparse type: a nucleus mass in (0, 1]."""
-    value = float(text)
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
-    return value
 
 
 def check_eval_questions(p: argparse.ArgumentParser, args: argparse.Namespace, testbed: Testbed) -> None:
@@ -138,4 +109,3 @@ def design_output(base: str, args: argparse.Namespace) -> str:
     """The default --output of a benchmark (``base``) under its design choices: a design's runs never share a
     directory with another's (a run of other options in a setting's directory would be trained over)."""
     return base + design_suffix(args).replace("-", "_")
-

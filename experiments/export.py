@@ -26,6 +26,8 @@ import shutil
 import stat
 from pathlib import Path
 
+import torch
+
 from experiments.checkpoints import CheckpointError, resolve_checkpoint
 from experiments.evaluate import load_policy
 from policies.precision import DTYPES
@@ -36,18 +38,28 @@ class ExportError(ValueError):
 
 
 def check_output(output: Path, checkpoint: Path, overwrite: bool) -> None:
-    """Refuse an OUT that is a file, that holds the checkpoint, or (without ``overwrite``) that is not empty."""
+    """Refuse an OUT that is a file, that holds the checkpoint, that is inside the checkpoint's run (where a save's
+    pruning, or a run replaced, would delete it), or (without ``overwrite``) that is not empty."""
     if output.is_file():
         raise ExportError(f"{output} is a file; OUT must be a new or empty directory")
-    if output.resolve() in (checkpoint, *checkpoint.parents):
+    run = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint
+    resolved = output.resolve()
+    if resolved in (checkpoint, *checkpoint.parents):
         raise ExportError(f"{output} holds the checkpoint {checkpoint}: choose an OUT outside the run")
+    if resolved.is_relative_to(run):
+        raise ExportError(f"{output} is inside the run {run}: choose an OUT outside it")
     if output.is_dir() and any(output.iterdir()) and not overwrite:
         raise ExportError(f"{output} exists and is not empty: choose another OUT, or pass --overwrite to replace it")
 
 
-def merged(model):
-    """The plain model of a policy: LoRA adapters (a peft model) merged into the base weights."""
-    return model.merge_and_unload() if hasattr(model, "merge_and_unload") else model
+def merged(model, dtype: str = "float32"):
+    """The plain model of a policy in ``dtype``: LoRA adapters (a peft model) merged into the base weights in float32
+    (the base may be held in a bf16 compute dtype: merged there, the adapters' small deltas would round away), then
+    cast."""
+    model = model.to(torch.float32)
+    if hasattr(model, "merge_and_unload"):
+        model = model.merge_and_unload()
+    return model.to(DTYPES[dtype])
 
 
 def export_policy(checkpoint: str | Path, output: str | Path, *, overwrite: bool = False,
@@ -55,13 +67,13 @@ def export_policy(checkpoint: str | Path, output: str | Path, *, overwrite: bool
     """Write the policy of ``checkpoint`` (any spelling ``resolve_checkpoint`` takes) as a Hugging Face model
     directory ``output`` with weights in ``dtype``; returns ``output``. ``CheckpointError`` / ``ExportError`` name
     what is wrong."""
-    source, output = resolve_checkpoint(checkpoint), Path(output)
+    source, output = resolve_checkpoint(checkpoint), Path(output).resolve()
     check_output(output, source, overwrite)
     model, tokenizer = load_policy(str(source))
     staging = output.with_name(f".{output.name}.tmp-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     try:
-        merged(model).to(DTYPES[dtype]).save_pretrained(staging, safe_serialization=True)
+        merged(model, dtype).save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
         # transformers writes the weights through a private temporary file (mode 0600): give them the mode the
         # umask gave every other file

@@ -23,6 +23,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from experiments.arg_types import fraction, non_negative_float, non_negative_int, positive_float, positive_int
 from policies.memory_plan import (
     DEFAULT_MICRO_BATCH_TOKENS,
     DEFAULT_ROLLOUT_CONTEXT,
@@ -41,7 +42,9 @@ from policies.model_shape import ModelShapeError, model_shape
 def plan_memory_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="a model directory, a cached hub id, or a preset")
-    p.add_argument("--learners", type=int, default=1, help="learners, one GPU each (default 1)")
+    p.add_argument("--learners", type=positive_int, default=1,
+                   help="learners, one GPU each (default 1; run.py's --num-learners, where 0 learns in the driver: "
+                        "plan that as 1)")
     p.add_argument("--learner-sharding", choices=("ddp", "fsdp"), default="ddp",
                    help="ddp: each learner holds everything; fsdp: weights, gradients, optimizer state and the "
                         "reference sharded over the learners")
@@ -50,31 +53,33 @@ def plan_memory_parser() -> argparse.ArgumentParser:
                                                                          "backward")
     p.add_argument("--reference-offload", action="store_true", help="the KL reference in CPU memory between its "
                                                                     "passes")
-    p.add_argument("--kl-coef", type=float, default=0.001, help="0: no KL term, no reference model")
-    p.add_argument("--lora-rank", type=int, default=None, help="train LoRA adapters of this rank (q, k, v, o)")
-    p.add_argument("--micro-batch-tokens", type=int, default=DEFAULT_MICRO_BATCH_TOKENS,
+    p.add_argument("--kl-coef", type=non_negative_float, default=0.001, help="0: no KL term, no reference model")
+    p.add_argument("--lora-rank", type=positive_int, default=None, help="train LoRA adapters of this rank (q, k, v, o)")
+    p.add_argument("--micro-batch-tokens", type=positive_int, default=DEFAULT_MICRO_BATCH_TOKENS,
                    help="decoder tokens per forward/backward pass (default: a (2,2,1) prompt group at 500-token "
                         "steps, %(default)s)")
     p.add_argument("--learner-attention", choices=("sdpa", "flex_attention"), default="sdpa",
-                   help="sdpa keeps a dense tree mask per layer; flex_attention a block mask")
+                   help="sdpa keeps a dense tree mask per layer; flex_attention a block mask (run.py's eager, which "
+                        "holds every head's scores, is not planned)")
     p.add_argument("--generator", choices=("hf", "vllm"), default="hf", help="the rollout engine")
     p.add_argument("--colocated", action="store_true", help="the rollout engine on the learner's GPU")
-    p.add_argument("--vllm-gpu-memory-utilization", type=float, default=DEFAULT_VLLM_GPU_MEMORY_UTILIZATION,
+    p.add_argument("--vllm-gpu-memory-utilization", type=fraction, default=DEFAULT_VLLM_GPU_MEMORY_UTILIZATION,
                    help="a colocated vLLM engine's share of the GPU (default %(default)s)")
     p.add_argument("--vllm-sleep", action="store_true", help="the vLLM engine frees its memory during updates")
-    p.add_argument("--prompts-per-iteration", type=int, default=DEFAULT_ROLLOUT_PROMPTS,
+    p.add_argument("--prompts-per-iteration", type=positive_int, default=DEFAULT_ROLLOUT_PROMPTS,
                    help="prompts the colocated engine samples (with R env runners sharing GPUs: one runner's share) "
                         "(default: the GPU default, %(default)s)")
     for name, value, what in zip("MNL", DEFAULT_TREE, ("trees per prompt", "nodes expanded per tree per round",
                                                        "expansion rounds"), strict=True):
-        p.add_argument(f"--{name}", type=int, default=value, help=f"{what} (default %(default)s)")
-    p.add_argument("--max-context-tokens", type=int, default=DEFAULT_ROLLOUT_CONTEXT,
+        p.add_argument(f"--{name}", type=positive_int if name == "M" else non_negative_int, default=value,
+                       help=f"{what} (default %(default)s)")
+    p.add_argument("--max-context-tokens", type=positive_int, default=DEFAULT_ROLLOUT_CONTEXT,
                    help="token cap of a whole trajectory: each KV cache row's length (default %(default)s)")
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
                    help="compute dtype (default bfloat16: bf16 compute over float32 master weights)")
     p.add_argument("--pure-bf16", action="store_true", help="bf16 weights, gradients and AdamW state (no float32 "
                                                             "master)")
-    p.add_argument("--gpu-memory-gib", type=float, required=True, help="each GPU's memory, GiB")
+    p.add_argument("--gpu-memory-gib", type=positive_float, required=True, help="each GPU's memory, GiB")
     p.add_argument("--json", metavar="PATH", help="write the plan as JSON")
     return p
 
@@ -109,7 +114,10 @@ def main(argv: list[str] | None = None) -> MemoryPlan:
         parser.exit(2, f"plan_memory.py: error: {error}\n")
     print(plan_table(plan))
     if args.json:
-        Path(args.json).write_text(json.dumps(plan.to_json(), indent=1) + "\n")
+        try:
+            Path(args.json).write_text(json.dumps(plan.to_json(), indent=1) + "\n")
+        except OSError as error:
+            parser.exit(2, f"plan_memory.py: error: --json {args.json}: {error.strerror}\n")
     return plan
 
 

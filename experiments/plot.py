@@ -11,14 +11,17 @@ Each RUN is a metrics.jsonl file or a run directory holding one (written by expe
 iteration, against the tokens generated so far, and against the tool calls so far (the budget views: what the
 run got for what it spent).
 The figure goes to --output, by default curves.png in the current directory (not into a run directory, where
-run.py keeps its own learning_curve.png); its path is printed.
+run.py keeps its own learning_curve.png), in the format its suffix names (.png, .pdf, .svg, ...); its path is
+printed. A RUN that cannot be read, an MLflow store that does not exist or a run id it lacks is one error line.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
+import sys
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,6 +38,7 @@ X_AXES = {"iteration": "iteration", "tokens": "tokens generated (cumulative)", "
 CUMULATIVE_X = {"tokens": TOKENS_GENERATED, "tool_calls": TOOL_CALLS}  # x axis -> the per-row count it sums
 METRICS_FILE = "metrics.jsonl"
 DEFAULT_OUTPUT = "curves.png"
+SQLITE_PREFIX = "sqlite:///"
 SPREAD_SUFFIX = "_std"  # a row's "<metric>_std" (e.g. the std over seeds) is drawn as a band around the metric
 
 
@@ -68,13 +72,23 @@ def load_mlflow_run(tracking_uri: str, run_id: str) -> list[dict]:
 
     A metric logged twice at one step keeps its latest value; a metric not logged at a step is absent from that row.
     """
+    from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
+    if "://" not in tracking_uri:
+        raise ValueError(f"--mlflow-uri {tracking_uri}: not a URI; e.g. sqlite:///ABS/PATH/mlflow.db (a SQLite store) "
+                         f"or http://HOST:PORT (a server)")
+    store = Path(tracking_uri.removeprefix(SQLITE_PREFIX)) if tracking_uri.startswith(SQLITE_PREFIX) else None
+    if store is not None and not store.is_file():  # MLflow would create an empty store there
+        raise FileNotFoundError(f"--mlflow-uri {tracking_uri}: no MLflow store at {store}")
     client = MlflowClient(tracking_uri)
     rows: dict[int, dict] = {}
-    for key in client.get_run(run_id).data.metrics:
-        for point in sorted(client.get_metric_history(run_id, key), key=lambda m: (m.step, m.timestamp)):
-            rows.setdefault(point.step, {ITERATION: point.step})[key] = point.value
+    try:
+        for key in client.get_run(run_id).data.metrics:
+            for point in sorted(client.get_metric_history(run_id, key), key=lambda m: (m.step, m.timestamp)):
+                rows.setdefault(point.step, {ITERATION: point.step})[key] = point.value
+    except MlflowException as error:
+        raise ValueError(f"MLflow run {run_id} in {tracking_uri}: {error.message}") from None
     return [rows[step] for step in sorted(rows)]
 
 
@@ -105,9 +119,10 @@ def curve(rows: Sequence[dict], metric: str, x: str = "iteration") -> tuple[np.n
 
 def plot_runs(runs: dict[str, list[dict]], path: str | Path,
               metrics: Sequence[str] = ("reward_mean", "em_mean")) -> Path:
-    """Write one PNG comparing ``runs`` (label -> rows): a row of panels per metric, against iterations and
-    against cumulative tokens generated, one labelled line per run. Metrics that no run has are left out (with a
-    warning); ValueError if none is left. Returns the path written."""
+    """Write one figure comparing ``runs`` (label -> rows), in the format ``path``'s suffix names: a row of panels
+    per metric, against iterations, cumulative tokens generated and cumulative tool calls, one labelled line per
+    run. Metrics that no run has are left out (with a warning); ValueError if none is left. Returns the path
+    written."""
     present = [m for m in metrics if any(len(curve(rows, m)[1]) for rows in runs.values())]
     if not present:
         raise ValueError(f"no run has any of the metrics {list(metrics)}")
@@ -119,9 +134,19 @@ def plot_runs(runs: dict[str, list[dict]], path: str | Path,
         for ax, (x, xlabel) in zip(row_axes, X_AXES.items(), strict=True):
             _draw_panel(ax, runs, metric, x)
             ax.set(xlabel=xlabel, ylabel=metric)
+    return _save(figure, path)
+
+
+def _save(figure: Figure, path: str | Path) -> Path:
+    """Write ``figure`` to ``path`` in the format its suffix names (PNG without one); a ValueError naming the
+    formats for a suffix that names none."""
     path = Path(path)
+    formats = figure.canvas.get_supported_filetypes()
+    if path.suffix and path.suffix[1:].lower() not in formats:
+        raise ValueError(f"--output {path}: {path.suffix} is not a figure format; use one of "
+                         f"{', '.join('.' + name for name in sorted(formats))}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, format="png", dpi=120)
+    figure.savefig(path, format=path.suffix[1:].lower() or "png", dpi=120)
     return path
 
 
@@ -160,10 +185,7 @@ def plot_held_out_curve(rows: Sequence[dict], held_out: Sequence[tuple[int, floa
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small", loc="lower right")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, format="png", dpi=120)
-    return path
+    return _save(figure, path)
 
 
 def run_label(run: str) -> str:
@@ -177,7 +199,8 @@ def run_label(run: str) -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+", metavar="RUN", help="metrics.jsonl, run directory, or MLflow run id")
-    p.add_argument("--output", default=DEFAULT_OUTPUT, help=f"the PNG to write (default: ./{DEFAULT_OUTPUT})")
+    p.add_argument("--output", default=DEFAULT_OUTPUT,
+                   help=f"the figure to write, in the format its suffix names (default: ./{DEFAULT_OUTPUT})")
     p.add_argument("--labels", nargs="+", default=None, help="one per run (default: run directory name or run id)")
     p.add_argument("--metrics", nargs="+", default=["reward_mean", "em_mean"], help="one figure row each")
     p.add_argument("--mlflow-uri", default=None, help="MLflow tracking URI: then each RUN is a run id")
@@ -193,11 +216,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> Path:
     args = parse_args(argv)
-    if args.mlflow_uri:
-        runs = {label: load_mlflow_run(args.mlflow_uri, run) for label, run in zip(args.labels, args.runs, strict=True)}
-    else:
-        runs = {label: load_metrics(run) for label, run in zip(args.labels, args.runs, strict=True)}
-    path = plot_runs(runs, args.output, args.metrics)
+    load = functools.partial(load_mlflow_run, args.mlflow_uri) if args.mlflow_uri else load_metrics
+    try:
+        runs = {label: load(run) for label, run in zip(args.labels, args.runs, strict=True)}
+        path = plot_runs(runs, args.output, args.metrics)
+    except (OSError, ValueError) as error:
+        print(f"plot.py: error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
     print(path)
     return path
 

@@ -146,10 +146,10 @@ def model_shape(name: str, *, hub_cache_dir: str | Path | None = None) -> ModelS
         config = path / "config.json"
         if not config.is_file():
             raise ModelShapeError(f"{path} is a directory without config.json: not a model directory")
-        return shape_from_config(json.loads(config.read_text()), name)
+        return shape_from_config(_read_config(config), name)
     cached = _cached_hub_config(name, hub_cache_dir)
     if cached is not None:
-        return shape_from_config(json.loads(cached.read_text()), name)
+        return shape_from_config(_read_config(cached), name)
     preset = name.rsplit("/", 1)[-1].lower()  # a paper model's hub id before its first download
     if preset in PRESETS:
         return replace(PRESETS[preset], name=name)
@@ -157,3 +157,13 @@ def model_shape(name: str, *, hub_cache_dir: str | Path | None = None) -> ModelS
         f"no config for model {name!r}: not a model directory with config.json, not a hub id whose config.json is "
         f"in the Hugging Face cache ({_hub_cache(hub_cache_dir)}), not a preset ({', '.join(PRESETS)})")
 
+
+def _read_config(path: Path) -> dict[str, Any]:
+    """A config.json's fields; a ``ModelShapeError`` naming the file where it is not a JSON object."""
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ModelShapeError(f"{path}: not valid JSON ({error})") from None
+    if not isinstance(config, dict):
+        raise ModelShapeError(f"{path}: not a JSON object, as a model's config.json is")
+    return config

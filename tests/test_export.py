@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from experiments import evaluate
 from experiments.checkpoints import CheckpointError, resolve_checkpoint
-from experiments.export import main
+from experiments.export import ExportError, check_output, main, merged
 from experiments.run import main as train
 from policies.models import load_model
 from tests.test_resume import FAST
@@ -125,3 +125,34 @@ def test_a_bf16_run_at_the_papers_lr_exports_float32_masters_that_moved(ray_sess
     assert {tensor.dtype for tensor in half.values()} == {torch.bfloat16}
     name = next(iter(half))
     assert torch.equal(half[name], moved[name].to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("inside", ["model", "checkpoints/model", "checkpoints/iter_000002/model", "checkpoints"])
+def test_an_output_inside_the_run_is_refused(tmp_path, inside):
+    """A save's pruning deletes an old checkpoint with whatever is in it, and a replaced run goes whole."""
+    run = tmp_path / "run"
+    with pytest.raises(ExportError, match=r"inside the run|holds the checkpoint"):
+        check_output(run / inside, run / "checkpoints" / "iter_000002", overwrite=False)
+    check_output(tmp_path / "model", run / "checkpoints" / "iter_000002", overwrite=False)  # beside it: fine
+
+
+def test_lora_adapters_merge_in_float32_over_a_bf16_base():
+    """A LoRA base is held in the compute dtype (bf16 on a GPU); an adapter's delta far below bf16's step at the
+    weights' scale must survive into the float32 export, as the unmerged policy applies it."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from policies.models import LoraSettings, apply_lora
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=2)
+    base = LlamaForCausalLM(config).to(torch.bfloat16)
+    policy = apply_lora(base, LoraSettings(rank=2, alpha=2, target_modules=("q_proj",)))
+    layer = policy.base_model.model.model.layers[0].self_attn.q_proj
+    layer.lora_A["default"].weight.data = torch.full((2, 16), 1e-2)
+    layer.lora_B["default"].weight.data = torch.full((16, 2), 1e-2)  # delta 2e-4 per weight, below bf16's step
+    expected = layer.base_layer.weight.float() + 2e-4
+    plain = merged(policy)
+    weight = plain.model.layers[0].self_attn.q_proj.weight
+    assert weight.dtype == torch.float32 and not hasattr(plain, "merge_and_unload")
+    torch.testing.assert_close(weight, expected, rtol=0, atol=1e-6)

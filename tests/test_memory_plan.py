@@ -305,6 +305,36 @@ def test_cli_errors_are_one_line(capsys):
     assert message.count("\n") == 1 and "no config for model './no/such/model'" in message
 
 
+@pytest.mark.parametrize(("option", "value", "message"), [
+    ("--gpu-memory-gib", "-5", "must be a finite number > 0"), ("--gpu-memory-gib", "nan", "must be a finite number"),
+    ("--gpu-memory-gib", "0", "must be a finite number > 0"), ("--M", "0", "must be >= 1"), ("--M", "-1", ">= 1"),
+    ("--N", "-3", "must be >= 0"), ("--L", "-1", "must be >= 0"), ("--prompts-per-iteration", "-32", ">= 1"),
+    ("--micro-batch-tokens", "0", ">= 1"), ("--lora-rank", "0", ">= 1"), ("--kl-coef", "-1", ">= 0"),
+    ("--learners", "0", ">= 1"), ("--vllm-gpu-memory-utilization", "1.5", "must be in (0, 1]"),
+    ("--max-context-tokens", "0", ">= 1")])
+def test_an_option_out_of_its_range_is_refused_naming_it(capsys, option, value, message):
+    """Refused as run.py refuses the same value (a negative M with negative prompts planned, and 'fit', before)."""
+    with pytest.raises(SystemExit) as exit_:
+        plan_main(["--model", "qwen2.5-3b-instruct", "--gpu-memory-gib", "80", "--colocated", option, value])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and f"argument {option}: must be" in err and message in err
+
+
+def test_a_json_path_or_a_config_that_cannot_be_used_is_one_error_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        plan_main(["--model", "qwen2.5-1.5b-instruct", "--gpu-memory-gib", "80", "--json",
+                   str(tmp_path / "no" / "plan.json")])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and f"--json {tmp_path / 'no' / 'plan.json'}: " in err
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{'hidden_size': 8}")
+    with pytest.raises(SystemExit):
+        plan_main(["--model", str(model), "--gpu-memory-gib", "80"])
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{model / 'config.json'}: not valid JSON" in err
+
+
 def test_plan_line_is_one_line():
     fits = plan_memory(QWEN3B, MemoryOptions(gradient_checkpointing=True, reference_offload=True, gpu_memory_gib=80))
     line = plan_line(fits)

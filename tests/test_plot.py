@@ -180,3 +180,38 @@ def test_cli_without_output_writes_curves_png_in_the_current_directory(tmp_path,
     assert path.resolve() == tmp_path / "curves.png" and path.read_bytes()[:4] == b"\x89PNG"
     assert "curves.png" in capsys.readouterr().out
     assert not (run / "curves.png").exists() and not (run / "learning_curve.png").exists()  # the run is left as it was
+
+
+def test_the_output_suffix_picks_the_format_and_an_unknown_one_is_named(tmp_path, capsys):
+    run = write_jsonl(tmp_path / "tree" / "metrics.jsonl", CLI_ROWS)
+    assert main([str(run), "--output", str(tmp_path / "c.pdf")]).read_bytes()[:4] == b"%PDF"
+    assert b"<svg" in main([str(run), "--output", str(tmp_path / "c.svg")]).read_bytes()[:400]
+    with pytest.raises(SystemExit) as exit_:
+        main([str(run), "--output", str(tmp_path / "c.xyz")])
+    assert exit_.value.code == 2 and ".xyz is not a figure format; use one of" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("case", ["missing run", "empty run directory", "output is a directory", "no store",
+                                  "not a uri", "unknown run id"])
+def test_bad_input_is_one_error_line_and_creates_nothing(tmp_path, capsys, case):
+    from mlflow import MlflowClient
+
+    run = write_jsonl(tmp_path / "tree" / "metrics.jsonl", CLI_ROWS)
+    (tmp_path / "empty").mkdir()
+    store = tmp_path / "mlflow.db"
+    if case == "unknown run id":
+        MlflowClient(f"sqlite:///{store}").create_experiment("plot")
+    capsys.readouterr()  # MLflow's lines about the store it made
+    argv, message = {
+        "missing run": ([str(tmp_path / "nope")], "nope: not found; expected a metrics.jsonl file"),
+        "empty run directory": ([str(tmp_path / "empty")], "empty/metrics.jsonl: not found"),
+        "output is a directory": ([str(run), "--output", str(tmp_path / "empty")], "Is a directory"),
+        "no store": (["abc", "--mlflow-uri", f"sqlite:///{tmp_path / 'typo.db'}"], "no MLflow store at"),
+        "not a uri": (["abc", "--mlflow-uri", str(store)], "not a URI; e.g. sqlite:///"),
+        "unknown run id": (["deadbeef", "--mlflow-uri", f"sqlite:///{store}"], "MLflow run deadbeef in sqlite:///"),
+    }[case]
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, *([] if "--output" in argv else ["--output", str(tmp_path / "out.png")])])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.startswith("plot.py: error: ") and message in err and err.count("\n") == 1
+    assert not (tmp_path / "typo.db").exists() and not (tmp_path / "out.png").exists()

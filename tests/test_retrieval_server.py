@@ -21,6 +21,7 @@ import envs  # noqa: F401  (registers the env ids)
 from envs.cache import CACHE_DIR_ENV
 from envs.datasets import corpus_path, load_dataset
 from envs.retrieval import RemoteRetriever, RetrievalError, get_retriever
+from envs.retrieval.serve import main as serve_main
 from envs.retrieval.serve import parse_args
 from tests.ports import free_port, refused_port
 
@@ -252,6 +253,27 @@ def test_bad_urls_and_server_options_are_refused(tmp_path: Path) -> None:
         get_retriever("http://127.0.0.1:1/retrieve", tmp_path / "corpus.jsonl")
     with pytest.raises(SystemExit):
         parse_args(["--index", "bm25", "--query-prefix", "query: "])
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--port", "70000"], "--port must be a TCP port, 1-65535, got 70000"),
+    (["--port", "0"], "--port must be a TCP port"), (["--topk", "0"], "--topk must be at least 1"),
+    (["--data-dir", "/no/such/dir"], "data directory /no/such/dir (from the data_dir argument) does not exist"),
+    (["--corpus", "/no/such/corpus.jsonl"], "/no/such/corpus.jsonl")])
+def test_a_bad_server_option_or_a_missing_corpus_is_one_error_line_before_any_index(capsys, argv, message) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        serve_main(argv)
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert exit_.value.code == 2 and "error: " in last and message in last and "Traceback" not in err
+
+
+def test_the_servers_help_keeps_its_description_and_says_each_default_once(capsys) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    text = capsys.readouterr().out
+    assert "no authentication" in text and "POST /retrieve" in text  # the whole description, not its first line
+    assert "(default: None)" not in text and text.count("(default: 8000)") == 1
 
 
 def test_a_remote_retriever_pickles_as_its_url() -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,7 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from envs.datasets import corpus_path, join_contents
+from envs.datasets import DataError, MissingDataError, corpus_path, join_contents
 from envs.retrieval import BACKENDS, DEFAULT_BACKEND, LocalRetriever, SearchHit, get_retriever
 from envs.retrieval.progress import report
 
@@ -74,18 +75,20 @@ def build_app(retriever: LocalRetriever, default_topk: int = DEFAULT_TOPK, searc
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m envs.retrieval.serve", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--data-dir", help="data directory whose corpus is served (wiki/wiki-18.jsonl, else "
                                            "wiki/paragraphs.jsonl; default: $TREEGRPO_DATA_DIR, else ./data)")
     source.add_argument("--corpus", type=Path, help="a corpus file in the {\"id\", \"contents\"} jsonl format")
-    parser.add_argument("--index", choices=list(BACKENDS), default=DEFAULT_BACKEND, help="retrieval backend")
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--topk", type=int, default=DEFAULT_TOPK, help="passages per query when a request names "
-                                                                      "none")
-    parser.add_argument("--search-threads", type=int, default=1, help="searches run at once")
+    parser.add_argument("--index", choices=list(BACKENDS), default=DEFAULT_BACKEND,
+                        help="retrieval backend (default: %(default)s)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on (0.0.0.0: every interface) (default: %(default)s)")
+    parser.add_argument("--port", type=int, default=8000, help="TCP port, 1-65535 (default: %(default)s)")
+    parser.add_argument("--topk", type=int, default=DEFAULT_TOPK,
+                        help="passages per query when a request names none (default: %(default)s)")
+    parser.add_argument("--search-threads", type=int, default=1, help="searches run at once (default: %(default)s)")
     parser.add_argument("--cache-dir", help="index cache (default: $TREEGRPO_CACHE_DIR, else ~/.cache/tree-grpo)")
     parser.add_argument("--model", help="dense: a local sentence-encoder directory (default: all-MiniLM-L6-v2)")
     parser.add_argument("--query-prefix", help="dense: prepended to every query (e5: 'query: ')")
@@ -94,9 +97,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     given = [name for name in DENSE_OPTIONS if getattr(args, name) is not None]
     if given and args.index != "dense":
         parser.error(f"--{given[0].replace('_', '-')} applies to --index dense only")
-    for name in ("port", "topk", "search_threads"):
-        if getattr(args, name) < (0 if name == "port" else 1):
-            parser.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    for name in ("topk", "search_threads"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if not 1 <= args.port <= 65535:
+        parser.error(f"--port must be a TCP port, 1-65535, got {args.port}")
     return args
 
 
@@ -104,9 +109,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     import uvicorn
 
-    corpus = args.corpus if args.corpus is not None else corpus_path(args.data_dir)
     options = {name: getattr(args, name) for name in DENSE_OPTIONS if getattr(args, name) is not None}
-    retriever = get_retriever(args.index, corpus, cache_dir=args.cache_dir, **options)
+    try:
+        corpus = args.corpus if args.corpus is not None else corpus_path(args.data_dir)
+        retriever = get_retriever(args.index, corpus, cache_dir=args.cache_dir, **options)
+    except (MissingDataError, DataError) as error:  # one line, as the other tools say it
+        print(f"serve: error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
     app = build_app(retriever, args.topk, args.search_threads)
     report(f"serving {len(retriever.corpus)} passages of {retriever.corpus.path} ({args.index}) on "
            f"http://{args.host}:{args.port}/retrieve")
