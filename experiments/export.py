@@ -15,7 +15,7 @@ learner's master weights in float32 (a ``--dtype bfloat16`` run trains float32 m
 
 Checkpoints are pickles (load only your own); the export holds no pickle. OUT is written beside its final place
 and renamed into it, so it is never left half-written; an OUT that exists and is not empty is refused unless
-``--overwrite``.
+``--overwrite``, and an OUT inside the run (where a later save's pruning would delete it) always.
 """
 
 from __future__ import annotations
