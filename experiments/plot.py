@@ -38,7 +38,7 @@ X_AXES = {"iteration": "iteration", "tokens": "tokens generated (cumulative)", "
 CUMULATIVE_X = {"tokens": TOKENS_GENERATED, "tool_calls": TOOL_CALLS}  # x axis -> the per-row count it sums
 METRICS_FILE = "metrics.jsonl"
 DEFAULT_OUTPUT = "curves.png"
-SQLITE_PREFIX = "sqlite:///"
+SQLITE_PREFIX = "sqlite:///"  # then the store file's path: relative, or absolute (a fourth slash)
 SPREAD_SUFFIX = "_std"  # a row's "<metric>_std" (e.g. the std over seeds) is drawn as a band around the metric
 
 

@@ -25,6 +25,7 @@ from envs.datasets import resolve_data_dir
 from envs.retrieval import check_retriever_spec
 from envs.rewards import REWARDS
 from experiments.cli import SettingsError, default_of
+from experiments.plot import SQLITE_PREFIX  # declared beside its Ray-free reader
 from experiments.qa_start import (
     BUILD_MINUTES,
     CPU_QA_DEFAULTS,
@@ -123,7 +124,6 @@ def check_custom_resources(resources: dict[str, float] | None) -> dict[str, floa
 
 # Tracking URIs MLflow reads without a scheme (its own names for Databricks' stores)
 SCHEMELESS_STORES = ("databricks", "databricks-uc", "uc")
-SQLITE_PREFIX = "sqlite:///"  # then the file's path: relative, or absolute (a fourth slash)
 
 
 def check_tracking_uri(uri: str | None) -> str | None:
