@@ -159,9 +159,10 @@ class CheckpointManager:
                 leftover.unlink(missing_ok=True)
 
 
-def resolve_checkpoint(path: str | Path) -> Path:
+def resolve_checkpoint(path: str | Path, hashes: bool = True) -> Path:
     """The checkpoint that ``path`` names: a checkpoint directory, ``checkpoints/latest``, a run's
-    ``checkpoints/`` directory or the run directory (its newest checkpoint); verified before it is returned."""
+    ``checkpoints/`` directory or the run directory (its newest checkpoint); verified before it is returned (its
+    files' hashes too unless ``hashes`` is False)."""
     given = Path(path)
     if not given.exists():
         raise CheckpointError(f"{given} does not exist; {LAYOUT}")
@@ -177,8 +178,15 @@ def resolve_checkpoint(path: str | Path) -> Path:
                                   f"before its first save; start it again without --resume")
         else:
             raise CheckpointError(f"{given} holds no checkpoint; {LAYOUT}")
-    verify_checkpoint(candidate)
+    verify_checkpoint(candidate, hashes)
     return candidate
+
+
+def names_a_run(path: str | Path) -> bool:
+    """Whether ``path`` is a run directory or its ``checkpoints/`` directory (which ``resolve_checkpoint`` turns into
+    the newest checkpoint), not a model directory or a checkpoint itself."""
+    path = Path(path)
+    return (path / "checkpoints").is_dir() or (path.name == "checkpoints" and path.is_dir())
 
 
 @contextlib.contextmanager

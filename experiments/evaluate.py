@@ -6,7 +6,8 @@
 
 ``--model`` takes what ``run.py --model`` takes (a name, or a model directory such as one written by
 ``experiments/export.py``; a warm start by its directory, which ``experiments/qa_start.py`` prints), or a training
-checkpoint (``OUTPUT/checkpoints/latest``), evaluated with its run's observations and retriever.
+checkpoint (``OUTPUT/checkpoints/latest``, or the run directory ``OUTPUT`` for its newest checkpoint), evaluated with
+its run's observations and retriever.
 Writes OUTPUT/eval.md (a table shaped like the paper's: single-hop sets, their average, multi-hop sets,
 their average; rows EM, F1, tool calls, turns, answer rate) and OUTPUT/eval.json (the same numbers plus every
 question's result). The questions of a batch advance together through the generator.
@@ -32,6 +33,8 @@ from experiments.checkpoints import (
     CheckpointError,
     checkpoint_iteration,
     is_sharded,
+    names_a_run,
+    resolve_checkpoint,
     restore_errors,
     settings_file_at,
     sharded_policy,
@@ -193,7 +196,8 @@ def untrained_defaults() -> dict[str, Any]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     untrained = untrained_defaults()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, help="a run.py --model name, a model directory or a checkpoint")
+    p.add_argument("--model", required=True, help="a run.py --model name, a model directory, a checkpoint or a run "
+                                                       "directory (its newest checkpoint)")
     p.add_argument("--envs", nargs="+", default=list(envs.PAPER_ENV_IDS), choices=list(envs.ENV_IDS),
                    metavar="ENV_ID", help=f"environments to evaluate, of {', '.join(envs.ENV_IDS)} (default: the "
                                           f"paper's seven)")
@@ -244,6 +248,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             check_retriever_spec(args.retriever)
         except ValueError as error:
             p.error(f"--retriever: {error}")
+    if names_a_run(args.model):  # a run directory, as export.py and run.py --resume take: its newest checkpoint
+        try:
+            args.model = str(resolve_checkpoint(args.model, hashes=False))  # hashing is resume's job
+        except CheckpointError as error:
+            p.error(f"--model: {error}")
     trained = trained_with(args.model)
     for name in RUN_OPTIONS:
         if getattr(args, name) is None:

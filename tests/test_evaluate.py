@@ -173,6 +173,20 @@ def test_a_checkpoint_is_evaluated_with_the_settings_its_iterations_trained_with
 
     assert observations(after) == observations(str(run / "checkpoints" / "latest")) == (3, 4)
     assert observations(before) == (2, 3)  # saved before the resume changed them
+    # the run directory and its checkpoints/ folder name the newest checkpoint, as export.py and --resume take them
+    for spelling in (run, run / "checkpoints"):
+        args = parse_args(["--model", str(spelling), "--envs", "HotpotQA-v0"])
+        assert (args.model, args.topk, args.max_turns) == (after, 3, 4)
+
+
+def test_a_run_without_a_checkpoint_names_it(tmp_path, capsys):
+    from experiments.evaluate import parse_args
+
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    with pytest.raises(SystemExit) as caught:
+        parse_args(["--model", str(tmp_path / "run"), "--envs", "HotpotQA-v0"])
+    assert caught.value.code == 2
+    assert f"--model: the run {tmp_path / 'run'} has no checkpoint yet" in capsys.readouterr().err
 
 
 def test_dtype_casts_a_checkpoints_weights_and_without_it_they_stay_as_the_learner_held_them(tmp_path):
