@@ -52,14 +52,16 @@ def parse_action(text: str) -> ParsedAction:
     """The first complete ``<search>q</search>`` or ``<answer>a</answer>`` in ``text`` (by its closing tag).
 
     Text after that closing tag is not part of the step (generation stops there). Anything without a complete
-    action, or a search with an empty query, is invalid.
+    action, a step longer than the action space's ``MAX_ACTION_CHARS``, or a search with an empty query, is invalid.
     """
     closing = _CLOSING_TAG.search(text)
+    step_text = text if closing is None else text[: closing.end()]
+    if len(step_text) > MAX_ACTION_CHARS:
+        return ParsedAction("invalid", "", step_text, reason=f"the step is longer than {MAX_ACTION_CHARS:,} characters")
     if closing is None:
         return ParsedAction("invalid", "", text, reason="it holds no complete <search> or <answer> tag")
     kind = closing.group(1)
     opening = text.rfind(f"<{kind}>", 0, closing.start())
-    step_text = text[: closing.end()]
     if opening < 0:
         return ParsedAction("invalid", "", step_text, reason=f"</{kind}> has no opening <{kind}>")
     argument = text[opening + len(kind) + 2 : closing.start()].strip()
@@ -151,7 +153,8 @@ class SearchQAEnv(gym.Env[str, str]):
 
     ## Action Space
     ``UnicodeText(65536)``: the step's text. Only the text up to the first ``</search>`` or ``</answer>`` is
-    the step; a step without a complete action tag, or with an empty query, is an invalid action.
+    the step; a step without a complete action tag, longer than 65,536 characters, or with an empty query, is an
+    invalid action.
 
     ## Observation Space
     ``UnicodeText(max(1048576, max_obs_chars + 31))``: text to append to the conversation. ``reset`` returns the

@@ -198,6 +198,20 @@ def test_invalid_action_observation_names_the_tags(hotpot_dev):
     assert info["action"] == "invalid" and info["tool_calls"] == 0 and not (terminated or truncated)
 
 
+def test_a_step_longer_than_the_action_space_is_an_invalid_action_kept_whole(hotpot_dev):
+    from envs.search_qa import MAX_ACTION_CHARS
+
+    hotpot_dev.reset(options={"index": 0})
+    thought = "<think>" + "x" * MAX_ACTION_CHARS + "</think>"
+    assert not hotpot_dev.action_space.contains(thought + "<answer>a</answer>")
+    observation, reward, terminated, truncated, info = hotpot_dev.step(thought + "<answer>a</answer>")
+    assert "longer than 65,536 characters" in observation and info["action"] == "invalid"
+    assert (reward, terminated, truncated) == (0.0, False, False)
+    assert hotpot_dev.unwrapped.get_state().steps[-1][0] == thought + "<answer>a</answer>"  # nothing lost
+    # a long tail after the action is not part of the step
+    assert parse_action("<answer>a</answer>" + "x" * MAX_ACTION_CHARS).kind == "answer"
+
+
 def test_query_without_known_words(hotpot_dev):
     hotpot_dev.reset(options={"index": 0})
     observation, *_ = hotpot_dev.step(search("qqqxqzz zzzqxq"))
