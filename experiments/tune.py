@@ -31,6 +31,7 @@ import itertools
 import json
 import math
 import os
+import shlex
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -269,6 +270,10 @@ def resumed_argv(output: str, argv: list[str]) -> list[str]:
         raise SettingsError(f"--resume continues a sweep with the options it started with; drop {' '.join(extra)}")
     directory = Path(output).resolve()
     command, state = directory / SWEEP_COMMAND, directory / "sweep"
+    if command.is_file() and not state.exists():
+        started = shlex.join(json.loads(command.read_text(encoding="utf-8"))["argv"])
+        raise SettingsError(f"--resume {output}: the sweep stopped before Ray Tune saved its state (no trial ran); "
+                            f"start it again: python experiments/tune.py {started}")
     if not command.is_file() or not tune.Tuner.can_restore(state):
         raise SettingsError(f"--resume {output}: no sweep to continue there; a sweep's --output holds {SWEEP_COMMAND} "
                             f"(its options) and sweep/ (Ray Tune's state), both written when it starts")
@@ -290,6 +295,8 @@ def plan_sweep(argv: list[str], resuming: bool = False):
     base_values = {**SWEEP_DEFAULTS, **given}
     base = validate(RunSettings, base_values, sources)
     existing = [name for name in SWEEP_FILES if (Path(base.output) / name).exists()]
+    if existing == [SWEEP_COMMAND] and not resuming:  # stopped before Tune saved anything: nothing to keep
+        existing = []
     if existing and not resuming:
         raise SettingsError(f"--output {base.output} already holds a sweep ({', '.join(existing)}): continue it with "
                             f"--resume {base.output}, or choose another --output (two sweeps' trials would mix in "

@@ -72,6 +72,18 @@ def test_resume_takes_no_other_option_and_needs_a_sweep(tmp_path):
         plan([f"--resume={output}"])
 
 
+def test_a_sweep_stopped_before_tune_saved_its_state_starts_again(tmp_path):
+    """Killed between writing its command and Tune's first save: nothing to continue, nothing to keep."""
+    output = tmp_path / "out"
+    output.mkdir()
+    (output / SWEEP_COMMAND).write_text(json.dumps({"argv": ["--output", str(output), "--grid", "M=1,2"],
+                                                    "cwd": str(tmp_path)}))
+    with pytest.raises(SettingsError, match=f"stopped before Ray Tune saved its state .* start it again: python "
+                                            f"experiments/tune.py --output {output} --grid M=1,2"):
+        plan(["--resume", str(output)])
+    assert [t.M for t in plan(["--output", str(output), "--grid", "M=1,2"])[1]] == [1, 2]
+
+
 def trial_algorithm(working: Path, kept: Path) -> SimpleNamespace:
     """A Tune trial's algorithm as RunTracker sees it: its working directory, and Tune's storage of its files
     (``kept``, named as the trial)."""
