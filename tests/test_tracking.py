@@ -297,6 +297,15 @@ def test_a_run_that_cannot_start_switches_tracking_off(monkeypatch):
     assert not run.enabled and run.run_id is None
 
 
+def trial_algorithm(working: Path, kept: Path | None) -> SimpleNamespace:
+    """A Tune trial's algorithm as RunTracker sees it: its working directory, and Tune's storage of its files
+    (``kept``, named as the trial; None: run.py's algorithm, without Tune). RLlib drops the trial id Tune passes."""
+    storage = None if kept is None else SimpleNamespace(storage_filesystem=LocalFileSystem(), trial_fs_path=str(kept),
+                                                        trial_dir_name=kept.name)
+    return SimpleNamespace(logdir=str(working), trial_id="default", iteration=0, _storage=storage,
+                           config=SimpleNamespace(algo="tree_grpo", env="HotpotQA-v0"))
+
+
 def test_the_sweep_ends_the_runs_of_trials_that_stop_early_or_fail(tmp_path):
     """A trial stopped by a time or token budget, or failed, never reaches the iteration at which its RunTracker ends
     its run: the sweep's driver ends it (EndTrialRuns, Tune's callback), found by the trial directory's name the
@@ -304,12 +313,9 @@ def test_the_sweep_ends_the_runs_of_trials_that_stop_early_or_fail(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
 
     def started(name: str) -> RunTracker:  # as RunTracker starts a trial's run (no Tune storage: run.py's)
-        storage = SimpleNamespace(trial_dir_name=name, trial_fs_path=str(tmp_path / "kept" / name),
-                                  storage_filesystem=LocalFileSystem()) if name != "run" else None
-        algorithm = SimpleNamespace(logdir=str(tmp_path / name), _storage=storage, iteration=0,
-                                    config=SimpleNamespace(algo="tree_grpo", env="HotpotQA-v0"))
         tracker = RunTracker(mlflow_uri=uri)
-        tracker.on_algorithm_init(algorithm=algorithm)
+        tracker.on_algorithm_init(algorithm=trial_algorithm(tmp_path / name,
+                                                            None if name == "run" else tmp_path / "kept" / name))
         return tracker
 
     stopped, failed, done, other, run_py = (started(t) for t in ("a_00000", "a_00001", "a_00002", "a_00003", "run"))

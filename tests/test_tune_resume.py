@@ -16,7 +16,6 @@ from types import SimpleNamespace
 import pytest
 import ray
 from mlflow.tracking import MlflowClient
-from pyarrow.fs import LocalFileSystem
 
 from experiments.cli import SettingsError
 from experiments.tracking import (
@@ -29,6 +28,7 @@ from experiments.tracking import (
     read_run_records,
 )
 from experiments.tune import SWEEP_COMMAND, main, plan
+from tests.test_tracking import trial_algorithm
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--model", "tiny-random", "--max-step-tokens", "8", "--prompts-per-iter", "2", "--micro-batch-size", "6"]
@@ -84,14 +84,6 @@ def test_a_sweep_stopped_before_tune_saved_its_state_starts_again(tmp_path):
     assert [t.M for t in plan(["--output", str(output), "--grid", "M=1,2"])[1]] == [1, 2]
 
 
-def trial_algorithm(working: Path, kept: Path) -> SimpleNamespace:
-    """A Tune trial's algorithm as RunTracker sees it: its working directory, and Tune's storage of its files
-    (``kept``, named as the trial)."""
-    storage = SimpleNamespace(storage_filesystem=LocalFileSystem(), trial_fs_path=str(kept), trial_dir_name=kept.name)
-    return SimpleNamespace(logdir=str(working), trial_id="default", iteration=0, _storage=storage,
-                           config=SimpleNamespace(algo="tree_grpo", env="HotpotQA-v0"))
-
-
 def result(iteration: int) -> dict:
     return {"training_iteration": iteration, "iteration_time_s": 1.0}
 
@@ -122,8 +114,7 @@ def test_a_restored_trial_continues_its_rows_and_its_mlflow_run(tmp_path):
     assert {(working / name).exists() for name in (METRICS_FILE, RUNS_FILE)} == {True}
     # run.py's algorithms have no Tune storage: nothing is brought back, a new run is started
     plain = RunTracker(mlflow_uri=uri)
-    plain.on_algorithm_init(algorithm=SimpleNamespace(logdir=str(tmp_path / "run"), iteration=0,
-                                                      config=SimpleNamespace(algo="grpo", env="NQ-v0")))
+    plain.on_algorithm_init(algorithm=trial_algorithm(tmp_path / "run", None))
     assert plain.mlflow.run_id != first.mlflow.run_id
 
 
