@@ -1,13 +1,15 @@
 """Supervised fine-tuning on weighted tokens, the warm start's training (``experiments/warmstart.py``): the
 per-token loss weights of a trajectory, the weighted cross-entropy (its softmax over the whole vocabulary or over
 the tokens the data holds), right-padding, and the training loop (AdamW, warm-up then cosine decay, then more
-epochs while a check of the model fails) whose state is checkpointed after every epoch and resumed exactly."""
+epochs while a check of the model fails) whose state is checkpointed after every epoch and resumed exactly; with
+LoRA on the top layers, each row's frozen-bottom output is computed in the first epoch only (``BottomReplay``)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +17,11 @@ import numpy as np
 import torch
 
 from envs.retrieval.corpus import replace_atomically
+from policies.frozen_bottom import FrozenBottom, frozen_bottom_depth
+
+# The most bytes of frozen-bottom outputs ``BottomReplay`` keeps (rows past it are computed every epoch): the
+# HotpotQA start's 265k tokens at SmolLM2-135M's width in float32 take 0.6 GB.
+BOTTOM_REPLAY_BYTES = 4 << 30
 
 
 def loss_weights(generated: Sequence[int], observation_weight: float) -> list[float]:
@@ -98,6 +105,46 @@ def sft_loss(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, weigh
     return (losses * target_weights[select]).sum() / target_weights[select].sum()
 
 
+class BottomReplay:
+    """Each row's frozen-bottom output ([its tokens, hidden], held on the CPU), recorded by the first epoch that
+    passes over the row and replayed by the later ones in whatever batch the shuffle puts it: a batch whose rows are
+    all held skips the bottom's layers (``FrozenBottom``). Right-padded, a row's tokens never attend to the padding,
+    so the padded positions' states (zeros here) change nothing the loss reads. Rows past ``budget`` bytes are not
+    kept; a resumed run records again."""
+
+    def __init__(self, bottom: FrozenBottom, budget: int = BOTTOM_REPLAY_BYTES):
+        self.bottom, self.budget = bottom, budget
+        self.rows: dict[int, torch.Tensor] = {}
+        self.held = 0
+
+    @classmethod
+    def of(cls, model, epochs: int) -> BottomReplay | None:
+        """The replay for ``model`` (a causal LM, or a PEFT model around one) over ``epochs`` epochs; None where it
+        saves nothing (one epoch) or there is no frozen bottom (full fine-tuning, adapters on every layer)."""
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        return cls(FrozenBottom(base)) if epochs > 1 and frozen_bottom_depth(base) else None
+
+    @contextlib.contextmanager
+    def over(self, batch: Sequence[int], attention: torch.Tensor) -> Iterator[None]:
+        """A forward pass over the rows ``batch`` of the data (``attention``: their right-padded attention mask)."""
+        lengths = attention.sum(dim=1).tolist()
+        if all(i in self.rows for i in batch):
+            first = self.rows[batch[0]]
+            states = first.new_zeros((*attention.shape, first.shape[-1]))
+            for r, i in enumerate(batch):
+                states[r, :lengths[r]] = self.rows[i]
+            with self.bottom.replaying(states.to(attention.device), tuple(batch)):
+                yield
+            return
+        with self.bottom.recording() as recorded:
+            yield
+        for r, i in enumerate(batch if recorded else ()):
+            row = recorded[-1][r, :lengths[r]]
+            if i not in self.rows and self.held + row.nbytes <= self.budget:
+                self.rows[i] = row.to("cpu", copy=True)  # a copy: the batch's tensor is freed
+                self.held += row.nbytes
+
+
 def pad(rows: Sequence[tuple[list[int], Sequence[float]]], pad_id: int) -> tuple[torch.Tensor, ...]:
     """(ids, attention mask, loss weights) of ``rows`` of (ids, per-token weights), right-padded."""
     width = max(len(ids) for ids, _ in rows)
@@ -126,13 +173,14 @@ def train(model, data: list[tuple[list[int], Sequence[int]]], *, epochs: int, lr
           checkpoint: Path | None = None, lr_floor: float = 0.0, check: Callable[[], float] | None = None,
           check_min: float = 0.0, extra_epochs: int = 0, extra_lr: float | None = None,
           vocabulary: SoftmaxVocabulary | None = None, checkpoint_minutes: float | None = None,
-          log=print) -> dict[str, list[float]]:
+          replay_bottom: bool = True, log=print) -> dict[str, list[float]]:
     """AdamW over shuffled batches of ``data`` (token ids, 1 on the generated ones) weighted by ``token_weights``,
     linear warm-up then cosine decay to ``lr_floor`` times ``lr`` over ``epochs``; then, with ``check`` (a score of
     the model, e.g. greedy exact match on questions it does not train on), up to ``extra_epochs`` more epochs at the
     learning rate ``extra_lr`` times ``lr`` (default: the floor) while the score after the last epoch is below
-    ``check_min``. ``vocabulary``: the tokens the loss's softmax runs over (default: all). Returns ``{"loss": the
-    mean loss of each epoch, "check": the score after each checked epoch}``.
+    ``check_min``. ``vocabulary``: the tokens the loss's softmax runs over (default: all). ``replay_bottom``: a
+    frozen bottom's output computed in the first epoch only (``BottomReplay``; False: every epoch). Returns
+    ``{"loss": the mean loss of each epoch, "check": the score after each checked epoch}``.
 
     With ``checkpoint``, the whole training state (weights, optimizer, schedule, random generators, loss
     curve and checks) is written there after every epoch, and within an epoch every ``checkpoint_minutes`` (a long
@@ -147,6 +195,7 @@ def train(model, data: list[tuple[list[int], Sequence[int]]], *, epochs: int, lr
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, functools.partial(learning_rate_factor, steps=steps, warmup=warmup, floor=lr_floor, extra=extra_lr))
     curve: dict[str, list[float]] = {"loss": [], "check": []}
+    replay = BottomReplay.of(model, epochs + extra_epochs) if replay_bottom else None
     position: dict = {}  # within an epoch: the shuffle's state at its start, the batches done, their losses
     if checkpoint is not None and checkpoint.exists():
         state = torch.load(checkpoint, weights_only=False)
@@ -185,7 +234,8 @@ def train(model, data: list[tuple[list[int], Sequence[int]]], *, epochs: int, lr
         losses = list(position.get("losses", []))
         for done, batch in enumerate(batches[len(losses):], start=len(losses)):
             ids, attention, weights = pad([(data[i][0], token_weights.draw(data[i][1], draws)) for i in batch], pad_id)
-            loss = sft_loss(model, ids, attention, weights, vocabulary, negatives)
+            with replay.over(batch.tolist(), attention) if replay else contextlib.nullcontext():
+                loss = sft_loss(model, ids, attention, weights, vocabulary, negatives)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

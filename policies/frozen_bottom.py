@@ -21,8 +21,12 @@ import torch
 
 def frozen_bottom_depth(base: torch.nn.Module) -> int:
     """How many of ``base``'s (a causal LM's) bottom decoder layers hold no trainable parameter, counted from the
-    first while the input embeddings hold none either (else 0): the layers whose output no update changes."""
+    first while the input embeddings hold none either (else 0): the layers whose output no update changes. 0 too
+    for a model with dropout in its layers (attention's, or a dropout module), whose output differs every pass."""
     if any(p.requires_grad for p in base.get_input_embeddings().parameters()):
+        return 0
+    if getattr(base.config, "attention_dropout", 0.0) or any(
+            isinstance(m, torch.nn.Dropout) and m.p > 0 for m in base.get_decoder().layers.modules()):
         return 0
     depth = 0
     for layer in base.get_decoder().layers:
@@ -39,7 +43,8 @@ def _passing(hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
 class FrozenBottom:
     """The output of ``base``'s frozen bottom (``frozen_bottom_depth`` layers) per micro-batch key, recorded by
     the first pass over the micro-batch and replayed by the later ones (``over``); ``clear`` drops them (at the end
-    of an update: its micro-batches are not the next one's)."""
+    of an update: its micro-batches are not the next one's). ``recording`` and ``replaying`` are the two kinds of
+    pass, for a caller that keeps the outputs itself (the warm start's epochs, row by row)."""
 
     def __init__(self, base: torch.nn.Module):
         self.depth = frozen_bottom_depth(base)
@@ -53,30 +58,30 @@ class FrozenBottom:
         return len(self._outputs)
 
     @contextlib.contextmanager
-    def over(self, key: Hashable) -> Iterator[None]:
-        """A pass over the micro-batch ``key`` (the same rows in every pass): records the bottom's output when
-        none is held for ``key``, else replays it."""
-        top = self._layers[-1]
-        if key not in self._outputs:
-            def record(module: torch.nn.Module, args: tuple, output: torch.Tensor) -> None:
-                self._outputs[key] = output.detach()
+    def recording(self) -> Iterator[list[torch.Tensor]]:
+        """A pass that runs every layer; the bottom's output (detached, [rows, positions, hidden]) is appended to the
+        list it yields."""
+        recorded: list[torch.Tensor] = []
+        handle = self._layers[-1].register_forward_hook(lambda module, args, output: recorded.append(output.detach()))
+        try:
+            yield recorded
+        finally:
+            handle.remove()
 
-            handle = top.register_forward_hook(record)
-            try:
-                yield
-            finally:
-                handle.remove()
-            return
-        recorded = self._outputs[key]
+    @contextlib.contextmanager
+    def replaying(self, states: torch.Tensor, key: Hashable = "this pass") -> Iterator[None]:
+        """A pass that skips the bottom's layers, ``states`` standing for their output (its shape checked against the
+        pass's; ``key`` names the rows in the error)."""
+        top = self._layers[-1]
         for layer in self._layers[:-1]:
             layer.forward = _passing
 
         def replay(hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-            if hidden_states.shape != recorded.shape:
+            if hidden_states.shape != states.shape:
                 raise ValueError(f"micro-batch {key!r}: the frozen bottom recorded hidden states of shape "
-                                 f"{tuple(recorded.shape)}, this pass has {tuple(hidden_states.shape)}: a key must "
+                                 f"{tuple(states.shape)}, this pass has {tuple(hidden_states.shape)}: a key must "
                                  f"name the same rows in every pass")
-            return recorded
+            return states
 
         top.forward = replay
         try:
@@ -84,6 +89,19 @@ class FrozenBottom:
         finally:
             for layer in self._layers:
                 del layer.forward  # the class's forward again
+
+    @contextlib.contextmanager
+    def over(self, key: Hashable) -> Iterator[None]:
+        """A pass over the micro-batch ``key`` (the same rows in every pass): records the bottom's output when
+        none is held for ``key``, else replays it."""
+        if key in self._outputs:
+            with self.replaying(self._outputs[key], key):
+                yield
+            return
+        with self.recording() as recorded:
+            yield
+        if recorded:  # a pass that stopped before the bottom's top layer leaves nothing to replay
+            self._outputs[key] = recorded[-1]
 
     def clear(self) -> None:
         self._outputs.clear()

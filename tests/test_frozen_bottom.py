@@ -54,6 +54,9 @@ def test_the_depth_is_the_layers_below_the_lowest_adapter():
     assert frozen_bottom_depth(full) == 1
     with pytest.raises(ValueError, match="no frozen bottom"):
         FrozenBottom(model_of("llama", None).get_base_model())
+    dropping = model_of("llama", 1).get_base_model()
+    dropping.config.attention_dropout = 0.1  # each pass draws its own dropout: no output to replay
+    assert frozen_bottom_depth(dropping) == 0
 
 
 @pytest.mark.parametrize("family", ["qwen2", "llama"])
@@ -130,3 +133,58 @@ def test_the_learner_update_is_the_same_with_the_bottom_run_once_per_micro_batch
     assert metrics["total_loss"] == plain_metrics["total_loss"] and metrics[metric_keys.KL] > 0
     assert all(torch.equal(final[name], plain_final[name]) for name in final)
     assert any(not torch.equal(final[name], initial[name]) for name in final)  # the update moved the adapters
+
+
+def sft_rows() -> list[tuple[list[int], list[int]]]:
+    """Five trajectories of different lengths (token ids, 1 on the generated tokens)."""
+    generator = torch.Generator().manual_seed(1)
+    rows = []
+    for length in (7, 12, 5, 9, 12):
+        ids = torch.randint(1, SHAPE["vocab_size"], (length,), generator=generator).tolist()
+        rows.append((ids, [0] * 3 + [1] * (length - 3)))
+    return rows
+
+
+def trained(batch_size: int, replay: bool, epochs: int = 3) -> tuple[list[float], list[torch.Tensor], list[int]]:
+    """The SFT loss curve and trained weights of a LoRA model (adapters on its top layer), and which layers' forward
+    ran (the bottom layer 0's calls counted)."""
+    from experiments.sft import train
+
+    model = model_of("llama", 1)
+    calls = []
+    model.get_base_model().model.layers[0].mlp.register_forward_hook(lambda *_: calls.append(0))
+    curve = train(model, sft_rows(), epochs=epochs, lr=1e-2, batch_size=batch_size, seed=0, pad_id=0,
+                  replay_bottom=replay, log=lambda _: None)
+    return curve["loss"], [p.detach().clone() for p in model.parameters() if p.requires_grad], calls
+
+
+def test_sft_epochs_replay_each_rows_bottom_in_any_batch_and_train_the_same():
+    """Rows one a batch: the replay is the recomputation to the bit, and the bottom runs in the first epoch only.
+    Rows shuffled into new batches each epoch (padded to other widths): the same training to float tolerance."""
+    losses, weights, calls = trained(batch_size=1, replay=True)
+    plain_losses, plain_weights, plain_calls = trained(batch_size=1, replay=False)
+    assert losses == plain_losses and all(torch.equal(a, b) for a, b in zip(weights, plain_weights, strict=True))
+    assert (len(calls), len(plain_calls)) == (5, 15)
+    losses, weights, calls = trained(batch_size=2, replay=True)
+    plain_losses, plain_weights, plain_calls = trained(batch_size=2, replay=False)
+    assert losses == pytest.approx(plain_losses, rel=1e-5)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(weights, plain_weights, strict=True))
+    assert (len(calls), len(plain_calls)) == (3, 9)  # 3 batches an epoch
+    assert losses[-1] < losses[0]  # it learns
+
+
+def test_sft_replay_keeps_rows_up_to_its_budget_and_recomputes_the_others():
+    from experiments.sft import BottomReplay, pad
+
+    model = model_of("llama", 1)
+    replay = BottomReplay.of(model, epochs=2)
+    row_bytes = 7 * SHAPE["hidden_size"] * 4  # the first row's bottom output in float32
+    replay.budget = row_bytes
+    rows = sft_rows()
+    for indices in ([0, 1], [0], [1]):
+        ids, attention, _ = pad([(rows[i][0], rows[i][1]) for i in indices], 0)
+        with replay.over(indices, attention):
+            model(input_ids=ids, attention_mask=attention)
+    assert list(replay.rows) == [0] and replay.held == row_bytes
+    assert replay.rows[0].shape == (7, SHAPE["hidden_size"])
+    assert BottomReplay.of(model, epochs=1) is None and BottomReplay.of(model_of("llama", None), epochs=2) is None
