@@ -483,7 +483,6 @@ def build_config(settings: RunSettings) -> TreeGRPOConfig:
         .training(**{name: getattr(settings, name) for name in ALGORITHM_FIELDS})
         .rl_module(model_config=model_config(settings))
         .env_runners(num_env_runners=settings.num_env_runners,
-                     create_local_env_runner=settings.num_env_runners == 0,
                      num_cpus_per_env_runner=settings.num_cpus_per_env_runner,
                      num_gpus_per_env_runner=settings.num_gpus_per_env_runner,
                      custom_resources_per_env_runner=settings.env_runner_resources or {})

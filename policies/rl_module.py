@@ -23,6 +23,7 @@ dtype). A LoRA base is frozen: it is loaded in the compute dtype, its adapters i
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import nullcontext
 from typing import Any
@@ -56,15 +57,30 @@ DEFAULT_MODEL_CONFIG: dict[str, Any] = {
 }
 
 
+def check_model_config(model_config: dict[str, Any] | None) -> dict[str, Any]:
+    """``model_config`` over ``DEFAULT_MODEL_CONFIG``; a ``ValueError`` naming an unknown key, a dtype or precision
+    ``precision_of`` refuses, or LoRA settings ``LoraSettings`` refuses."""
+    unknown = set(model_config or {}) - set(DEFAULT_MODEL_CONFIG)
+    if unknown:
+        raise ValueError(f"unknown model_config keys {sorted(unknown)}; known: {sorted(DEFAULT_MODEL_CONFIG)}")
+    cfg = {**DEFAULT_MODEL_CONFIG, **(model_config or {})}
+    with warnings.catch_warnings():  # pure bf16's warning is the module's to give, once
+        warnings.simplefilter("ignore")
+        precision_of(cfg["dtype"], pure_bf16=cfg["pure_bf16"])
+    if cfg["lora"]:
+        try:
+            LoraSettings(**cfg["lora"])
+        except TypeError as error:
+            raise ValueError(f"model_config lora: {error}") from None
+    return cfg
+
+
 class LLMRLModule(TorchRLModule):
     """A Hugging Face causal LM as an RLlib RLModule (see the module docstring)."""
 
     @override(TorchRLModule)
     def setup(self) -> None:
-        unknown = set(self.model_config or {}) - set(DEFAULT_MODEL_CONFIG)
-        if unknown:
-            raise ValueError(f"unknown model_config keys {sorted(unknown)}; known: {sorted(DEFAULT_MODEL_CONFIG)}")
-        cfg = {**DEFAULT_MODEL_CONFIG, **(self.model_config or {})}
+        cfg = check_model_config(self.model_config)
         lora = LoraSettings(**cfg["lora"]) if cfg["lora"] else None
         self.precision = precision_of(cfg["dtype"], pure_bf16=cfg["pure_bf16"])
         dtype = weights_dtype(self.precision, inference_only=self.inference_only, lora=lora is not None)

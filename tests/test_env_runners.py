@@ -36,7 +36,7 @@ def tiny_config(data_dir: Path, prompts: int, **training) -> TreeGRPOConfig:
 
 
 def two_remote_runners(config: TreeGRPOConfig) -> TreeGRPOConfig:
-    return config.env_runners(num_env_runners=2, num_cpus_per_env_runner=0.5, create_local_env_runner=False)
+    return config.env_runners(num_env_runners=2, num_cpus_per_env_runner=0.5)
 
 
 # -- sharding and its retries, without Ray ------------------------------------------------------------------
@@ -272,7 +272,7 @@ def test_a_runner_that_dies_mid_sample_is_restarted_with_current_weights(ray_ses
     monkeypatch.setattr(tree_grpo_module, "pad_batch", lambda records, *a, **k: (
         batches.append(records), real_pad_batch(records, *a, **k))[1])
     config = tiny_config(data_dir, prompts, lr=1e-3).env_runners(
-        num_env_runners=runners, num_cpus_per_env_runner=0.5, create_local_env_runner=False,
+        num_env_runners=runners, num_cpus_per_env_runner=0.5,
         env_runner_cls=runner_dying_once(tmp_path / "died", die_in_iteration=1))
     algo = config.build_algo()
     learner_model = algo.learner_group._learner.module["default_policy"].model
@@ -307,7 +307,7 @@ def test_a_runner_that_dies_sampling_ahead_is_restarted_and_samples_again_with_t
     monkeypatch.setattr(tree_grpo_module, "pad_batch", lambda records, *a, **k: (
         batches.append(records), real_pad_batch(records, *a, **k))[1])
     config = tiny_config(data_dir, prompts, lr=1e-3, max_staleness=1).env_runners(
-        num_env_runners=1, num_cpus_per_env_runner=0.5, create_local_env_runner=False,
+        num_env_runners=1, num_cpus_per_env_runner=0.5,
         env_runner_cls=runner_dying_once(tmp_path / "died", die_in_iteration=1))
     algo = config.build_algo()
     learner_model = algo.learner_group._learner.module["default_policy"].model

@@ -20,8 +20,11 @@ def tiny_config(data_dir: Path, **training) -> TreeGRPOConfig:
 
 
 def test_evaluation_interval_and_duration_run_the_greedy_evaluation(ray_session, data_dir, capfd):
+    seen = []  # RLlib's evaluation callbacks, in order, with what the end one is given
     config = (tiny_config(data_dir, algo="grpo", group_size=2, log_rollout_steps=True)
-              .evaluation(evaluation_interval=2, evaluation_duration=3))
+              .evaluation(evaluation_interval=2, evaluation_duration=3)
+              .callbacks(on_evaluate_start=lambda algorithm, **_: seen.append("start"),
+                         on_evaluate_end=lambda evaluation_metrics, **_: seen.append(evaluation_metrics)))
     algo = config.build_algo()
     try:
         assert algo.eval_env_runner_group is None  # no second set of runners (and model copies)
@@ -33,6 +36,7 @@ def test_evaluation_interval_and_duration_run_the_greedy_evaluation(ray_session,
     for means in (second[EVALUATION_RESULTS], direct):
         assert set(means) == {*EVAL_COLUMNS, QUESTIONS} and means[QUESTIONS] == 3
         assert 0.0 <= means["em"] <= 1.0 and 1.0 <= means["turns"] <= 4.0
+    assert seen == ["start", second[EVALUATION_RESULTS], "start", direct]
     # rounds of prompts_per_iteration * M = 2 questions, one progress line each
     stderr = capfd.readouterr().err
     assert "HotpotQA-v0 dev: 2/3 questions" in stderr and "HotpotQA-v0 dev: 3/3 questions" in stderr

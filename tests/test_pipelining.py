@@ -35,7 +35,7 @@ def tiny_config(data_dir: Path, **training) -> TreeGRPOConfig:
     return (TreeGRPOConfig().environment("HotpotQA-v0", env_config={"data_dir": str(data_dir)})
             .training(max_step_tokens=8, prompts_per_iteration=2, micro_batch_size=6, lr=1e-3, **training)
             .rl_module(model_config={"model": "tiny-random", "seed": 0})
-            .env_runners(num_env_runners=1, num_cpus_per_env_runner=0.5, create_local_env_runner=False))
+            .env_runners(num_env_runners=1, num_cpus_per_env_runner=0.5))
 
 
 @pytest.fixture

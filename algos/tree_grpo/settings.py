@@ -202,7 +202,7 @@ class TreeGRPOSettings(BaseModel):
 
     @model_validator(mode="after")
     def _chain_grpo_and_shape(self) -> TreeGRPOSettings:
-        if self.algo == "grpo":  # chain GRPO: G chains, advantages over the group
+        if self.algo == "grpo":  # chain GRPO: G chains, advantages over the group (CHAIN_GRPO_DERIVED)
             self.__dict__.update(M=self.group_size, N=0, L=0, advantage_mode="inter")
         try:
             TreeShape(self.M, self.N, self.L)
@@ -326,6 +326,8 @@ def validated(model: type[BaseModel], values: dict[str, Any], where: dict[str, s
 
 
 ALGORITHM_FIELDS: tuple[str, ...] = tuple(TreeGRPOSettings.model_fields)
+# the fields chain GRPO (algo grpo) derives from group_size, whatever they were set to
+CHAIN_GRPO_DERIVED = ("M", "N", "L", "advantage_mode")
 
 
 def check_learner_sharding(learner_sharding: str, num_learners: int) -> None:

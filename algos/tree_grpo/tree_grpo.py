@@ -3,14 +3,18 @@ prompt -> one learner update -> weight sync), in one module as RLlib keeps ``PPO
 
 from __future__ import annotations
 
+import difflib
 import sys
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
+from ray.rllib.callbacks.utils import make_callback
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.rllib.env.env_runner_group import EnvRunnerGroup
@@ -38,10 +42,12 @@ from algos.tree_grpo.learner_group import TreeGRPOLearnerGroup
 from algos.tree_grpo.sampling_ahead import SamplingAhead
 from algos.tree_grpo.settings import (
     ALGORITHM_FIELDS,
+    CHAIN_GRPO_DERIVED,
     TreeGRPOSettings,
     check_learner_sharding,
     check_learner_threads,
     check_staleness,
+    gpu_visible,
     validated,
 )
 from algos.tree_grpo.sharding import Started, run_sharded
@@ -54,7 +60,7 @@ from algos.tree_grpo.weight_transport import (
 )
 from algos.tree_view import with_advantages
 from policies.generation import SamplingSettings
-from policies.rl_module import LLMRLModule
+from policies.rl_module import LLMRLModule, check_model_config
 
 RESTORE_POLL_S = 1.0  # between probes while waiting for a restarted env runner
 
@@ -259,8 +265,17 @@ class TreeGRPO(SamplingAhead, Algorithm):
     def evaluate(self, parallel_train_future=None) -> dict[str, float]:
         """The greedy evaluation RLlib's settings ask for: ``evaluation_duration`` questions of the training env's
         evaluation split (``envs.eval_split``), on the training runners. ``train()`` calls it every
-        ``evaluation_interval`` iterations and reports it under ``result["evaluation"]``."""
-        return self.greedy_eval(envs.eval_split(self.config.env), self.config.evaluation_duration)
+        ``evaluation_interval`` iterations and reports it under ``result["evaluation"]``: the means of
+        ``algos.evaluation.EVAL_COLUMNS`` (em, f1, ...) and ``questions``, flat. The callbacks' ``on_evaluate_start``
+        and ``on_evaluate_end`` (``evaluation_metrics``: those means) run around it, as RLlib's do."""
+        make_callback("on_evaluate_start", callbacks_objects=self.callbacks,
+                      callbacks_functions=self.config.callbacks_on_evaluate_start,
+                      kwargs={"algorithm": self, "metrics_logger": self.metrics})
+        results = self.greedy_eval(envs.eval_split(self.config.env), self.config.evaluation_duration)
+        make_callback("on_evaluate_end", callbacks_objects=self.callbacks,
+                      callbacks_functions=self.config.callbacks_on_evaluate_end,
+                      kwargs={"algorithm": self, "metrics_logger": self.metrics, "evaluation_metrics": results})
+        return results
 
     @property
     def tokens_generated_total(self) -> int:
@@ -348,6 +363,50 @@ def check_evaluation_settings(config: AlgorithmConfig) -> None:
         raise ValueError("; ".join(wrong))
 
 
+# RLlib options this algorithm does not act on, and what does their job here
+UNUSED_RLLIB_OPTIONS: dict[str, str] = {
+    "num_epochs": "ppo_epochs (passes over each iteration's batch)",
+    "minibatch_size": "ppo_mini_batches (optimizer steps per pass, whole prompt groups each)",
+    "train_batch_size_per_learner": "prompts_per_iteration (a batch is the leaves of its prompts' trees)",
+    "train_batch_size": "prompts_per_iteration (a batch is the leaves of its prompts' trees)",
+    "gamma": "nothing: a leaf's one outcome reward is its return, undiscounted",
+    "num_envs_per_env_runner": "nothing: a runner clones its env per branch (num_env_runners spreads the prompts)",
+    "rollout_fragment_length": "nothing: a sample is whole trees",
+    "explore": "temperature and top_p (sampling); the evaluation decodes greedily",
+}
+
+
+def check_unused_rllib_options(config: AlgorithmConfig) -> None:
+    """A ``ValueError`` naming each RLlib option in ``UNUSED_RLLIB_OPTIONS`` set away from RLlib's default (it would do
+    nothing), with the setting that does its job."""
+    defaults = AlgorithmConfig()
+    changed = [f"{name} ({getattr(config, name)!r}): {instead}" for name, instead in UNUSED_RLLIB_OPTIONS.items()
+               if getattr(config, name) != getattr(defaults, name)]
+    if changed:
+        raise ValueError(f"Tree-GRPO does not use these RLlib options: {'; '.join(changed)} (TreeGRPOConfig()"
+                         f".training(...) sets the settings named)")
+
+
+def check_env_and_model(config: AlgorithmConfig) -> None:
+    """A ``ValueError`` for an env that is not a registered Gymnasium id (the rollouts clone it with ``gym.make``), an
+    evaluation the env cannot give (an id without a known evaluation split, a ``data_file`` that replaces the splits),
+    or a ``model_config`` the module would refuse: found before Ray starts, not as an actor's failure."""
+    env, env_config = config.env, dict(config.env_config or {})
+    if not isinstance(env, str) or env not in gym.registry:
+        close = difflib.get_close_matches(str(env), list(envs.ENV_IDS), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise ValueError(f"env {env!r} is not a registered Gymnasium id{hint}: Tree-GRPO clones it with gym.make; "
+                         f"this package registers {', '.join(envs.ENV_IDS)}")
+    if config.evaluation_interval:
+        if env not in envs.ENV_IDS:
+            raise ValueError(f"evaluation_interval: the greedy evaluation reads the env's evaluation split, known for "
+                             f"{', '.join(envs.ENV_IDS)}; {env!r} is not one (evaluate with greedy_eval and a split)")
+        if env_config.get("data_file") is not None:
+            raise ValueError("evaluation_interval: env_config's data_file replaces the env's splits, so the "
+                             "evaluation would read the training file; evaluate with greedy_eval on another env")
+    check_model_config(config.model_config)
+
+
 def rewarded_alike(records: Sequence) -> bool:
     """Whether every prompt's leaves in ``records`` got one reward (so every group-relative advantage is 0)."""
     rewards: dict[int, set[float]] = {}
@@ -389,11 +448,27 @@ class TreeGRPOConfig(AlgorithmConfig):
 
     @override(AlgorithmConfig)
     def training(self, **kwargs) -> TreeGRPOConfig:
+        """RLlib's ``training``, and the fields of :class:`~algos.tree_grpo.settings.TreeGRPOSettings` (``M``, ``N``,
+        ``L``, ``algo``, ``group_size``, ``lr``, ``kl_coef``, ``temperature``, ``ppo_epochs``, ...; each documented
+        there), checked where they are set: a wrong value, or a shape chain GRPO would replace, is a ``ValueError``
+        naming the field. Numpy scalars (a Tune sample) are taken as the Python numbers they hold."""
         ours = {k: kwargs.pop(k) for k in list(kwargs) if k in ALGORITHM_FIELDS and kwargs[k] is not NotProvided}
+        ours = {k: v.item() if isinstance(v, np.generic) else v for k, v in ours.items()}
         super().training(**kwargs)
-        if ours:  # checked now, so that a wrong value fails where it is set
-            for name, value in validated(TreeGRPOSettings, {**self.settings_dict(), **ours}).model_dump().items():
-                setattr(self, name, value)
+        if not ours:
+            return self
+        if ours.get("algo") == "tree_grpo" and self.algo == "grpo":  # the chain's shape was derived, not chosen
+            defaults = TreeGRPOSettings().model_dump()
+            ours = {**{name: defaults[name] for name in CHAIN_GRPO_DERIVED}, **ours}
+        values = validated(TreeGRPOSettings, {**self.settings_dict(), **ours}).model_dump()
+        replaced = [f"{name}={ours[name]!r}" for name in CHAIN_GRPO_DERIVED
+                    if name in ours and values[name] != ours[name]]
+        if replaced:
+            raise ValueError(f"algo='grpo' is chain GRPO, whose {', '.join(CHAIN_GRPO_DERIVED)} follow from "
+                             f"group_size (G chains, advantages over the group): {', '.join(replaced)} would be "
+                             f"replaced; set group_size, or algo='tree_grpo' for a tree")
+        for name, value in values.items():
+            setattr(self, name, value)
         return self
 
     def settings_dict(self) -> dict[str, Any]:
@@ -418,8 +493,18 @@ class TreeGRPOConfig(AlgorithmConfig):
         # Tree-GRPO exists only on the new API stack: RLlib's once-per-process notice that it is on would be the
         # first line of every error found before Ray starts.
         log_once(f"{self.algo_class.__name__}_on_new_api_stack")
+        # the driver samples only without remote runners: beside them its runner would hold a model copy that no
+        # weight sync reaches (``get_module()`` and checkpoints would show the start's weights)
+        self.create_local_env_runner = self.num_env_runners == 0
+        if not self.in_evaluation:  # RLlib's evaluation copy sets its own rollout_fragment_length
+            check_unused_rllib_options(self)
+            if gpu_visible() and not self.num_gpus_per_learner and log_once("tree_grpo_learner_on_cpu"):
+                warnings.warn("a GPU is visible, so the rollouts' defaults are the GPU's, but the learner trains on "
+                              "the CPU (RLlib's num_gpus_per_learner 0): set .learners(num_gpus_per_learner=1) to "
+                              "train on the GPU", stacklevel=2)
         super().validate()
         check_evaluation_settings(self)
+        check_env_and_model(self)
         settings = self.settings.model_dump()
         changed = {k: v for k, v in settings.items() if v != getattr(self, k)}
         if changed:  # only chain GRPO's normalisation changes values
@@ -438,6 +523,13 @@ class TreeGRPOConfig(AlgorithmConfig):
             check_staleness(self.max_staleness, self.num_env_runners)
         if self.grad_clip_by not in GRAD_CLIP_MODES:  # .training() checks it, a plain assignment does not
             raise ValueError(f"grad_clip_by must be one of {GRAD_CLIP_MODES}, got {self.grad_clip_by!r}")
+
+    @property
+    @override(AlgorithmConfig)
+    def _model_config_auto_includes(self) -> dict[str, Any]:
+        # the module's initial weights (a model built in-process, LoRA's adapters) follow .debugging(seed=...) unless
+        # model_config names its own seed (RLlib merges the user's model_config over these)
+        return {**super()._model_config_auto_includes, **({} if self.seed is None else {"seed": self.seed})}
 
     @override(AlgorithmConfig)
     def get_default_rl_module_spec(self) -> RLModuleSpec:
