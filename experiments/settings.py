@@ -20,7 +20,7 @@ from pydantic import Field, field_validator, model_validator
 import envs
 from algos.tree_grpo import TreeGRPOConfig
 from algos.tree_grpo import settings as algorithm_settings
-from algos.tree_grpo.settings import ALGORITHM_FIELDS, TreeGRPOSettings, per_device
+from algos.tree_grpo.settings import ALGORITHM_FIELDS, TreeGRPOSettings, check_training_split, per_device
 from envs.datasets import resolve_data_dir
 from envs.retrieval import check_retriever_spec
 from envs.rewards import REWARDS
@@ -152,9 +152,6 @@ class RunSettings(TreeGRPOSettings):
     # environment
     env: EnvId = Field("HotpotQA-v0", description="search-QA environment id")
     split: str | None = Field(None, description="training split (default: the env id's training split)")
-    allow_eval_split_training: bool = Field(
-        False, description="allow training on the split the run is evaluated on (refused by default: the "
-                           "evaluation would score questions the policy trained on)")
     data_dir: str | None = Field(None, description="data directory (default: $TREEGRPO_DATA_DIR, else ./data)")
     max_turns: int = Field(default_of(envs.SearchQAEnv, "max_turns"), ge=1,
                            description="search-capable steps before the final answer-only step")
@@ -329,12 +326,7 @@ class RunSettings(TreeGRPOSettings):
 
     @model_validator(mode="after")
     def _no_training_on_the_evaluation_split(self) -> RunSettings:
-        train, evaluated = self.training_split, envs.eval_split(self.env)
-        if train == evaluated and not self.allow_eval_split_training:
-            raise ValueError(
-                f"split: {self.env} would train on split {train!r}, which is also its evaluation split (the "
-                f"evaluation would score questions the policy trained on); choose another split (e.g. put a "
-                f"train file in the data directory and set split: train) or pass --allow-eval-split-training")
+        check_training_split(self.env, self.split, self.allow_eval_split_training)
         return self
 
     @model_validator(mode="after")
@@ -359,6 +351,7 @@ class RunSettings(TreeGRPOSettings):
 # fields, then RunSettings' own) to the next field named; a new field joins the section of the field above it.
 HELP_SECTIONS = ("environment", "model", "shape", "update", "resources", "run", "tracking")
 SECTION_STARTS = {"algo": "shape", "generator": "resources", "lr": "update", "log_rollout_steps": "tracking",
+                  "allow_eval_split_training": "environment",
                   "env": "environment", "model": "model", "seed": "run", "num_env_runners": "resources",
                   "iterations": "run", "mlflow": "tracking"}
 

@@ -95,3 +95,10 @@ def test_a_visible_gpu_with_the_learner_on_the_cpu_is_said(monkeypatch):
     monkeypatch.setattr(tree_grpo, "log_once", lambda key: True)
     with pytest.warns(UserWarning, match=r"set .learners\(num_gpus_per_learner=1\)"):
         config().validate()
+
+
+def test_training_on_the_evaluation_split_is_refused_unless_allowed_as_in_run_py():
+    with pytest.raises(ValueError, match=r"NQ-v0 would train on split 'test', which is also its evaluation split"):
+        config().environment("NQ-v0").validate()  # the open-domain sets ship their test split only
+    config().environment("NQ-v0", env_config={"split": "train"}).validate()
+    config().environment("NQ-v0").training(allow_eval_split_training=True).validate()

@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+import envs
 from algos.advantages import ADVANTAGE_MODES
 from algos.branching import BRANCHING, entropy_tokens
 from algos.lr_schedule import LrSchedule, warmup_steps_of
@@ -199,6 +200,9 @@ class TreeGRPOSettings(BaseModel):
     trees_every: int = Field(10, ge=0, description="every k iterations keep a few sampled trees for the trackers "
                                                    "(JSON + HTML; 0: never)")
     trees_count: int = Field(4, ge=1, description="trees kept each time")
+    allow_eval_split_training: bool = Field(
+        False, description="allow training on the split the run is evaluated on (refused by default: the "
+                           "evaluation would score questions the policy trained on)")
 
     @model_validator(mode="after")
     def _chain_grpo_and_shape(self) -> TreeGRPOSettings:
@@ -328,6 +332,20 @@ def validated(model: type[BaseModel], values: dict[str, Any], where: dict[str, s
 ALGORITHM_FIELDS: tuple[str, ...] = tuple(TreeGRPOSettings.model_fields)
 # the fields chain GRPO (algo grpo) derives from group_size, whatever they were set to
 CHAIN_GRPO_DERIVED = ("M", "N", "L", "advantage_mode")
+
+
+def check_training_split(env_id: str, split: str | None, allowed: bool) -> None:
+    """A ``ValueError`` when ``env_id`` would train on ``split`` (None: the id's training split) and that is its
+    evaluation split, unless ``allowed`` (``allow_eval_split_training``); an id of another package has none known."""
+    if env_id not in envs.ENV_IDS:
+        return
+    train, evaluated = split or envs.ENV_IDS[env_id][1], envs.eval_split(env_id)
+    if train == evaluated and not allowed:
+        raise ValueError(
+            f"split: {env_id} would train on split {train!r}, which is also its evaluation split (the evaluation "
+            f"would score questions the policy trained on); choose another split (e.g. put a train file in the data "
+            f"directory and set split: train) or allow it (allow_eval_split_training, "
+            f"--allow-eval-split-training)")
 
 
 def check_learner_sharding(learner_sharding: str, num_learners: int) -> None:

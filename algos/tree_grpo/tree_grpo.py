@@ -47,6 +47,7 @@ from algos.tree_grpo.settings import (
     check_learner_sharding,
     check_learner_threads,
     check_staleness,
+    check_training_split,
     gpu_visible,
     validated,
 )
@@ -397,6 +398,7 @@ def check_env_and_model(config: AlgorithmConfig) -> None:
         hint = f" (did you mean {close[0]}?)" if close else ""
         raise ValueError(f"env {env!r} is not a registered Gymnasium id{hint}: Tree-GRPO clones it with gym.make; "
                          f"this package registers {', '.join(envs.ENV_IDS)}")
+    check_training_split(env, env_config.get("split"), config.allow_eval_split_training)
     if config.evaluation_interval:
         if env not in envs.ENV_IDS:
             raise ValueError(f"evaluation_interval: the greedy evaluation reads the env's evaluation split, known for "
