@@ -44,6 +44,7 @@ def test_evaluation_interval_and_duration_run_the_greedy_evaluation(ray_session,
 
 
 @pytest.mark.parametrize(("setting", "value"), [
+    ("evaluation_interval", True),
     ("evaluation_duration_unit", "timesteps"),
     ("evaluation_duration", "auto"),
     ("evaluation_num_env_runners", 1),

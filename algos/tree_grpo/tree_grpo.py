@@ -341,7 +341,8 @@ def check_evaluation_settings(config: AlgorithmConfig) -> None:
     greedy chain each, on the training runners."""
     interval, duration = config.evaluation_interval, config.evaluation_duration
     problems = {
-        "evaluation_interval": (interval is not None and (not isinstance(interval, int) or interval < 0),
+        "evaluation_interval": (interval is not None and (not isinstance(interval, int) or isinstance(interval, bool)
+                                                          or interval < 0),
                                 f"must be None or an int >= 0 (iterations between evaluations), got {interval!r}"),
         "evaluation_duration": (not isinstance(duration, int) or isinstance(duration, bool) or duration < 1,
                                 f"must be a positive int (questions of the evaluation split), got {duration!r}"),
