@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import ray
 import torch
+from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, LEARNER_RESULTS
 
 import algos.tree_grpo.tree_grpo as tree_grpo_module
@@ -162,10 +163,16 @@ def test_two_remote_runners_share_an_iteration_and_the_evaluation(ray_session, d
     config = two_remote_runners(tiny_config(data_dir, prompts, trees_every=1, trees_count=4))
     algo = config.evaluation(evaluation_interval=1, evaluation_duration=3).build_algo()
     try:
+        # no runner in the driver (the config derives it): get_module() is a remote runner's, synced after the update
         assert algo.env_runner is None and algo.eval_env_runner_group is None
+        start = {k: v.clone() for k, v in algo.get_module().model.state_dict().items()}
         result = algo.train()
+        learned = algo.learner_group.get_weights()[DEFAULT_MODULE_ID]
+        served = algo.get_module().model.state_dict()
     finally:
         algo.stop()
+    assert any(not torch.equal(served[k], start[k]) for k in start)
+    assert all(torch.equal(served[k], torch.as_tensor(learned[f"model.{k}"])) for k in served)
 
     (records,) = batches
     runners = result[ENV_RUNNER_RESULTS]
