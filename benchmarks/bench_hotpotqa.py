@@ -32,6 +32,7 @@ import json
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -39,7 +40,7 @@ from matplotlib.figure import Figure
 
 from algos.tree_grpo import metrics as metric_keys
 from benchmarks.report import compact_plot_copy
-from benchmarks.run_records import output_files, read_archive, write_archive
+from benchmarks.run_records import output_files, read_archive, run_folder_problems, write_archive
 from benchmarks.studies import ARCHIVE
 from envs.datasets import dataset_path, resolve_data_dir
 from experiments.checkpoints import LATEST, checkpoint_iteration
@@ -374,7 +375,20 @@ def restore_records(output: Path, records: Path) -> int:
     return len(missing)
 
 
-def main(argv: list[str] | None = None) -> dict:
+def record_problems(files: dict[Path, bytes], args: argparse.Namespace, copied: Sequence[str] = ()) -> list[str]:
+    """What is wrong with one output's records (paths relative to it -> bytes) against the runs of ``args.arms`` x
+    ``args.seeds`` and the ``copied`` run folders (``run_folder_problems``: each with ``RUN_RECORDS``), no start
+    evaluated, or a run whose start's evaluation is not kept; one line each (none: complete)."""
+    declared = {run_dir(Path(), arm, seed) for arm in args.arms for seed in args.seeds} | {Path(n) for n in copied}
+    starts = {name.parts[1] for name in files if name.parts[0] == "start" and name.name == "eval.json"}
+    problems = run_folder_problems(files, declared, RUN_RECORDS, others=("start",))
+    if not starts:
+        problems.append("no start's evaluation (start/DIGEST/eval/eval.json)")
+    return problems + [f"run {run} trained from a start whose evaluation is not kept" for run in sorted(declared)
+                       if run / START_RECORD in files and json.loads(files[run / START_RECORD])["start"] not in starts]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=["tree"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
@@ -384,7 +398,11 @@ def main(argv: list[str] | None = None) -> dict:
                         help="a study folder: its records.tar.xz is restored into --output first (runs finished on "
                              "another machine are not trained again), and each run is saved into it once evaluated")
     parser.add_argument("--report", action="store_true", help="summarise what has finished; train nothing")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
     output = args.output.resolve()
     if args.records:
         print(f"records: {restore_records(output, args.records)} files restored from {args.records / ARCHIVE}")

@@ -25,9 +25,10 @@ from typing import Any
 import numpy as np
 
 from benchmarks.report import machine_description, replace_section
+from benchmarks.run_records import run_folder_problems
 from benchmarks.studies import section_file
 from experiments.confidence import Interval, mean_interval, paired_bootstrap_interval, sign_flip_p_value
-from experiments.plot import load_metrics
+from experiments.plot import METRICS_FILE, load_metrics
 
 SECTION_KEY, SECTION_TITLE = "pipelining-learning", "Pipelining: held-out exact match, K = 1 against K = 0 (CPU demo)"
 NOT_WORSE_MARGIN = 0.05  # the protocol's: K = 1 may trail K = 0 by at most this at the interval's lower bound
@@ -121,12 +122,24 @@ def train_missing(output: Path, seeds: list[int]) -> None:
                            cwd=Path(__file__).resolve().parent.parent)
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def record_problems(files: dict[Path, bytes], args: argparse.Namespace, copied: tuple[str, ...] = ()) -> list[str]:
+    """What is wrong with one output's records against the protocol's runs (each K x ``args.seeds``, each with its
+    demo.json and metrics.jsonl), one line each."""
+    declared = {run_directory(Path(), k, seed) for k in ARM_STALENESS for seed in args.seeds} | {
+        Path(name) for name in copied}
+    return run_folder_problems(files, declared, ("demo.json", METRICS_FILE))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     p.add_argument("--output", default="outputs/pipelining")
     p.add_argument("--report", action="store_true", help=f"write section {SECTION_KEY} of its study's README")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     output = Path(args.output).resolve()
     train_missing(output, args.seeds)

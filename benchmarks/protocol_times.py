@@ -73,11 +73,27 @@ def record_paths(entry: Study) -> list[str]:
                                            for former in FORMER_RECORDS)]
 
 
+NOT_RECORDS = ("*.png", "*.svg", "*.pdf")  # a study's plots, drawn from its records, are not records
+
+
 def first_record(entry: Study, root: Path = ROOT) -> Commit | None:
-    """The commit that added the study's first record (its folder's README, written before any run, is not one)."""
-    readme = f":(exclude){RESULTS}/{entry.folder}/{README}"
-    added = commits("--diff-filter=A", "--", *record_paths(entry), readme, root=root)
+    """The commit that added the study's first record (its folder's README, written before any run, and the plots
+    drawn from the records are not records)."""
+    excluded = [f":(exclude){RESULTS}/{entry.folder}/{README}", *(f":(exclude){glob}" for glob in NOT_RECORDS)]
+    added = commits("--diff-filter=A", "--", *record_paths(entry), *excluded, root=root)
     return added[0] if added else None
+
+
+def declaring_commit(protocol: Protocol, parent: str, root: Path = ROOT) -> Commit:
+    """The last commit up to ``parent`` that changed the protocol's section (its rules): the one that gave the section
+    the form the first record found, not merely the last to touch its file."""
+    last, previous = None, None
+    for commit in commits(parent, "--", protocol.path, root=root):
+        text = protocol_text_at(protocol, commit.sha, root)
+        if text != previous:
+            last, previous = commit, text
+    assert last is not None  # the section existed at ``parent``: some commit gave it that text
+    return last
 
 
 def protocol_text_at(protocol: Protocol, revision: str, root: Path = ROOT) -> str | None:
@@ -117,7 +133,7 @@ def protocol_reading(entry: Study, root: Path = ROOT) -> str:
     path = root / protocol.path
     if path.is_file() and rules(section(path.read_text(encoding="utf-8"), protocol.title)) != previous:
         changed.append("the working tree (not committed)")
-    before = commits("-1", parent, "--", protocol.path, root=root)[-1]  # the section existed: so did a commit
+    before = declaring_commit(protocol, parent, root)
     since = (f"the section as committed at {before.sha[:7]} ({before.date}), before the first record "
              f"({first.sha[:7]}, {first.date})")
     if not changed:

@@ -118,6 +118,18 @@ def output_files(archive: dict[str, bytes], name: str) -> dict[Path, bytes]:
     return {Path(member[len(prefix):]): data for member, data in archive.items() if member.startswith(prefix)}
 
 
+def run_folder_problems(files: dict[Path, bytes], declared: set[Path], required: tuple[str, ...],
+                        others: tuple[str, ...] = ()) -> list[str]:
+    """What is wrong with one output's records (paths relative to it -> bytes) against its ``declared`` run folders,
+    each of which must hold every file in ``required``: a run missing, one lacking a file, a top-level folder that is
+    no declared run (``others``: folders that are not runs, such as a start's evaluation). One line each."""
+    folders = {Path(name.parts[0]) for name in files if name.parts[0] not in others}
+    problems = [f"run {run} is missing" for run in sorted(declared - folders)]
+    problems += [f"{folder} is not a run its command declares" for folder in sorted(folders - declared)]
+    return problems + [f"run {run} has no {name}" for run in sorted(declared & folders) for name in required
+                       if run / name not in files]
+
+
 def save(output: Path, records: Path = RECORDS) -> list[Path]:
     """Writes the records of ``output`` into its study's archive (over older copies of the same runs, the other
     outputs' kept); returns the files kept, relative to ``output``."""

@@ -41,6 +41,7 @@ class Output:
 
     name: str
     command: tuple[str, ...]
+    copied: tuple[str, ...] = ()  # run folders another study's command trained, copied in for a contrast
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,8 @@ FOURTH_DESIGN = ("--start-misroute", "0.85", "--start-misroute-role", "chair", "
                  "--seeds", "0", "1", "2", "3", "4", "--settings", "tree (2,2,1) uniform")
 NINTH_START = ("--start-goal", "--start-misroute", "0.98", "--start-misroute-role", "chair", "--lr", "5e-5")
 NINTH_DESIGN = "bench_branching_lead_start_goal_start_misroute_0.98_chair_top_p_1_lr_5e_05_warmup_steps_0"
+# the variants of the HotpotQA tree are read against its runs from the same start, copied in from the study before
+COPIED_TREE = ("tree_s0", "tree_s1", "tree_s2")
 
 STUDIES: tuple[Study, ...] = (
     Study("learning_synthhop", "Tree vs chain and the advantage ablation on SynthHop-v0 (issues 6, 15)",
@@ -119,16 +122,17 @@ STUDIES: tuple[Study, ...] = (
                                          "--iterations", "40")),)),
     Study("hotpotqa_cpu_em", "The format-3 start trained on exact match alone (issue 70; stopped after seed 0)",
           Protocol("docs/protocol_hotpotqa_em.md", "Protocol: the format-3 start trained on exact match"),
-          (Output("hotpotqa_cpu_em", ("benchmarks/bench_hotpotqa.py", "--arms", "tree_em", "--seeds", "0")),)),
+          (Output("hotpotqa_cpu_em", ("benchmarks/bench_hotpotqa.py", "--arms", "tree_em", "--seeds", "0"),
+                  COPIED_TREE),)),
     Study("hotpotqa_cpu_f1", "The format-3 start trained on token F1 (issue 70)",
           Protocol("docs/protocol_hotpotqa_f1.md", "Protocol: the format-3 start trained on token F1"),
           (Output("hotpotqa_cpu_f1", ("benchmarks/bench_hotpotqa.py", "--arms", "tree_f1", "--seeds", "0", "1",
-                                      "2")),)),
+                                      "2"), COPIED_TREE),)),
     Study("hotpotqa_cpu_temp", "The format-3 start sampled at temperature 0.7 (issue 70)",
           Protocol("docs/protocol_hotpotqa_temperature.md",
                    "Protocol: the format-3 start sampled at a lower temperature"),
           (Output("hotpotqa_cpu_temp", ("benchmarks/bench_hotpotqa.py", "--arms", "tree_t07", "--seeds", "0", "1",
-                                        "2")),)),
+                                        "2"), COPIED_TREE),)),
     Study("hotpotqa_cpu_start_lr", "The HotpotQA start's fine-tuning: lr 1e-3, then every train question (issue 70)",
           Protocol("docs/protocol_hotpotqa_start.md", "Protocol: the HotpotQA start at a higher learning rate")),
     Study("hotpotqa_cpu_all", "Real questions from the adopted start (issue 70)",
@@ -137,7 +141,7 @@ STUDIES: tuple[Study, ...] = (
     Study("hotpotqa_cpu_lr", "The RL learning rate on real questions (issue 70)",
           Protocol("docs/protocol_hotpotqa_lr.md", "Protocol: the RL learning rate on real questions"),
           (Output("hotpotqa_cpu_lr", ("benchmarks/bench_hotpotqa.py", "--arms", "tree_lr5e-4", "--seeds", "0", "1",
-                                      "2")),)),
+                                      "2"), COPIED_TREE),)),
 )
 
 

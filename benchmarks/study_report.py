@@ -10,7 +10,9 @@ and the start point: a run missing, one not declared or one made otherwise is na
 (the benchmark's own table and plot, ``learning_report``), under the protocol's line (``protocol_times``: whether the
 protocol was committed before the first record and left alone since). The other outputs (pilots kept beside, whose
 testbed may share the section's name) are only checked. A script that is not a learning benchmark (no ``testbed``)
-is left to its own command.
+but says what its records must hold (``record_problems``, as ``bench_hotpotqa.py``) is checked the same way and its
+report left to its own command; a folder in the archive that no output of the study names is named too. A study that
+declares no command has nothing to check against: the report says so.
 """
 
 from __future__ import annotations
@@ -74,12 +76,14 @@ def check_runs(output: Output, files: dict[Path, bytes], args: argparse.Namespac
     """What is wrong with ``output``'s records against its declared runs, one line each (none: complete)."""
     problems = [] if Path(START_POINT) in files else [f"{output.name}: no {START_POINT}"]
     runs = {run_directory(setting, seed, Path()): (setting, seed) for seed in args.seeds for setting in args.settings}
-    present = {name.parent for name in files if name.name == FINAL_EVALUATION}
+    present = {name.parent for name in files if name.name in (FINAL_EVALUATION, METRICS_FILE)}
     problems += [f"{output.name}: run {run} is missing" for run in sorted(runs.keys() - present)]
     problems += [f"{output.name}: run {run} is not declared by its command" for run in sorted(present - runs.keys())]
     for run in sorted(present & runs.keys()):
-        if run / METRICS_FILE not in files:
-            problems.append(f"{output.name}: run {run} has no {METRICS_FILE}")
+        missing = [name for name in (METRICS_FILE, FINAL_EVALUATION) if run / name not in files]
+        if missing:
+            problems += [f"{output.name}: run {run} has no {name}" for name in missing]
+            continue
         setting, seed = runs[run]
         saved = json.loads(files[run / FINAL_EVALUATION]).get("run") or []
         expected = run_options(bed, setting, seed, "-", args, run)
@@ -120,13 +124,22 @@ def report(folder: str, records: Path = RECORDS) -> list[Path]:
     entry = study(folder)
     archive = read_archive(records / folder / ARCHIVE)
     checked, problems = [], []
+    names = {output.name for output in entry.outputs}
+    problems += [f"{top}: a folder no output of the study names" for top in sorted({name.split("/")[0]
+                                                                                    for name in archive} - names)]
     for output in entry.outputs:
+        files = output_files(archive, output.name)
+        if not files:
+            problems.append(f"{output.name}: no records in {ARCHIVE}")
+            continue
         module = benchmark(output.command)
-        if module is None:
+        if module is None:  # not a learning benchmark: its own rules for what a record holds
+            own = importlib.import_module("benchmarks." + Path(output.command[0]).stem)
+            args = own.parse_args(list(output.command[1:]))
+            problems += [f"{output.name}: {problem}" for problem in own.record_problems(files, args, output.copied)]
             continue
         args, bed = declared(output, module)
-        files = output_files(archive, output.name)
-        problems += check_runs(output, files, args, bed) if files else [f"{output.name}: no records in {ARCHIVE}"]
+        problems += check_runs(output, files, args, bed)
         checked.append((output, files, args, bed))
     if problems:
         raise IncompleteRecords(f"results/{folder}/{ARCHIVE} is not the study's declared runs; no table printed:\n"
@@ -142,8 +155,14 @@ def report(folder: str, records: Path = RECORDS) -> list[Path]:
 def main(argv: list[str] | None = None) -> list[Path]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("study", help="a study's folder name (benchmarks/studies.py)")
-    written = report(p.parse_args(argv).study)
-    print("\n".join(str(path) for path in written) or "records complete; no section of this study is rebuilt here")
+    entry = study(p.parse_args(argv).study)
+    written = report(entry.folder)
+    if not entry.outputs:
+        print(f"results/{entry.folder}: not checked: the study declares no command whose runs its records must hold")
+    else:
+        print("\n".join(str(path) for path in written) or "records complete (each output's declared runs); no "
+                                                          "section of this study is rebuilt here")
+    print(protocol_reading(entry))
     return written
 
 

@@ -4,6 +4,7 @@ the protocol's commit time against the first record's."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -118,6 +119,65 @@ def test_records_that_are_not_the_declared_runs_are_named_and_no_table_is_printe
     assert named in str(refused.value) and not (tmp_path / "results").exists()
 
 
+def test_a_run_without_its_final_evaluation_and_a_folder_no_output_names_are_refused(tmp_path, monkeypatch):
+    toy_study(monkeypatch)
+    kept = records(tmp_path, (0, 1))
+    (tmp_path / "outputs" / "bench" / "tree_221" / "seed1" / "held_out.json").unlink()  # metrics only: unfinished
+    stray = tmp_path / "outputs" / "other"  # an output the study does not name
+    stray.mkdir()
+    (stray / "start_point.json").write_text("{}", encoding="utf-8")
+    archive = read_archive(kept / "toy" / studies.ARCHIVE)
+    del archive["bench/tree_221/seed1/held_out.json"]
+    archive["other/start_point.json"] = b"{}"
+    from benchmarks.run_records import write_archive
+
+    write_archive(kept / "toy" / studies.ARCHIVE, archive)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(study_report.IncompleteRecords) as refused:
+        study_report.report("toy", kept)
+    assert "bench: run tree_221/seed1 has no held_out.json" in str(refused.value)
+    assert "other: a folder no output of the study names" in str(refused.value)
+
+
+def hotpotqa_records(arms: dict[str, tuple[int, ...]], start: str = "d1") -> dict[Path, bytes]:
+    """An output of bench_hotpotqa as its records keep it: the start's evaluation, each run's files."""
+    from benchmarks.bench_hotpotqa import RUN_RECORDS, START_RECORD
+
+    files = {Path("start") / start / "eval" / "eval.json": b"{}"}
+    for arm, seeds in arms.items():
+        for seed in seeds:
+            files |= {Path(f"{arm}_s{seed}") / name: b"{}" for name in RUN_RECORDS}
+            files[Path(f"{arm}_s{seed}") / START_RECORD] = json.dumps({"start": start}).encode()
+    return files
+
+
+def test_a_studys_own_record_rules_are_checked_with_its_copied_runs():
+    """bench_hotpotqa is no learning testbed: its records are checked by its own rules (record_problems), the runs
+    its command declares and those copied in from another study."""
+    from benchmarks.bench_hotpotqa import parse_args, record_problems
+
+    args = parse_args(["--arms", "tree_f1", "--seeds", "0", "1"])
+    copied = ("tree_s0",)
+    complete = hotpotqa_records({"tree_f1": (0, 1), "tree": (0,)})
+    assert record_problems(complete, args, copied) == []
+    assert record_problems(complete, args) == ["tree_s0 is not a run its command declares"]
+    partial = {k: v for k, v in complete.items() if k != Path("tree_f1_s1") / "metrics.jsonl"}
+    assert record_problems(partial, args, copied) == ["run tree_f1_s1 has no metrics.jsonl"]
+    assert record_problems(hotpotqa_records({"tree_f1": (0,), "tree": (0,)}), args, copied) == [
+        "run tree_f1_s1 is missing"]
+    other_start = {**complete, Path("tree_s0") / "start.json": json.dumps({"start": "d2"}).encode()}
+    assert record_problems(other_start, args, copied) == ["run tree_s0 trained from a start whose evaluation is not "
+                                                          "kept"]
+
+
+def test_a_study_without_a_command_says_it_was_not_checked(monkeypatch, capsys):
+    monkeypatch.setattr(studies, "STUDIES", (Study("toy", "a toy study"),))
+    monkeypatch.setattr(study_report, "report", lambda folder: [])
+    study_report.main(["toy"])
+    out = capsys.readouterr().out
+    assert "results/toy: not checked" in out and "No protocol was declared" in out and "complete" not in out
+
+
 def test_a_study_not_registered_is_named_with_the_registered_ones(monkeypatch):
     toy_study(monkeypatch)
     with pytest.raises(KeyError, match=r"no study 'elsewhere' .*registered: toy"):
@@ -190,6 +250,21 @@ def test_the_protocols_commit_time_is_read_against_the_first_records(tmp_path, h
     assert reading in protocol_reading(entry, tmp_path)
 
 
+def test_the_reading_names_the_commit_that_gave_the_section_its_form_and_plots_are_no_records(tmp_path):
+    git(tmp_path, "init", "-q")
+    twelve = DECLARED.replace("ten", "twelve")
+    history = [{"docs/protocol.md": DECLARED}, {"results/toy/curves.png": "drawn"}, {"docs/protocol.md": twelve},
+               {"docs/protocol.md": twelve + "more about another design\n"}, {"results/toy/records.tar.xz": "r"}]
+    for when, files in enumerate(history):
+        commit(tmp_path, files, when * 60)
+    shas = subprocess.run(["git", "rev-list", "--reverse", "HEAD"], cwd=tmp_path, check=True, capture_output=True,
+                          text=True).stdout.split()
+    reading = protocol_reading(Study("toy", "a toy study", PROTOCOL, (Output("bench", COMMAND),)), tmp_path)
+    # the plot came before the edit to twelve seeds, the records after it; the last commit before the records
+    # touched another section only
+    assert f"the section as committed at {shas[2][:7]} " in reading and "not edited since" in reading
+
+
 def test_an_uncommitted_edit_and_a_study_without_records_are_said_so(tmp_path):
     git(tmp_path, "init", "-q")
     commit(tmp_path, {"docs/protocol.md": DECLARED}, 0)
@@ -228,7 +303,11 @@ def test_every_kept_output_holds_the_runs_its_command_declares():
         archive = read_archive(RECORDS / entry.folder / studies.ARCHIVE)
         for output in entry.outputs:
             module = study_report.benchmark(output.command)
+            files = output_files(archive, output.name)
             if module is not None:
                 args, bed = study_report.declared(output, module)
-                files = output_files(archive, output.name)
                 assert study_report.check_runs(output, files, args, bed) == [], output.name
+            else:  # a benchmark with its own record rules (bench_hotpotqa, pipelining_learning)
+                own = importlib.import_module("benchmarks." + Path(output.command[0]).stem)
+                args = own.parse_args(list(output.command[1:]))
+                assert own.record_problems(files, args, output.copied) == [], output.name
