@@ -294,10 +294,19 @@ def start_policy(bed: Testbed, args: argparse.Namespace) -> str:
     return args.warm or str(cached_warm_start(bed.world, recipe, topk=bed.topk, continues=first_stage))
 
 
+def start_path(bed: Testbed, args: argparse.Namespace) -> str:
+    """Where ``start_policy``'s model directory is (--warm, else the cache's), nothing trained: it may not exist."""
+    from experiments.warmstart import warm_start_dir
+
+    recipe, first_stage = start_recipes(args, bed)
+    return args.warm or str(warm_start_dir(bed.world, recipe, topk=bed.topk, continues=first_stage))
+
+
 def unfinished_runs(bed: Testbed, args: argparse.Namespace) -> list[str]:
     """The runs of --settings x --seeds without a final evaluation made with today's run.py options from the start
-    policy (which ``run_benchmark`` would train again)."""
-    warm, output = str(Path(start_policy(bed, args)).resolve()), Path(args.output)
+    policy (which ``run_benchmark`` would train again); the start is named by its path, not trained (a machine
+    without it learns what is missing before hours of training)."""
+    warm, output = str(Path(start_path(bed, args)).resolve()), Path(args.output)
     return [f"{setting} seed {seed}" for setting in args.settings for seed in args.seeds
             if not trained_with(run_directory(setting, seed, output) / FINAL_EVALUATION,
                                 run_options(bed, setting, seed, warm, args, run_directory(setting, seed, output)))]

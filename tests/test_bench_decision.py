@@ -202,6 +202,21 @@ def test_the_probe_report_writes_its_table_and_with_report_its_section_beside_th
     assert (Path("results") / "out" / "decision-probe.png").is_file()
 
 
+def test_the_starts_path_is_where_the_start_policy_is_cached(tmp_path, monkeypatch):
+    """unfinished_runs names the start by the path cached_warm_start publishes it at, without training it."""
+    import experiments.warmstart as warmstart
+
+    monkeypatch.setenv("TREEGRPO_CACHE_DIR", str(tmp_path))
+    args = bench_decision.parse_args(["--output", str(tmp_path / "out")])
+    bed = bench_decision.testbed(args)
+    published = tmp_path / "published"
+    monkeypatch.setattr(warmstart, "cached_warm_start", lambda world, recipe, *, topk, continues=None: (
+        published if warmstart.warm_start_dir(world, recipe, topk=topk, continues=continues) ==
+        Path(bench_decision.start_path(bed, args)) else pytest.fail("another path")))
+    assert bench_decision.start_policy(bed, args) == str(published)
+    assert str(tmp_path) in bench_decision.start_path(bed, args)
+
+
 def test_the_starts_probe_is_measured_once_and_then_read_from_its_record(tmp_path, monkeypatch):
     args = bench_decision.parse_args(["--output", str(tmp_path)])
     measured = []
@@ -216,7 +231,8 @@ def test_the_starts_probe_is_measured_once_and_then_read_from_its_record(tmp_pat
 def test_the_report_trains_nothing_and_names_the_runs_not_finished_with_todays_options(tmp_path, monkeypatch):
     argv = ["--output", str(tmp_path), "--seeds", "0", "1", "--settings", CHAIN_2, "--resume", "--report"]
     args = bench_decision.parse_args(argv)
-    monkeypatch.setattr(bench_decision, "start_policy", lambda bed, args: str(tmp_path / "start"))
+    monkeypatch.setattr(bench_decision, "start_path", lambda bed, args: str(tmp_path / "start"))
+    monkeypatch.setattr(bench_decision, "start_policy", lambda *a: pytest.fail("the report trained the start"))
     monkeypatch.setattr(bench_decision, "run_from_start", lambda *a: pytest.fail("the report trained"))
     bed = bench_decision.testbed(args)
     for seed, options in ((0, None), (1, ["--lr", "1"])):  # seed 0 as today's command makes it, seed 1 otherwise
