@@ -286,6 +286,30 @@ def write_probe_section(bed: Testbed, args: argparse.Namespace, table: str, plot
     return readme
 
 
+def record_problems_beside(files: dict[Path, bytes], args: argparse.Namespace) -> list[str]:
+    """``study_report``'s check of what this testbed's records hold beside the learning runs: the start's probe, and
+    the probe in every iteration's row of every run (``probed_runs`` reads them so)."""
+    problems = [] if Path(START_PROBE) in files else [f"no {START_PROBE} (the start's probe)"]
+    for setting in args.settings:
+        for seed in args.seeds:
+            run = run_directory(setting, seed, Path())
+            rows = [json.loads(line) for line in files.get(run / METRICS_FILE, b"").decode("utf-8").splitlines()
+                    if line.strip()]
+            if any(row.get(PROBE) is None for row in rows):
+                problems.append(f"run {run} has iterations without {PROBE}")
+    return problems
+
+
+def rebuild_sections_beside(output: Path, args: argparse.Namespace) -> None:
+    """``study_report``'s rebuild of this testbed's section beside the learning section: the probe's, from the
+    records written into ``output`` (its start's probe read from them, never measured)."""
+    args = argparse.Namespace(**{**vars(args), "output": str(output), "report": True})
+    if not (output / START_PROBE).is_file():
+        raise FileNotFoundError(f"{output / START_PROBE}: the start's probe is not in the records")
+    bed = testbed(args)
+    probe_report(bed, args, start_probe(bed, args))
+
+
 def start_policy(bed: Testbed, args: argparse.Namespace) -> str:
     """The start policy's model directory: --warm, else the budget table's cached start (trained first if missing)."""
     from experiments.warmstart import cached_warm_start

@@ -12,7 +12,8 @@ protocol was committed before the first record and left alone since). The other 
 testbed may share the section's name) are only checked. A script that is not a learning benchmark (no ``testbed``)
 but says what its records must hold (``record_problems``, as ``bench_hotpotqa.py``) is checked the same way and its
 report left to its own command; a folder in the archive that no output of the study names is named too. A study that
-declares no command has nothing to check against: the report says so.
+declares no command has nothing to check against: the report says so. A testbed that keeps more beside its runs
+(``record_problems_beside``) has it checked, and its other sections rebuilt (``rebuild_sections_beside``).
 """
 
 from __future__ import annotations
@@ -140,15 +141,23 @@ def report(folder: str, records: Path = RECORDS) -> list[Path]:
             continue
         args, bed = declared(output, module)
         problems += check_runs(output, files, args, bed)
-        checked.append((output, files, args, bed))
+        if hasattr(module, "record_problems_beside"):  # what the testbed keeps beside its runs (bench_decision)
+            problems += [f"{output.name}: {problem}" for problem in module.record_problems_beside(files, args)]
+        checked.append((output, files, args, bed, module))
     if problems:
         raise IncompleteRecords(f"results/{folder}/{ARCHIVE} is not the study's declared runs; no table printed:\n"
                                 + "\n".join(f"  {problem}" for problem in problems))
     protocol, written, readmes = protocol_reading(entry), set(), []
-    for output, files, args, bed in checked:
+    for output, files, args, bed, module in checked:
         if bed.name in entry.sections and bed.name not in written:  # a pilot kept beside shares its testbed's name
             readmes.append(rewrite_section(entry, output, files, args, bed, protocol))
             written.add(bed.name)
+            if hasattr(module, "rebuild_sections_beside"):  # its other sections, from the records on disk
+                with tempfile.TemporaryDirectory(prefix="study-records-") as tmp:
+                    for name, data in files.items():
+                        (Path(tmp) / output.name / name).parent.mkdir(parents=True, exist_ok=True)
+                        (Path(tmp) / output.name / name).write_bytes(data)
+                    module.rebuild_sections_beside(Path(tmp) / output.name, args)
     return readmes
 
 

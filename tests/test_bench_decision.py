@@ -260,3 +260,49 @@ def test_the_records_keep_the_starts_probe_and_check_under_the_names_they_are_wr
     from benchmarks import run_records
 
     assert {bench_decision.START_PROBE, decision_check.START_CHECK} <= set(run_records.TOP_FILES)
+
+
+def test_study_report_checks_the_probe_in_the_records_and_rebuilds_its_section_from_them(tmp_path, monkeypatch):
+    """The study's report reads the compressed records alone: the start's probe and every row's probe must be in them,
+    and the probe's section is rebuilt beside the learning one, nothing trained or measured."""
+    from benchmarks import studies, study_report
+    from benchmarks.run_records import read_archive, save, write_archive
+
+    command = ("benchmarks/bench_decision.py", "--seeds", "0", "1", "--settings", CHAIN_2, AT_DECISION,
+               "--eval-questions", "4", "--output", "outputs/decide")
+    entry = studies.Study("decide", "a toy decision test", None, (studies.Output("decide", command),),
+                          ("decision-test", bench_decision.PROBE_SECTION))
+    monkeypatch.setattr(studies, "STUDIES", (entry,))
+    monkeypatch.setattr(bench_decision, "start_policy", lambda *a: pytest.fail("the report trained the start"))
+    monkeypatch.setattr(bench_decision, "probe_policy", lambda *a: pytest.fail("the report measured a probe"))
+    args = bench_decision.parse_args(list(command[1:]))
+    bed = bench_decision.testbed(args)
+    output = tmp_path / "outputs" / "decide"
+    for setting, probes in ((CHAIN_2, [0.2, 0.3]), (AT_DECISION, [0.3, 0.6])):
+        for seed in (0, 1):
+            run = learning_runs.run_directory(setting, seed, output)
+            run.mkdir(parents=True)
+            rows = [{**row, "dev_em": 0.5, "tokens_generated_total": 10 * row["iteration"], "reward_mean": 0.5,
+                     "time_s": 1.0} for row in rows_of(probes)]
+            (run / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+            options = learning_runs.run_options(bed, setting, seed, "warm", args, run)
+            scores = [{"em": 1.0, "tool_calls": 2.0, "answered": 1.0, "hops": 2.0}] * 4
+            (run / learning_runs.FINAL_EVALUATION).write_text(json.dumps({"run": options, "scores": scores}))
+    (output / learning_runs.START_POINT).write_text(json.dumps({"model": "warm", "scores": scores}))
+    (output / bench_decision.START_PROBE).write_text(json.dumps({PROBE: 0.1}))
+    save(output, tmp_path / "records")
+    monkeypatch.chdir(tmp_path)
+    assert study_report.report("decide", tmp_path / "records") == [Path("results/decide/README.md")]
+    readme = (tmp_path / "results" / "decide" / "README.md").read_text(encoding="utf-8")
+    assert "<!-- decision-test:begin -->" in readme and "<!-- decision-probe:begin -->" in readme
+    assert f"| {AT_DECISION} | 2 | 0.450 (0.000) |" in readme and "the start's 0.100." in readme
+    # the start's probe missing, a row without its probe: named, nothing written
+    archive = read_archive(tmp_path / "records" / "decide" / studies.ARCHIVE)
+    del archive[f"decide/{bench_decision.START_PROBE}"]
+    chain_rows = f"decide/{learning_runs.run_directory(CHAIN_2, 1, Path()).as_posix()}/metrics.jsonl"
+    archive[chain_rows] = archive[chain_rows].replace(f'"{PROBE}": 0.3'.encode(), f'"{PROBE}": null'.encode())
+    write_archive(tmp_path / "records" / "decide" / studies.ARCHIVE, archive)
+    with pytest.raises(study_report.IncompleteRecords) as refused:
+        study_report.report("decide", tmp_path / "records")
+    assert f"no {bench_decision.START_PROBE}" in str(refused.value)
+    assert f"has iterations without {PROBE}" in str(refused.value)
