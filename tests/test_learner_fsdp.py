@@ -173,7 +173,7 @@ def test_fsdp_without_remote_learners_is_refused():
     """Before Ray starts (the config's validation, run.py's preflight), and by a learner built without it."""
     from algos.tree_grpo import TreeGRPOConfig
 
-    expected = r"learner_sharding: fsdp .* num_learners is 0.*--num-learners 1"
+    expected = r"learner_sharding: fsdp .* num_learners is 0.*set num_learners \(--num-learners\) 1"
     with pytest.raises(ValueError, match=expected):
         TreeGRPOConfig().training(learner_sharding="fsdp").validate()
     TreeGRPOConfig().training(learner_sharding="fsdp").learners(num_learners=1).validate()

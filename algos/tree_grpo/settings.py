@@ -238,14 +238,14 @@ class TreeGRPOSettings(BaseModel):
         nothing = "so every advantage would be 0 and only the KL and entropy terms would move the weights"
         if self.algo == "grpo" and self.group_size < 2:
             raise ValueError(f"group_size: 1 chain per prompt has no other chain to compare its reward with, "
-                             f"{nothing}; set --group-size 2 or more")
+                             f"{nothing}; set group_size (--group-size) 2 or more")
         if self.tree_shape.leaves_per_prompt < 2:
             raise ValueError(f"M, N, L: the shape ({self.M}, {self.N}, {self.L}) grows 1 leaf per prompt (M (1 + L "
-                             f"N)), with no other leaf to compare its reward with, {nothing}; set --M 2 or more, or "
-                             f"expand the tree (--L 1 or more with --N 1 or more)")
+                             f"N)), with no other leaf to compare its reward with, {nothing}; set M 2 or more, or "
+                             f"expand the tree (L 1 or more with N 1 or more)")
         if self.advantage_mode == "intra" and self.L == 0:
             raise ValueError(f"advantage_mode: intra compares the leaves of one tree, but with L 0 each tree is one "
-                             f"leaf, {nothing}; set --L 1 or more, or --advantage-mode tree or inter")
+                             f"leaf, {nothing}; set L 1 or more, or advantage_mode tree or inter")
 
     def _check_generator(self) -> None:
         if self.generator == "vllm" and not vllm_installed():
@@ -258,8 +258,8 @@ class TreeGRPOSettings(BaseModel):
                 raise ValueError(f"temperature, top_p: {error}") from None
         if self.branching == "entropy" and self.generator_backend == "vllm":
             raise ValueError("branching: entropy ranks nodes by the entropy of the first tokens after each tool call, "
-                             "which the vllm generator does not measure; use --generator hf with --branching "
-                             "entropy (or another --branching)")
+                             "which the vllm generator does not measure; use generator hf with branching "
+                             "entropy (or another branching)")
         if self.vllm_sleep and self.max_staleness:
             raise ValueError("vllm_sleep: frees the vLLM engine's GPU memory during each learner update, but "
                              "max_staleness 1 has the engine sample during the update; use one or the other")
@@ -353,8 +353,8 @@ def check_learner_sharding(learner_sharding: str, num_learners: int) -> None:
     shards over RLlib's remote learners (their process group), so it needs at least one."""
     if learner_sharding == "fsdp" and num_learners < 1:
         raise ValueError("learner_sharding: fsdp shards the policy over the remote learners' process group, but "
-                         "num_learners is 0 (learning in the driver); set --num-learners 1 or more (1: one sharded "
-                         "learner at world size 1), or use --learner-sharding ddp")
+                         "num_learners is 0 (learning in the driver); set num_learners (--num-learners) 1 or more "
+                         "(1: one sharded learner at world size 1), or learner_sharding ddp")
 
 
 def check_staleness(max_staleness: int, num_env_runners: int) -> None:
@@ -363,7 +363,7 @@ def check_staleness(max_staleness: int, num_env_runners: int) -> None:
     if max_staleness and num_env_runners < 1:
         raise ValueError(f"max_staleness: {max_staleness} samples the next iteration on the remote env runners while "
                          f"the learner updates, but num_env_runners is 0 (the driver samples, and cannot do both at "
-                         f"once); set --num-env-runners 1 or more, or --max-staleness 0")
+                         f"once); set num_env_runners (--num-env-runners) 1 or more, or max_staleness 0")
 
 
 def check_learner_threads(learner_threads: int | None, num_learners: int) -> None:
@@ -371,8 +371,8 @@ def check_learner_threads(learner_threads: int | None, num_learners: int) -> Non
     ``num_cpus_per_learner`` threads)."""
     if learner_threads is not None and num_learners:
         raise ValueError(f"learner_threads: sets the torch threads of the learner in the driver, but num_learners is "
-                         f"{num_learners} (remote learners get --num-cpus-per-learner threads from Ray); drop it, or "
-                         f"set --num-learners 0")
+                         f"{num_learners} (remote learners get num_cpus_per_learner threads from Ray); drop it, or "
+                         f"set num_learners 0")
 
 
 def available_cores() -> int:

@@ -390,10 +390,14 @@ def check_unused_rllib_options(config: AlgorithmConfig) -> None:
 
 
 def check_env_and_model(config: AlgorithmConfig) -> None:
-    """A ``ValueError`` for an env that is not a registered Gymnasium id (the rollouts clone it with ``gym.make``), an
-    evaluation the env cannot give (an id without a known evaluation split, a ``data_file`` that replaces the splits),
-    or a ``model_config`` the module would refuse: found before Ray starts, not as an actor's failure."""
+    """A ``ValueError`` for a ``model_config`` the module would refuse, an env that is not a registered Gymnasium id
+    (the rollouts clone it with ``gym.make``), or an evaluation the env cannot give (an id without a known evaluation
+    split, a ``data_file`` that replaces the splits): found before Ray starts, not as an actor's failure. An env not
+    chosen yet (None: RLlib validates a config whenever asked) is left to the algorithm's setup."""
+    check_model_config(config.model_config)
     env, env_config = config.env, dict(config.env_config or {})
+    if env is None:
+        return
     if not isinstance(env, str) or env not in gym.registry:
         close = difflib.get_close_matches(str(env), list(envs.ENV_IDS), n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""
@@ -407,7 +411,6 @@ def check_env_and_model(config: AlgorithmConfig) -> None:
         if env_config.get("data_file") is not None:
             raise ValueError("evaluation_interval: env_config's data_file replaces the env's splits, so the "
                              "evaluation would read the training file; evaluate with greedy_eval on another env")
-    check_model_config(config.model_config)
 
 
 def rewarded_alike(records: Sequence) -> bool:
@@ -507,7 +510,6 @@ class TreeGRPOConfig(AlgorithmConfig):
                               "train on the GPU", stacklevel=2)
         super().validate()
         check_evaluation_settings(self)
-        check_env_and_model(self)
         settings = self.settings.model_dump()
         changed = {k: v for k, v in settings.items() if v != getattr(self, k)}
         if changed:  # only chain GRPO's normalisation changes values
@@ -526,6 +528,7 @@ class TreeGRPOConfig(AlgorithmConfig):
             check_staleness(self.max_staleness, self.num_env_runners)
         if self.grad_clip_by not in GRAD_CLIP_MODES:  # .training() checks it, a plain assignment does not
             raise ValueError(f"grad_clip_by must be one of {GRAD_CLIP_MODES}, got {self.grad_clip_by!r}")
+        check_env_and_model(self)
 
     @property
     @override(AlgorithmConfig)
