@@ -1,7 +1,7 @@
 """The CPU learning demo behind ``make run`` on a machine without a GPU: Tree-GRPO teaches an agent when to
 search again, and held-out exact match rises within minutes, with 95% intervals.
 
-    python experiments/demo.py                          # about 13 minutes on 2 cores the first time
+    python experiments/demo.py                          # about 13 minutes on 2 AVX-512 cores the first time
     python experiments/demo.py --output outputs/demo2   # again: the world and the warm start come from the cache
     python experiments/demo.py --start-seed 3           # another warm start (trained once, then cached)
     python experiments/demo.py --ppo-mini-batches 1     # any other option goes to run.py (after the demo's own)

@@ -3,7 +3,7 @@ the retrieval oracle's search trajectories of an env's train split, the start th
 (the CPU default of ``QA_START_ENVS``) trains from.
 
     python experiments/qa_start.py --env HotpotQA-v0             # build it (once; cached), then print its directory
-    python experiments/qa_start.py --env HotpotQA-v0 --evaluate  # and its greedy dev EM, answer rate (95% intervals)
+    python experiments/qa_start.py --env HotpotQA-v0 --evaluate outputs/start_eval  # and its greedy dev EM, answer rate
 
 The recipe (``QA_START_RECIPE``, ``experiments/warmstart.py``'s options) is declared once here. The oracle searches
 each question's supporting titles and answers the gold answer; its thoughts quote the passage sentence that names
