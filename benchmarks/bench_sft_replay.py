@@ -8,7 +8,8 @@ its 30 layers, 2 epochs, float32) on the oracle trajectories of the first ``--qu
 directory (``$TREEGRPO_DATA_DIR``). Each arm fine-tunes a fresh model from the same seed on the same trajectories,
 the arms interleaved round by round. It reports each epoch's seconds, the ratio every epoch / replay for epoch 2 and
 for the whole fine-tuning, and the loss curves' largest difference (a replayed row sits in batches of other widths
-than the one it was recorded in: the same values to the last bits).
+than the one it was recorded in: the same values to float rounding, not to the bit, which is why the replay is off
+by default and no cached recipe uses it yet).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Supervised fine-tuning on weighted tokens, the warm start's training (``experiments/warmstart.py``): the
 per-token loss weights of a trajectory, the weighted cross-entropy (its softmax over the whole vocabulary or over
 the tokens the data holds), right-padding, and the training loop (AdamW, warm-up then cosine decay, then more
-epochs while a check of the model fails) whose state is checkpointed after every epoch and resumed exactly; with
-LoRA on the top layers, each row's frozen-bottom output is computed in the first epoch only (``BottomReplay``)."""
+epochs while a check of the model fails) whose state is checkpointed after every epoch and resumed exactly; and,
+asked for (``replay_bottom``), each row's frozen-bottom output computed in the first epoch only (``BottomReplay``)."""
 
 from __future__ import annotations
 
@@ -173,13 +173,16 @@ def train(model, data: list[tuple[list[int], Sequence[int]]], *, epochs: int, lr
           checkpoint: Path | None = None, lr_floor: float = 0.0, check: Callable[[], float] | None = None,
           check_min: float = 0.0, extra_epochs: int = 0, extra_lr: float | None = None,
           vocabulary: SoftmaxVocabulary | None = None, checkpoint_minutes: float | None = None,
-          replay_bottom: bool = True, log=print) -> dict[str, list[float]]:
+          replay_bottom: bool = False, log=print) -> dict[str, list[float]]:
     """AdamW over shuffled batches of ``data`` (token ids, 1 on the generated ones) weighted by ``token_weights``,
     linear warm-up then cosine decay to ``lr_floor`` times ``lr`` over ``epochs``; then, with ``check`` (a score of
     the model, e.g. greedy exact match on questions it does not train on), up to ``extra_epochs`` more epochs at the
     learning rate ``extra_lr`` times ``lr`` (default: the floor) while the score after the last epoch is below
     ``check_min``. ``vocabulary``: the tokens the loss's softmax runs over (default: all). ``replay_bottom``: a
-    frozen bottom's output computed in the first epoch only (``BottomReplay``; False: every epoch). Returns
+    frozen bottom's output computed in the first epoch only (``BottomReplay``): faster with LoRA on the top layers,
+    the same training to float rounding but not to the bit (a replayed row was recorded in a batch of another
+    width), so it is off by default and no cached recipe uses it (their builds stay bit-reproducible); a resumed run
+    records again, so it too matches the uninterrupted one to rounding only. Returns
     ``{"loss": the mean loss of each epoch, "check": the score after each checked epoch}``.
 
     With ``checkpoint``, the whole training state (weights, optimizer, schedule, random generators, loss

@@ -188,3 +188,17 @@ def test_sft_replay_keeps_rows_up_to_its_budget_and_recomputes_the_others():
     assert list(replay.rows) == [0] and replay.held == row_bytes
     assert replay.rows[0].shape == (7, SHAPE["hidden_size"])
     assert BottomReplay.of(model, epochs=1) is None and BottomReplay.of(model_of("llama", None), epochs=2) is None
+
+
+def test_by_default_a_lora_sft_resumed_after_an_epoch_ends_as_the_uninterrupted_one_to_the_bit(tmp_path):
+    """The replay is opt-in: a cached recipe's build, killed and resumed, is the uninterrupted build to the bit."""
+    from experiments.sft import train
+
+    settings = {"epochs": 2, "lr": 1e-2, "batch_size": 2, "seed": 0, "pad_id": 0, "log": lambda _: None}
+    whole = model_of("llama", 1)
+    curve = train(whole, sft_rows(), **settings)
+    checkpoint = tmp_path / "checkpoint.pt"
+    assert len(train(model_of("llama", 1), sft_rows(), **settings, max_minutes=0, checkpoint=checkpoint)["loss"]) == 1
+    resumed = model_of("llama", 1)
+    assert train(resumed, sft_rows(), **settings, checkpoint=checkpoint) == curve
+    assert all(torch.equal(a, b) for a, b in zip(whole.parameters(), resumed.parameters(), strict=True))

@@ -54,6 +54,9 @@ def test_rllib_options_that_would_do_nothing_are_refused_naming_ours():
         assert expected in message
     assert "train_batch_size" not in message  # left at RLlib's default: not named
     config().validate()
+    config().learners(num_learners=2).validate()  # RLlib's per-learner batch, derived from the learners, is no choice
+    with pytest.raises(ValueError, match=r"train_batch_size_per_learner \(5\): prompts_per_iteration"):
+        config().learners(num_learners=2).training(train_batch_size_per_learner=5).validate()
 
 
 def test_the_env_and_the_model_config_are_checked_before_ray_starts(tmp_path):
@@ -102,3 +105,4 @@ def test_training_on_the_evaluation_split_is_refused_unless_allowed_as_in_run_py
         config().environment("NQ-v0").validate()  # the open-domain sets ship their test split only
     config().environment("NQ-v0", env_config={"split": "train"}).validate()
     config().environment("NQ-v0").training(allow_eval_split_training=True).validate()
+    config().environment("NQ-v0", env_config={"data_file": "my_questions.jsonl"}).validate()  # no split trained on

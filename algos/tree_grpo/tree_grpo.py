@@ -382,8 +382,14 @@ def check_unused_rllib_options(config: AlgorithmConfig) -> None:
     """A ``ValueError`` naming each RLlib option in ``UNUSED_RLLIB_OPTIONS`` set away from RLlib's default (it would do
     nothing), with the setting that does its job."""
     defaults = AlgorithmConfig()
+
+    def was_set(name: str) -> bool:
+        if name == "train_batch_size_per_learner":  # RLlib derives it from train_batch_size and the learners
+            return config.train_batch_size_per_learner != config.train_batch_size // (config.num_learners or 1)
+        return getattr(config, name) != getattr(defaults, name)
+
     changed = [f"{name} ({getattr(config, name)!r}): {instead}" for name, instead in UNUSED_RLLIB_OPTIONS.items()
-               if getattr(config, name) != getattr(defaults, name)]
+               if was_set(name)]
     if changed:
         raise ValueError(f"Tree-GRPO does not use these RLlib options: {'; '.join(changed)} (TreeGRPOConfig()"
                          f".training(...) sets the settings named)")
@@ -403,7 +409,8 @@ def check_env_and_model(config: AlgorithmConfig) -> None:
         hint = f" (did you mean {close[0]}?)" if close else ""
         raise ValueError(f"env {env!r} is not a registered Gymnasium id{hint}: Tree-GRPO clones it with gym.make; "
                          f"this package registers {', '.join(envs.ENV_IDS)}")
-    check_training_split(env, env_config.get("split"), config.allow_eval_split_training)
+    if env_config.get("data_file") is None:  # a data file replaces the splits: no evaluation split is trained on
+        check_training_split(env, env_config.get("split"), config.allow_eval_split_training)
     if config.evaluation_interval:
         if env not in envs.ENV_IDS:
             raise ValueError(f"evaluation_interval: the greedy evaluation reads the env's evaluation split, known for "
