@@ -54,10 +54,15 @@ def declared(output: Output, module: ModuleType) -> tuple[argparse.Namespace, Te
     """The benchmark's options and testbed as ``output``'s command gives them; a ``SystemExit`` where the command
     would write another output."""
     args = module.parse_args(list(output.command[1:]))
+    writes_here(output, args)
+    return args, module.testbed(args) if hasattr(module, "testbed") else module.TESTBED
+
+
+def writes_here(output: Output, args: argparse.Namespace) -> None:
+    """A ``SystemExit`` where ``output``'s command (parsed into ``args``) would write another output."""
     if Path(args.output).name != output.name:
         raise SystemExit(f"benchmarks/studies.py: {shlex.join(output.command)} writes {args.output}, not "
                          f"outputs/{output.name}: fix the study's command")
-    return args, module.testbed(args) if hasattr(module, "testbed") else module.TESTBED
 
 
 def without_where(options: list[str]) -> list[str]:
@@ -136,7 +141,11 @@ def report(folder: str, records: Path = RECORDS) -> list[Path]:
         module = benchmark(output.command)
         if module is None:  # not a learning benchmark: its own rules for what a record holds
             own = importlib.import_module("benchmarks." + Path(output.command[0]).stem)
+            if not hasattr(own, "record_problems"):
+                raise SystemExit(f"{output.command[0]} is neither a learning benchmark nor says what its records "
+                                 f"hold (record_problems): results/{folder} cannot be checked")
             args = own.parse_args(list(output.command[1:]))
+            writes_here(output, args)
             problems += [f"{output.name}: {problem}" for problem in own.record_problems(files, args, output.copied)]
             continue
         args, bed = declared(output, module)

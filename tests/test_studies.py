@@ -170,6 +170,17 @@ def test_a_studys_own_record_rules_are_checked_with_its_copied_runs():
                                                           "kept"]
 
 
+def test_a_command_that_writes_another_output_than_its_studys_is_refused(tmp_path, monkeypatch):
+    from benchmarks.run_records import write_archive
+
+    command = ("benchmarks/bench_hotpotqa.py", "--arms", "tree", "--seeds", "0")  # writes outputs/hotpotqa_cpu
+    monkeypatch.setattr(studies, "STUDIES", (Study("toy", "t", None, (Output("hotpotqa_x", command),)),))
+    files = {f"hotpotqa_x/{name.as_posix()}": data for name, data in hotpotqa_records({"tree": (0,)}).items()}
+    write_archive(tmp_path / "toy" / studies.ARCHIVE, files)
+    with pytest.raises(SystemExit, match="writes outputs/hotpotqa_cpu, not outputs/hotpotqa_x: fix the study's"):
+        study_report.report("toy", tmp_path)
+
+
 def test_a_study_without_a_command_says_it_was_not_checked(monkeypatch, capsys):
     monkeypatch.setattr(studies, "STUDIES", (Study("toy", "a toy study"),))
     monkeypatch.setattr(study_report, "report", lambda folder: [])
