@@ -175,7 +175,7 @@ def resolve_checkpoint(path: str | Path, hashes: bool = True) -> Path:
             candidate = found[-1]
         elif checkpoints is not candidate:
             raise CheckpointError(f"the run {given} has no checkpoint yet ({checkpoints} is empty): it stopped "
-                                  f"before its first save; start it again without --resume")
+                                  f"before its first save (run.py: start it again without --resume)")
         else:
             raise CheckpointError(f"{given} holds no checkpoint; {LAYOUT}")
     verify_checkpoint(candidate, hashes)

@@ -50,7 +50,7 @@ class FrozenBottom:
         self.depth = frozen_bottom_depth(base)
         if not self.depth:
             raise ValueError("no frozen bottom: the input embeddings or the first decoder layer hold trainable "
-                             "weights")
+                             "weights, or the layers have dropout (an output that differs every pass)")
         self._layers = list(base.get_decoder().layers)[:self.depth]
         self._outputs: dict[Hashable, torch.Tensor] = {}
 

@@ -141,6 +141,22 @@ def check_component() -> None:
     expect_parameters(Checkpointable._check_component, ["self", "name", "components", "not_components"])
 
 
+def model_config_auto_includes() -> None:
+    from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+
+    expect(isinstance(inspect.getattr_static(AlgorithmConfig, "_model_config_auto_includes"), property),
+           "AlgorithmConfig._model_config_auto_includes is no longer a property")
+    expect("_model_config_auto_includes" in source_of(inspect.getattr_static(AlgorithmConfig, "model_config").fget),
+           "AlgorithmConfig.model_config no longer merges _model_config_auto_includes: our override is dead")
+
+
+def make_callback() -> None:
+    from ray.rllib.callbacks.utils import make_callback
+
+    expect_parameters(make_callback, ["callback_name", "callbacks_objects", "callbacks_functions"])
+    expect("kwargs" in parameters(make_callback), "make_callback no longer takes kwargs=")
+
+
 def should_create_evaluation_env_runners() -> None:
     from ray.rllib.algorithms.algorithm import Algorithm
 
@@ -360,6 +376,11 @@ APIS = [
     PrivateAPI("ray", "Algorithm._should_create_evaluation_env_runners", "algos/tree_grpo/tree_grpo.py",
                "Algorithm.setup: how it decides to build a second (evaluation) EnvRunnerGroup",
                should_create_evaluation_env_runners),
+    PrivateAPI("ray", "AlgorithmConfig._model_config_auto_includes", "algos/tree_grpo/tree_grpo.py (override)",
+               "AlgorithmConfig.model_config: the algorithm's keys merged under the user's model_config",
+               model_config_auto_includes),
+    PrivateAPI("ray", "ray.rllib.callbacks.utils.make_callback", "algos/tree_grpo/tree_grpo.py",
+               "Algorithm.evaluate: how it calls on_evaluate_start and on_evaluate_end", make_callback),
     PrivateAPI("ray", "RLModule._forward / RLModule._forward_train", "policies/rl_module.py",
                "RLModule.forward_train: the hooks a module implements", rl_module_forward_hooks),
     PrivateAPI("ray", "ray._private.utils.get_dashboard_dependency_error", "experiments/settings.py",

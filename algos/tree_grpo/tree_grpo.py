@@ -513,8 +513,8 @@ class TreeGRPOConfig(AlgorithmConfig):
             check_unused_rllib_options(self)
             if gpu_visible() and not self.num_gpus_per_learner and log_once("tree_grpo_learner_on_cpu"):
                 warnings.warn("a GPU is visible, so the rollouts' defaults are the GPU's, but the learner trains on "
-                              "the CPU (RLlib's num_gpus_per_learner 0): set .learners(num_gpus_per_learner=1) to "
-                              "train on the GPU", stacklevel=2)
+                              "the CPU (RLlib's num_gpus_per_learner 0): set .learners(num_gpus_per_learner=1) "
+                              "(run.py: --num-gpus-per-learner 1) to train on the GPU", stacklevel=2)
         super().validate()
         check_evaluation_settings(self)
         settings = self.settings.model_dump()
