@@ -106,3 +106,18 @@ def test_training_on_the_evaluation_split_is_refused_unless_allowed_as_in_run_py
     config().environment("NQ-v0", env_config={"split": "train"}).validate()
     config().environment("NQ-v0").training(allow_eval_split_training=True).validate()
     config().environment("NQ-v0", env_config={"data_file": "my_questions.jsonl"}).validate()  # no split trained on
+
+
+def test_a_tune_search_space_is_kept_for_tune_and_each_trials_config_is_checked():
+    from ray import tune
+
+    searched = config().training(lr=tune.grid_search([1e-5, 2e-5]), M=tune.choice([1, 2]), N=3)
+    assert searched.lr == {"grid_search": [1e-5, 2e-5]} and searched.N == 3
+    assert searched.training(kl_coef=0.0).kl_coef == 0.0 and isinstance(searched.M, tune.search.sample.Domain)
+    with pytest.raises(ValueError, match=r"M, lr: a Ray Tune search space, resolved per trial"):
+        searched.validate()
+    trial = TreeGRPOConfig.from_dict({**searched.to_dict(), "lr": 2e-5, "M": 2})  # what a trial gets, resolved
+    trial.validate()
+    assert (trial.lr, trial.M, trial.N) == (2e-5, 2, 3)
+    with pytest.raises(ValueError, match="lr: Input should be a valid number"):
+        config().training(lr={"grid": [1e-5]})  # not a search space: checked as a value

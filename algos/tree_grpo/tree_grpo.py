@@ -365,6 +365,13 @@ def check_evaluation_settings(config: AlgorithmConfig) -> None:
         raise ValueError("; ".join(wrong))
 
 
+def is_search_space(value: Any) -> bool:
+    """Whether ``value`` is a Ray Tune search space (a sampling domain, or ``tune.grid_search``'s dict)."""
+    from ray.tune.search.sample import Domain
+
+    return isinstance(value, Domain) or (isinstance(value, dict) and set(value) == {"grid_search"})
+
+
 # RLlib options this algorithm does not act on, and what does their job here
 UNUSED_RLLIB_OPTIONS: dict[str, str] = {
     "num_epochs": "ppo_epochs (passes over each iteration's batch)",
@@ -464,7 +471,9 @@ class TreeGRPOConfig(AlgorithmConfig):
         """RLlib's ``training``, and the fields of :class:`~algos.tree_grpo.settings.TreeGRPOSettings` (``M``, ``N``,
         ``L``, ``algo``, ``group_size``, ``lr``, ``kl_coef``, ``temperature``, ``ppo_epochs``, ...; each documented
         there), checked where they are set: a wrong value, or a shape chain GRPO would replace, is a ``ValueError``
-        naming the field. Numpy scalars (a Tune sample) are taken as the Python numbers they hold."""
+        naming the field. Numpy scalars (a Tune sample) are taken as the Python numbers they hold; a Ray Tune search
+        space (``tune.grid_search([...])``, ``tune.choice``, ``tune.loguniform``, ...) is kept as it is, for Tune to
+        resolve per trial, whose config is checked then."""
         ours = {k: kwargs.pop(k) for k in list(kwargs) if k in ALGORITHM_FIELDS and kwargs[k] is not NotProvided}
         ours = {k: v.item() if isinstance(v, np.generic) else v for k, v in ours.items()}
         super().training(**kwargs)
@@ -473,7 +482,11 @@ class TreeGRPOConfig(AlgorithmConfig):
         if ours.get("algo") == "tree_grpo" and self.algo == "grpo":  # the chain's shape was derived, not chosen
             defaults = TreeGRPOSettings().model_dump()
             ours = {**{name: defaults[name] for name in CHAIN_GRPO_DERIVED}, **ours}
-        values = validated(TreeGRPOSettings, {**self.settings_dict(), **ours}).model_dump()
+        given = {**self.settings_dict(), **ours}
+        searched = {name for name, value in given.items() if is_search_space(value)}
+        for name in searched & ours.keys():
+            setattr(self, name, ours.pop(name))
+        values = validated(TreeGRPOSettings, {k: v for k, v in given.items() if k not in searched}).model_dump()
         replaced = [f"{name}={ours[name]!r}" for name in CHAIN_GRPO_DERIVED
                     if name in ours and values[name] != ours[name]]
         if replaced:
@@ -481,7 +494,8 @@ class TreeGRPOConfig(AlgorithmConfig):
                              f"group_size (G chains, advantages over the group): {', '.join(replaced)} would be "
                              f"replaced; set group_size, or algo='tree_grpo' for a tree")
         for name, value in values.items():
-            setattr(self, name, value)
+            if name not in searched:
+                setattr(self, name, value)
         return self
 
     def settings_dict(self) -> dict[str, Any]:
@@ -490,8 +504,16 @@ class TreeGRPOConfig(AlgorithmConfig):
 
     @property
     def settings(self) -> TreeGRPOSettings:
-        """The settings fields, validated."""
+        """The settings fields, validated (a Ray Tune search space among them is named: Tune resolves it per trial,
+        and the trial's config is the one to check)."""
+        self._check_resolved()
         return validated(TreeGRPOSettings, self.settings_dict())
+
+    def _check_resolved(self) -> None:
+        searched = sorted(name for name, value in self.settings_dict().items() if is_search_space(value))
+        if searched:
+            raise ValueError(f"{', '.join(searched)}: a Ray Tune search space, resolved per trial when Tune builds "
+                             f"the trial's config (tune.Tuner(TreeGRPO, param_space=config)); each trial's is checked")
 
     @property
     def tree_shape(self) -> TreeShape:
@@ -506,6 +528,7 @@ class TreeGRPOConfig(AlgorithmConfig):
         # Tree-GRPO exists only on the new API stack: RLlib's once-per-process notice that it is on would be the
         # first line of every error found before Ray starts.
         log_once(f"{self.algo_class.__name__}_on_new_api_stack")
+        self._check_resolved()  # before RLlib's own checks, which would name a search space as a bad value
         # the driver samples only without remote runners: beside them its runner would hold a model copy that no
         # weight sync reaches (``get_module()`` and checkpoints would show the start's weights)
         self.create_local_env_runner = self.num_env_runners == 0
