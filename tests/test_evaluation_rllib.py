@@ -10,7 +10,7 @@ from ray.rllib.utils.metrics import EVALUATION_RESULTS
 
 from algos.evaluation import EVAL_COLUMNS, QUESTIONS
 from algos.tree_grpo import TreeGRPOConfig
-from algos.tree_grpo.tree_grpo import check_evaluation_settings
+from algos.tree_grpo.config_checks import check_evaluation_settings
 
 
 def tiny_config(data_dir: Path, **training) -> TreeGRPOConfig:
