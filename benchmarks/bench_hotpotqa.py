@@ -34,8 +34,10 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import yaml
 from matplotlib.figure import Figure
 
 from algos.tree_grpo import metrics as metric_keys
@@ -44,6 +46,7 @@ from benchmarks.run_records import output_files, read_archive, run_folder_proble
 from benchmarks.studies import ARCHIVE
 from envs.datasets import dataset_path, resolve_data_dir
 from experiments.checkpoints import LATEST, checkpoint_iteration
+from experiments.cli import yaml_scalar
 from experiments.confidence import (
     mean_interval,
     paired_bootstrap_interval,
@@ -375,6 +378,13 @@ def restore_records(output: Path, records: Path) -> int:
     return len(missing)
 
 
+def arm_settings(arm: str) -> dict[str, Any]:
+    """The run.py settings ``ARMS[arm]`` sets (config.yaml's names and values); {} for an unknown arm."""
+    options = ARMS.get(arm, ())
+    return {flag[2:].replace("-", "_"): yaml_scalar(value) for flag, value in zip(options[::2], options[1::2],
+                                                                                   strict=True)}
+
+
 def record_problems(files: dict[Path, bytes], args: argparse.Namespace, copied: Sequence[str] = ()) -> list[str]:
     """What is wrong with one output's records (paths relative to it -> bytes) against the runs of ``args.arms`` x
     ``args.seeds`` and the ``copied`` run folders (``run_folder_problems``: each with ``RUN_RECORDS``), no start
@@ -384,6 +394,16 @@ def record_problems(files: dict[Path, bytes], args: argparse.Namespace, copied: 
     problems = run_folder_problems(files, declared, RUN_RECORDS, others=("start",))
     if not starts:
         problems.append("no start's evaluation (start/DIGEST/eval/eval.json)")
+    for run in sorted(declared):  # made as its arm says: its options in config.yaml, the command's iterations
+        if run / "config.yaml" in files:
+            saved = yaml.safe_load(files[run / "config.yaml"]) or {}
+            problems += [f"run {run} was made with {name} {saved.get(name)!r}, not {value!r}"
+                         for name, value in arm_settings(run.name.rsplit("_s", 1)[0]).items()
+                         if saved.get(name) != value]
+        if run / METRICS_FILE in files and run.name not in copied:
+            rows = sum(1 for line in files[run / METRICS_FILE].decode("utf-8").splitlines() if line.strip())
+            if rows != args.iterations:
+                problems.append(f"run {run} trained {rows} iterations, not the command's {args.iterations}")
     return problems + [f"run {run} trained from a start whose evaluation is not kept" for run in sorted(declared)
                        if run / START_RECORD in files and json.loads(files[run / START_RECORD])["start"] not in starts]
 

@@ -139,15 +139,22 @@ def test_a_run_without_its_final_evaluation_and_a_folder_no_output_names_are_ref
     assert "other: a folder no output of the study names" in str(refused.value)
 
 
-def hotpotqa_records(arms: dict[str, tuple[int, ...]], start: str = "d1") -> dict[Path, bytes]:
-    """An output of bench_hotpotqa as its records keep it: the start's evaluation, each run's files."""
-    from benchmarks.bench_hotpotqa import RUN_RECORDS, START_RECORD
+def hotpotqa_records(arms: dict[str, tuple[int, ...]], start: str = "d1", iterations: int = 20) -> dict[Path, bytes]:
+    """An output of bench_hotpotqa as its records keep it: the start's evaluation, each run's files (its config.yaml
+    with its arm's options, ``iterations`` rows of metrics)."""
+    import yaml
+
+    from benchmarks.bench_hotpotqa import RUN_RECORDS, START_RECORD, arm_settings
 
     files = {Path("start") / start / "eval" / "eval.json": b"{}"}
     for arm, seeds in arms.items():
+        config = arm_settings(arm)
         for seed in seeds:
-            files |= {Path(f"{arm}_s{seed}") / name: b"{}" for name in RUN_RECORDS}
-            files[Path(f"{arm}_s{seed}") / START_RECORD] = json.dumps({"start": start}).encode()
+            run = Path(f"{arm}_s{seed}")
+            files |= {run / name: b"{}" for name in RUN_RECORDS}
+            files[run / START_RECORD] = json.dumps({"start": start}).encode()
+            files[run / "config.yaml"] = yaml.safe_dump(config).encode()
+            files[run / "metrics.jsonl"] = "".join(f'{{"iteration": {i}}}\n' for i in range(iterations)).encode()
     return files
 
 
@@ -168,6 +175,12 @@ def test_a_studys_own_record_rules_are_checked_with_its_copied_runs():
     other_start = {**complete, Path("tree_s0") / "start.json": json.dumps({"start": "d2"}).encode()}
     assert record_problems(other_start, args, copied) == ["run tree_s0 trained from a start whose evaluation is not "
                                                           "kept"]
+    # a run made otherwise than its arm (another reward), or trained for other iterations than the command's
+    other = {**complete, **{k: v for k, v in hotpotqa_records({"tree_f1": (1,)}, iterations=12).items()
+                            if k.parts[0] != "start"}}
+    other[Path("tree_f1_s0") / "config.yaml"] = b"algo: tree_grpo\nreward: em\n"
+    assert record_problems(other, args, copied) == ["run tree_f1_s0 was made with reward 'em', not 'f1'",
+                                                    "run tree_f1_s1 trained 12 iterations, not the command's 20"]
 
 
 def test_a_command_that_writes_another_output_than_its_studys_is_refused(tmp_path, monkeypatch):
