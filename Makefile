@@ -113,9 +113,10 @@ test: setup data-note
 test-slow: setup check-data
 	$(PY) -m pytest -m "slow and not learning" $(PYTEST_ARGS)
 
-# The CPU demo learning end to end from a fresh cache (tests/test_learning.py): 13 minutes on a CPU with AVX-512,
-# about 45 on one with AVX2 only, so CI (90 minutes for everything) leaves it out; run it before a release.
-test-learning: setup check-data
+# The CPU demo learning end to end from a fresh cache (tests/test_learning.py; a generated world, no data directory):
+# 13 minutes on a CPU with AVX-512, about 45 on one with AVX2 only, so CI (90 minutes for everything) leaves it out;
+# run it before a release.
+test-learning: setup
 	$(PY) -m pytest -m learning $(PYTEST_ARGS)
 
 # The vLLM generator's tests (tests/test_vllm.py) on the CPU build, in .venv-vllm (about 3 minutes to set up).
@@ -141,7 +142,7 @@ bench-prefix-sharing: setup
 bench-update: setup
 	$(PY) benchmarks/bench_update.py --report $(BENCH_ARGS)
 
-bench-learning: setup check-data
+bench-learning: setup  # a generated world: no data directory
 	$(PY) benchmarks/bench_learning.py --report $(BENCH_ARGS)
 
 # generated worlds only: no data directory needed

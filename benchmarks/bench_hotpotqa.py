@@ -144,7 +144,8 @@ def evaluate(model: str, out: Path, options: tuple[str, ...] = ()) -> Path:
     step cap (evaluate.py reads them from its config), a model directory with ``options``."""
     if not (out / "eval.json").is_file():
         subprocess.run([sys.executable, str(ROOT / "experiments" / "evaluate.py"), "--model", model, "--envs", ENV,
-                        *options, "--output", str(out), "--batch-size", "32", "--quiet"], check=True)
+                        *options, "--output", str(out), "--overwrite", "--batch-size", "32", "--quiet"],
+                       check=True)  # --overwrite: an eval.md without its eval.json is a killed evaluation's
     return out / "eval.json"
 
 

@@ -40,6 +40,10 @@ class DataError(ValueError):
     """A data file is malformed; the message names the path, the record and the expected layout."""
 
 
+class UnknownSplitError(ValueError):
+    """A split the dataset does not have; the message names the dataset's splits."""
+
+
 class MissingDataError(FileNotFoundError):
     """A data file or directory is missing; the message names what was looked for and the layout."""
 
@@ -312,7 +316,7 @@ def dataset_path(name: str, split: str, data_dir: str | os.PathLike | None = Non
         raise ValueError(f"unknown dataset {name!r}; known datasets: {', '.join(sorted(DATASETS))}")
     _, splits = DATASETS[name]
     if split not in splits:
-        raise ValueError(f"dataset {name!r} has no split {split!r}; its splits: {', '.join(splits)}")
+        raise UnknownSplitError(f"dataset {name!r} has no split {split!r}; its splits: {', '.join(splits)}")
     root = resolve_data_dir(data_dir)
     for rel in splits[split]:
         if (root / rel).is_file():

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import numbers
 import os
 import re
-from collections.abc import Sequence
+import string
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import gymnasium as gym
+import numpy as np
 from gymnasium import spaces
+from gymnasium.vector import utils as vector_utils
 
 from envs.datasets import DATASETS, QARecord, load_dataset, load_records, records_digest
 from envs.datasets import corpus_path as data_dir_corpus
-from envs.retrieval import DEFAULT_BACKEND, Retriever, SearchHit, get_retriever, is_url
+from envs.retrieval import BACKENDS, DEFAULT_BACKEND, Retriever, SearchHit, get_retriever, is_url
 from envs.rewards import RewardFn, exact_match, get_reward_fn, is_valid_format, token_f1
 
 DEFAULT_PROMPT = (
@@ -118,6 +122,56 @@ for _flattening in (spaces.utils.flatten_space, spaces.utils.flatdim, spaces.uti
     _flattening.register(UnicodeText)(_no_vector_form)
 
 
+# Async vector envs pass observations through shared memory, which Gymnasium's Text writes by flattening (refused
+# above). Per env: one int32 slot for the length, then the code points (any character, NUL and lone surrogates
+# included, round-trips).
+_CODEC = ("utf-32-le", "surrogatepass")
+
+
+class SharedTexts(Sequence[str]):
+    """The batch of observations in an async vector env's shared memory, decoded when read: the vector env reads
+    the memory once when it is built and returns a copy of this view after each reset and step (a tuple of str)."""
+
+    def __init__(self, space: UnicodeText, memory: Any, n: int):
+        self.slots = np.frombuffer(memory.get_obj(), dtype=np.int32).reshape(n, space.max_length + 1)
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return tuple(self[i] for i in range(len(self))[index])
+        row = self.slots[index]
+        return row[1 : 1 + row[0]].tobytes().decode(*_CODEC)
+
+    def __deepcopy__(self, memo: dict) -> tuple[str, ...]:
+        return tuple(self)
+
+    def __repr__(self) -> str:
+        return f"SharedTexts({tuple(self)!r})"
+
+
+@vector_utils.create_shared_memory.register(UnicodeText)
+def _create_text_memory(space: UnicodeText, n: int = 1, ctx: Any = multiprocessing) -> Any:
+    return ctx.Array(np.dtype(np.int32).char, n * (space.max_length + 1))
+
+
+@vector_utils.read_from_shared_memory.register(UnicodeText)
+def _read_text_memory(space: UnicodeText, shared_memory: Any, n: int = 1) -> SharedTexts:
+    return SharedTexts(space, shared_memory, n)
+
+
+@vector_utils.write_to_shared_memory.register(UnicodeText)
+def _write_text_memory(space: UnicodeText, index: int, value: str, shared_memory: Any) -> None:
+    if not space.contains(value):
+        raise ValueError(f"the observation must be a str of at most {space.max_length:,} characters (the "
+                         f"observation space's max_length), got {value!r:.80}")
+    width = space.max_length + 1
+    row = np.frombuffer(shared_memory.get_obj(), dtype=np.int32)[index * width : (index + 1) * width]
+    row[0] = len(value)
+    row[1 : 1 + len(value)] = np.frombuffer(value.encode(*_CODEC), dtype=np.int32)
+
+
 @dataclass(frozen=True)
 class SearchQAState:
     """A snapshot of an episode: which question, how far, and the steps so far (immutable, so snapshots
@@ -136,8 +190,18 @@ def searched_corpus(retriever: str | Retriever, corpus_path: str | os.PathLike |
                     data_dir: str | os.PathLike | None) -> str | os.PathLike | None:
     """The corpus file a retriever searches: ``corpus_path``, else, for a backend named by ``retriever``, the data
     directory's (a ``MissingDataError`` naming the expected layout where it has none); a retrieval server's URL or a
-    ``Retriever`` built already needs none."""
-    if corpus_path is None and isinstance(retriever, str) and not is_url(retriever):
+    ``Retriever`` built already needs none. A ``retriever`` of another type is a ``TypeError``, and a
+    ``corpus_path`` with a URL or a ``Retriever`` (which search their own corpus) a ``ValueError``."""
+    if not isinstance(retriever, str | Retriever):
+        raise TypeError(f"retriever must be a backend name ({', '.join(BACKENDS)}), a retrieval server URL "
+                        f"(http://HOST:PORT/retrieve) or an envs.retrieval.Retriever instance (subclass "
+                        f"envs.retrieval.base.Retriever for your own), got {type(retriever).__name__}")
+    backend = isinstance(retriever, str) and not is_url(retriever)
+    if corpus_path is not None and not backend:
+        given = f"retriever {retriever!r}" if isinstance(retriever, str) else f"a {type(retriever).__name__}"
+        raise ValueError(f"corpus_path must be None with {given}, which searches its own corpus (corpus_path is for "
+                         f"the backends {', '.join(BACKENDS)}), got {corpus_path!r}")
+    if corpus_path is None and backend:
         return data_dir_corpus(data_dir)
     return corpus_path
 
@@ -171,21 +235,23 @@ class SearchQAEnv(gym.Env[str, str]):
 
     ## Episode End
     ``terminated`` when the agent answers; ``truncated`` when the final step (turn ``max_turns + 1``) holds no
-    answer. ``reset``'s ``info`` has ``index`` (the question's position in the split) and ``id`` (its dataset id);
-    ``step``'s always has ``action`` (search / answer / invalid), ``turn`` and ``tool_calls``; at the end also
-    ``answer`` (None when unanswered), ``em``, ``f1`` and ``format_valid``.
+    answer: the turn limit is a time limit, as Gymnasium's ``TimeLimit``, since the turn count is not in the
+    observation. ``reset``'s ``info`` has ``index`` (the question's position in the split) and ``id`` (its dataset
+    id); ``step``'s always has ``action`` (the kind of step the agent wrote: search / answer / invalid; a search
+    on the final step runs no search, so count searches with ``tool_calls``), ``turn`` and ``tool_calls``; at the
+    end also ``answer`` (None when unanswered), ``em``, ``f1`` and ``format_valid``.
 
     ## Arguments
     ``dataset`` (a name in ``envs.datasets.DATASETS``), ``split``, ``data_dir`` (default ``$TREEGRPO_DATA_DIR``
     else ``./data``), ``data_file`` (a file in the dataset's format, or a Search-R1 ``.parquet``, instead of the
     split's), ``retriever`` (a backend name, the URL of a retrieval server, or a ``Retriever``), ``corpus_path``
-    (default: the data directory's corpus, ``wiki/wiki-18.jsonl`` or ``wiki/paragraphs.jsonl``; not with a URL),
-    ``topk`` (3), ``max_turns`` (3), ``reward`` (``"format"``), ``max_obs_chars`` (2000), ``passage_words`` (None:
-    whole passages; a word cap per passage keeps a short context whole-passage truncation would spend on the first
-    hit), ``prompt_template`` (``DEFAULT_PROMPT``: a ``str.format`` template with the one field ``{question}``,
-    checked here), ``render_mode`` (None, or ``"ansi"``: ``render()`` returns the transcript). Defaults: ``dataset``
-    ``"hotpotqa"``, ``split`` ``"train"``, ``retriever`` ``envs.retrieval.DEFAULT_BACKEND``. Integer options take any
-    integer (numpy's included), not a bool.
+    (default: the data directory's corpus, ``wiki/wiki-18.jsonl`` or ``wiki/paragraphs.jsonl``; not with a URL or
+    a ``Retriever``), ``topk`` (3), ``max_turns`` (3), ``reward`` (``"format"``), ``max_obs_chars`` (2000),
+    ``passage_words`` (None: whole passages; a word cap per passage keeps a short context whole-passage truncation
+    would spend on the first hit), ``prompt_template`` (``DEFAULT_PROMPT``: a ``str.format`` template with the one
+    field ``{question}``, checked here), ``render_mode`` (None, or ``"ansi"``: ``render()`` returns the transcript).
+    Defaults: ``dataset`` ``"hotpotqa"``, ``split`` ``"train"``, ``retriever`` ``envs.retrieval.DEFAULT_BACKEND``.
+    Integer options take any integer (numpy's included), not a bool.
 
     ## Batched search
     ``prefetch([(state, text), ...])`` searches, in one batch, the queries that stepping each text from its state
@@ -197,12 +263,12 @@ class SearchQAEnv(gym.Env[str, str]):
     ## Snapshots
     ``get_state()`` returns a small immutable :class:`SearchQAState`; ``set_state`` on any env serving the same
     questions (the same dataset and records, whether read from a split or a data file: another world's, or another
-    file's, are refused) restores the episode exactly: with the same settings (``topk``, ``max_turns``,
-    ``max_obs_chars``, ``passage_words``, ``reward``, the corpus), the same actions then give the same observations
-    and rewards; an env with other settings goes on under its own (e.g. a larger ``max_turns`` allows more
-    steps). A snapshot does not hold the env's random generator: ``set_state`` leaves it as it was, so the
-    question a later ``reset()`` draws without an ``index`` follows the env's own seed. The retriever is shared
-    by every env of a process, never copied.
+    file's, are refused, and so is a malformed snapshot, naming its field) restores the episode exactly: with the
+    same settings (``topk``, ``max_turns``, ``max_obs_chars``, ``passage_words``, ``reward``, the corpus), the same
+    actions then give the same observations and rewards; an env with other settings goes on under its own (e.g. a
+    larger ``max_turns`` allows more steps). A snapshot does not hold the env's random generator: ``set_state``
+    leaves it as it was, so the question a later ``reset()`` draws without an ``index`` follows the env's own seed.
+    The retriever is shared by every env of a process, never copied.
 
     ## Version History
     * v0: initial version (``prefetch`` and retrieval servers added later change no observation or reward).
@@ -239,8 +305,9 @@ class SearchQAEnv(gym.Env[str, str]):
             self.records: Sequence[QARecord] = load_records(data_file, DATASETS[dataset][0])
         else:
             self.records = load_dataset(dataset, split, data_dir)
+        corpus = searched_corpus(retriever, corpus_path, data_dir)  # checks the two together
         if isinstance(retriever, str):
-            retriever = get_retriever(retriever, searched_corpus(retriever, corpus_path, data_dir))
+            retriever = get_retriever(retriever, corpus)
         self.retriever = retriever
         self._prefetched: dict[str, list[SearchHit]] = {}  # query -> hits, from the last prefetch
         # what a snapshot's index points into, by content (computed once: clones copy it, set_state compares it)
@@ -261,9 +328,13 @@ class SearchQAEnv(gym.Env[str, str]):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
         """Pose question ``options["index"]`` (any integer, numpy's included), or a random one drawn with the env's
-        seeded generator; ``index`` is the only option, and any other key is refused by name."""
+        seeded generator; ``index`` is the only option, and any other key is refused by name (options that are not a
+        mapping, with a ``TypeError``)."""
         super().reset(seed=seed)
-        options = options or {}
+        if options is None:
+            options = {}
+        elif not isinstance(options, Mapping):
+            raise TypeError(f"options must be a dict (e.g. {{'index': 3}}) or None, got {type(options).__name__}")
         unknown = sorted(map(repr, set(options) - set(RESET_OPTIONS)))
         if unknown:
             raise ValueError(f"unknown reset option {', '.join(unknown)}; known: {', '.join(RESET_OPTIONS)}")
@@ -331,12 +402,11 @@ class SearchQAEnv(gym.Env[str, str]):
         return self._require_state()
 
     def set_state(self, state: SearchQAState) -> None:
+        """Restore the episode of ``state``: a ``TypeError`` unless it is a ``SearchQAState``, a ``ValueError``
+        naming the field where it indexes other questions or is malformed (see ``_checked_state``)."""
         if not isinstance(state, SearchQAState):
             raise TypeError(f"set_state takes a SearchQAState, got {type(state).__name__}")
-        if (state.source[0], state.source[2]) != (self.source[0], self.source[2]):  # the split or file may differ
-            raise ValueError(f"the state is from {state.source}, this env serves {self.source}: other questions")
-        self._checked_index(state.index, "the state's index")
-        self._state = state
+        self._state = self._checked_state(state)
 
     # -- Helpers ----------------------------------------------------------------------------------------------
 
@@ -356,6 +426,37 @@ class SearchQAEnv(gym.Env[str, str]):
         if isinstance(index, bool) or not isinstance(index, numbers.Integral) or not 0 <= index < len(self.records):
             raise ValueError(f"{name} must be an int in [0, {len(self.records)}), got {index!r}")
         return int(index)
+
+    def _checked_state(self, state: SearchQAState) -> SearchQAState:
+        """``state`` with Python ints, when it is one this env's ``step`` could have made from its questions: a
+        ``source`` of three str naming the same dataset and records, an ``index`` of a question, ``turn`` and
+        ``tool_calls`` non-negative ints with ``tool_calls <= turn``, ``turn`` (text, observation) str pairs as
+        ``steps`` and a bool ``done``; else a ``ValueError`` naming the field. (A snapshot may be built by hand or
+        unpickled from elsewhere: a malformed one would fail later, mid-episode.)"""
+        source = state.source
+        if not (isinstance(source, tuple) and len(source) == 3 and all(isinstance(part, str) for part in source)):
+            raise ValueError(f"the state's source must be a tuple of 3 str (dataset, split or data file, records), "
+                             f"got {source!r}")
+        if (source[0], source[2]) != (self.source[0], self.source[2]):  # the split or file may differ
+            raise ValueError(f"the state is from {source}, this env serves {self.source}: other questions")
+        index = self._checked_index(state.index, "the state's index")
+        for name in ("turn", "tool_calls"):
+            value = getattr(state, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+                raise ValueError(f"the state's {name} must be a non-negative int, got {value!r}")
+        if state.tool_calls > state.turn:
+            raise ValueError(f"the state's tool_calls must be at most its turn ({state.turn}), got {state.tool_calls}")
+        steps = state.steps
+        if not (isinstance(steps, tuple) and all(isinstance(step, tuple) and len(step) == 2
+                                                 and all(isinstance(text, str) for text in step) for step in steps)):
+            raise ValueError(f"the state's steps must be a tuple of (step text, observation) str pairs, got "
+                             f"{steps!r:.200}")
+        if len(steps) != state.turn:
+            raise ValueError(f"the state's steps must hold one (step text, observation) pair per turn ({state.turn}), "
+                             f"got {len(steps)}")
+        if not isinstance(state.done, bool):
+            raise ValueError(f"the state's done must be a bool, got {state.done!r}")
+        return SearchQAState(source, index, int(state.turn), int(state.tool_calls), state.done, steps)
 
     def _require_state(self) -> SearchQAState:
         if self._state is None:
@@ -380,12 +481,18 @@ def _check_positive(**values: int) -> None:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
-def _check_template(template: str) -> None:
-    """A ``ValueError`` unless ``template`` formats with the one field ``question`` (literal braces doubled)."""
+def _check_template(template: Any) -> None:
+    """A ``TypeError`` unless ``template`` is a str, a ``ValueError`` unless it formats with the one field
+    ``question`` (literal braces doubled), used as it is (no attribute or item of it)."""
+    if not isinstance(template, str):
+        raise TypeError(f"prompt_template must be a str (a str.format template whose one field is {{question}}), "
+                        f"got {type(template).__name__}")
     try:
         template.format(question="")
-    except (KeyError, IndexError, ValueError) as error:
+        fields = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+    except (KeyError, IndexError, ValueError, AttributeError) as error:
         raise ValueError(f"prompt_template must be a str.format template whose one field is {{question}} (write "
                          f"literal braces as {{{{ }}}}): {type(error).__name__}: {error}") from None
-    if "{question}" not in template:
-        raise ValueError("prompt_template must contain '{question}'")
+    if fields != {"question"}:
+        raise ValueError(f"prompt_template must contain '{{question}}' and no other field, got fields "
+                         f"{sorted(fields)}")

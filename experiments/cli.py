@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import inspect
+import os
 import re
 import types
 import typing
@@ -24,7 +25,6 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel
-from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from algos.tree_grpo.settings import validated
@@ -47,6 +47,20 @@ def yaml_scalar(text: str) -> Any:
 
 class SettingsError(ValueError):
     """Invalid options: the message names each option (and its file and line) with what is wrong."""
+
+
+def check_output_directory(path: str | os.PathLike, option: str = "--output") -> None:
+    """A ``SettingsError`` naming ``option`` where ``path`` cannot be a directory this process writes in: a file is
+    there, or the nearest folder that exists above it is a file or not writable. Found before any work, not when the
+    first result is written."""
+    target = Path(path).expanduser().resolve()
+    if target.exists() and not target.is_dir():
+        raise SettingsError(f"{option} {path}: a file is there, not a directory")
+    existing = next(folder for folder in (target, *target.parents) if folder.exists())
+    if not existing.is_dir():
+        raise SettingsError(f"{option} {path}: {existing} is a file, so no directory can be made under it")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise SettingsError(f"{option} {path}: {existing} is not writable")
 
 
 def flag(name: str) -> str:
@@ -87,36 +101,40 @@ def default_of(function: Any, name: str) -> Any:
     return inspect.signature(function).parameters[name].default
 
 
-def field_help(field: FieldInfo, default: Any, also: str | None = None) -> str:
-    """An option's help: the field's description and its default, once (a description that explains its default,
-    ``(default: ...)``, keeps its own words; a default computed by a factory is left to the description). ``also``:
-    another default, where it applies, said after the first inside the same parentheses
+def field_help(description: str, default: Any, also: str | None = None) -> str:
+    """An option's help: its ``description`` and its default, once (a description that explains its default,
+    ``(default: ...)`` or ``...; default: ...)``, keeps its own words; a default computed by a factory is left to the
+    description). ``also``: another default, where it applies, said after the first inside the same parentheses
     (``(default: 1e-06; 0.0005 on a CPU for ...)``)."""
-    text = field.description or ""
     extra = "" if also is None else f"; {also}"
-    if "(default" in text:  # into the description's own parentheses, before the one that closes them
-        start, depth = text.index("(default"), 0
-        for end in range(start, len(text)):
-            depth += {"(": 1, ")": -1}.get(text[end], 0)
-            if depth == 0:
-                return text[:end] + extra + text[end:]
-        return text + extra
+    at = description.find("(default")
+    at = at + 1 if at >= 0 else description.find("default:")
+    if at >= 0:  # into the parentheses the description's own default is said in, before the one that closes them
+        depth = 0
+        for end in range(at, len(description)):
+            depth += {"(": 1, ")": -1}.get(description[end], 0)
+            if depth < 0:
+                return description[:end] + extra + description[end:]
+        return description + extra
     if default is PydanticUndefined:
-        return text if also is None else f"{text} ({also})"
-    return f"{text} (default: {default}{extra})"
+        return description if also is None else f"{description} ({also})"
+    return f"{description} (default: {default}{extra})"
 
 
 def build_parser(model: type[BaseModel], *, description: str | None = None,
                  aliases: dict[str, tuple[str, Any]] | None = None, sections: Mapping[str, str] | None = None,
                  defaults: Mapping[str, Any] | None = None,
-                 also: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
+                 also: Mapping[str, str] | None = None,
+                 descriptions: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
     """A parser with one option per field of ``model``; every option defaults to "not given" (absent from the
     namespace), so that only what the user typed overrides the file and the defaults.
 
     ``sections`` (field -> section) groups the options in ``--help``, sections in the order they first appear,
     fields in that mapping's order (fields it does not name go first); ``defaults`` are the defaults the caller
     applies instead of the model's (shown in ``--help``); ``also`` (field -> words) a second default each, where it
-    applies, shown beside the first (``field_help``)."""
+    applies, shown beside the first (``field_help``); ``descriptions`` (field -> words) what an option means to this
+    command where the field's description does not say it (``argparse.SUPPRESS``: an option it refuses, parsed to
+    be refused by name and left out of ``--help``)."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
                                      argument_default=argparse.SUPPRESS)
     parser.add_argument("--config", metavar="FILE", help="a YAML file of options (keys as the option names, "
@@ -129,7 +147,9 @@ def build_parser(model: type[BaseModel], *, description: str | None = None,
     order = [name for name in model.model_fields if name not in sections] + list(sections)
     for name in order:
         field, group = model.model_fields[name], groups.get(sections.get(name), parser)
-        help_text = field_help(field, defaults.get(name, field.default), also.get(name))
+        description = (descriptions or {}).get(name, field.description or "")
+        help_text = (description if description == argparse.SUPPRESS
+                     else field_help(description, defaults.get(name, field.default), also.get(name)))
         flags = [flag(name)] + [alias for alias, constant in by_field.get(name, []) if constant is None]
         if field.annotation is bool:
             group.add_argument(*flags, dest=name, action=argparse.BooleanOptionalAction, help=help_text)
@@ -137,8 +157,9 @@ def build_parser(model: type[BaseModel], *, description: str | None = None,
             group.add_argument(*flags, dest=name, help=help_text, **_argument(field.annotation))
         for alias, constant in by_field.get(name, []):
             if constant is not None:
-                group.add_argument(alias, dest=name, action="store_const", const=constant,
-                                   help=f"same as {flag(name)} {constant}")
+                same = (flag(name) if constant else f"--no-{flag(name)[2:]}") if field.annotation is bool \
+                    else f"{flag(name)} {constant}"
+                group.add_argument(alias, dest=name, action="store_const", const=constant, help=f"same as {same}")
     return parser
 
 

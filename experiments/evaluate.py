@@ -1,7 +1,7 @@
 """Evaluate a policy as the paper does: greedy decoding, one chain per question, exact match.
 
     python experiments/evaluate.py --model smollm2-135m --envs HotpotQA-v0 NQ-v0 --limit 100
-    python experiments/evaluate.py --model outputs/run/checkpoints/latest --output outputs/run/eval
+    python experiments/evaluate.py --model outputs/run/checkpoints/latest --output outputs/run/eval-latest
     python experiments/evaluate.py --model Qwen/Qwen2.5-3B-Instruct            # all seven envs, full splits
 
 ``--model`` takes what ``run.py --model`` takes (a name, or a model directory such as one written by
@@ -10,7 +10,9 @@ checkpoint (``OUTPUT/checkpoints/latest``, or the run directory ``OUTPUT`` for i
 its run's observations and retriever.
 Writes OUTPUT/eval.md (a table shaped like the paper's: single-hop sets, their average, multi-hop sets,
 their average; rows EM, F1, tool calls, turns, answer rate) and OUTPUT/eval.json (the same numbers plus every
-question's result). The questions of a batch advance together through the generator.
+question's result); an OUTPUT that holds them already is refused unless ``--overwrite`` (a run's OUTPUT/eval holds
+its final evaluation). Every env's question file and corpus is found before the model loads. The questions of a
+batch advance together through the generator.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any
 
 import envs
 from algos.evaluation import EVAL_COLUMNS, QUERIES, greedy_chains, mean_results, route_taken
-from envs.datasets import MissingDataError, resolve_data_dir
+from envs.datasets import DataError, MissingDataError, UnknownSplitError, resolve_data_dir
 from envs.retrieval import check_retriever_spec
 from experiments.checkpoints import (
     CONFIG_FILE,
@@ -40,7 +42,7 @@ from experiments.checkpoints import (
     sharded_policy,
     verify_checkpoint,
 )
-from experiments.cli import default_of
+from experiments.cli import SettingsError, check_output_directory, default_of
 from policies.generation import GENERATORS
 from policies.vllm_generation import vllm_installed
 
@@ -88,18 +90,21 @@ def _cell(value: float | None, scale: float, fmt: str) -> str:
     return "-" if value is None or math.isnan(value) else format(value * scale, fmt)
 
 
+RESULT_FILES = ("eval.md", "eval.json")  # what ``write_results`` writes
+
+
 def write_results(output: str | Path, results: Mapping[str, Mapping[str, float]], details: Mapping[str, Any],
                   per_question: Mapping[str, Sequence[Mapping[str, float]]] | None = None) -> tuple[Path, Path]:
     """``OUTPUT/eval.md`` and ``OUTPUT/eval.json``; ``details`` (model, split, limit...) go into both."""
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
     header = ", ".join(f"{k}: {v}" for k, v in details.items())
-    markdown = output / "eval.md"
+    markdown = output / RESULT_FILES[0]
     markdown.write_text(f"Greedy evaluation ({header})\n\n{results_table(results)}", encoding="utf-8")
     payload = {**details, "datasets": results, "averages": group_averages(results)}
     if per_question is not None:
         payload["questions"] = per_question
-    data = output / "eval.json"
+    data = output / RESULT_FILES[1]
     data.write_text(json.dumps(payload, indent=1), encoding="utf-8")
     return markdown, data
 
@@ -228,6 +233,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(default: %(default)s)")
     p.add_argument("--data-dir", default=None, help="data directory (default: $TREEGRPO_DATA_DIR, else ./data)")
     p.add_argument("--output", default="outputs/eval", help="where eval.md and eval.json go (default: %(default)s)")
+    p.add_argument("--overwrite", action="store_true", help="replace the eval.md and eval.json --output holds "
+                                                            "(default: refused)")
     p.add_argument("--quiet", action="store_true", help="no progress bar (default: a progress bar per env)")
     args = p.parse_args(argv)
     if args.device is not None:
@@ -248,6 +255,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             check_retriever_spec(args.retriever)
         except ValueError as error:
             p.error(f"--retriever: {error}")
+    try:
+        check_output_directory(args.output)
+    except SettingsError as error:
+        p.error(str(error))
+    held = [name for name in RESULT_FILES if (Path(args.output) / name).exists()]
+    if held and not args.overwrite:
+        p.error(f"--output {args.output} holds an evaluation ({', '.join(held)}): choose another --output, or pass "
+                f"--overwrite to replace it")
     if names_a_run(args.model):  # a run directory, as export.py and run.py --resume take: its newest checkpoint
         try:
             args.model = str(resolve_checkpoint(args.model, hashes=False))  # hashing is resume's job
@@ -279,15 +294,27 @@ def trained_with(model: str) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> Path:
-    """The command line's entry point; a missing model, checkpoint or data file is one line naming it (exit 2)."""
+    """The command line's entry point; a missing model, checkpoint or data file, a malformed data file or a split the
+    dataset lacks is one line naming it (exit 2)."""
     args = parse_args(argv)
     from policies.models import ModelNotFoundError
 
     try:
         return evaluate(args)
-    except (ModelNotFoundError, MissingDataError, CheckpointError) as error:
+    except UnknownSplitError as error:
+        print(f"evaluate.py: error: --split {args.split}: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except (ModelNotFoundError, MissingDataError, DataError, CheckpointError) as error:
         print(f"evaluate.py: error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def check_env_data(env_ids: Sequence[str], split: str | None, env_kwargs: Mapping[str, Any]) -> None:
+    """Each env's questions (``split``, else its evaluation split) and corpus found and read, before the model loads
+    and before an env's results are computed: a file missing for the last env fails at once, not after the others."""
+    for env_id in env_ids:
+        envs.question_count(env_id, **{**env_kwargs, "split": split or envs.eval_split(env_id)})
+        envs.corpus_file(env_id, **env_kwargs)
 
 
 def evaluate(args: argparse.Namespace) -> Path:
@@ -299,13 +326,14 @@ def evaluate(args: argparse.Namespace) -> Path:
     from policies.generators import resolve_generator, step_generator
 
     data_dir = resolve_data_dir(args.data_dir).resolve()  # before the model loads: a wrong folder fails at once
+    env_kwargs = {"data_dir": str(data_dir), "max_turns": args.max_turns, "topk": args.topk,
+                  "passage_words": args.passage_words, "retriever": args.retriever}
+    check_env_data(args.envs, args.split, env_kwargs)
     model, tokenizer = load_policy(args.model, args.dtype)
     model.to(args.device or ("cuda" if torch.cuda.is_available() else "cpu")).eval()
     cap = {} if args.max_step_tokens is None else {"max_step_tokens": args.max_step_tokens}
     sampling = SamplingSettings(greedy=True, **cap)  # without a cap given, SamplingSettings' one default
     generator = step_generator(resolve_generator(args.generator), model, tokenizer, sampling)
-    env_kwargs = {"data_dir": str(data_dir), "max_turns": args.max_turns, "topk": args.topk,
-                  "passage_words": args.passage_words, "retriever": args.retriever}
     results, per_question = {}, {}
     for env_id in args.envs:
         split = args.split or envs.eval_split(env_id)

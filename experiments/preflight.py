@@ -13,9 +13,9 @@ import sys
 
 import envs
 from algos.tree_grpo import settings as algorithm_settings
-from envs.datasets import DataError, MissingDataError
+from envs.datasets import DataError, MissingDataError, UnknownSplitError
 from experiments.cli import SettingsError
-from experiments.qa_start import QA_START_BASE_MODEL, WARM_START_MODEL, QASource, qa_warm_start
+from experiments.qa_start import QA_START_BASE_MODEL, WARM_START_MODEL, QASource, check_has_warm_start, qa_warm_start
 from experiments.settings import (
     RunSettings,
     build_config,
@@ -28,10 +28,16 @@ from experiments.settings import (
 
 def check_data(settings: RunSettings) -> None:
     """The data directory, the corpus and the question files the run reads (its training split; with evaluations,
-    the evaluation splits), or a ``SettingsError`` naming the path and the expected layout; and, for a generated
-    world, that ``--max-turns`` allows the searches its questions need."""
+    the evaluation splits), or a ``SettingsError`` naming the path and the expected layout (or the split the dataset
+    lacks); ``--model warm-start`` only where the env has one; and, for a generated world, that ``--max-turns``
+    allows the searches its questions need."""
     evaluated = ({settings.env} if settings.eval_every else set()) | (
         set(settings.eval_envs or [settings.env]) if settings.final_eval else set())
+    if settings.model == WARM_START_MODEL:
+        try:
+            check_has_warm_start(settings.env)  # before its data: another env's files would be named as missing
+        except ValueError as error:
+            raise SettingsError(str(error)) from None
     try:
         config = env_config(settings)  # resolves the data directory
         envs.question_count(settings.env, **config)
@@ -44,6 +50,8 @@ def check_data(settings: RunSettings) -> None:
             envs.corpus_file(env_id, **config)  # what each env runner's and evaluator's env searches
     except (MissingDataError, DataError) as error:
         raise SettingsError(str(error)) from None
+    except UnknownSplitError as error:
+        raise SettingsError(f"split: {error} (--split)") from None
     if hops is not None and hops > settings.max_turns:
         raise SettingsError(f"--max-turns {settings.max_turns}: the {settings.env} world the run would serve asks "
                             f"{hops}-hop questions, one search per hop, which {settings.max_turns} search steps "

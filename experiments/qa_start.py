@@ -95,13 +95,18 @@ class QASource:
         return f"{self.DATASET}-{train_and_corpus_digest(self.DATASET, self.data_dir)}"
 
 
+def check_has_warm_start(env_id: str) -> None:
+    """A ``ValueError`` naming the model setting where ``env_id`` has no warm start recipe."""
+    if env_id not in QA_START_ENVS:
+        raise ValueError(f"model: {WARM_START_MODEL} is the warm start of {', '.join(QA_START_ENVS)}; {env_id} has "
+                         f"none: pass a --model")
+
+
 def qa_warm_start(env_id: str, data_dir: str | os.PathLike | None = None,
                   cache_dir: str | os.PathLike | None = None) -> Path:
     """The model directory of ``env_id``'s warm start, built the first time (about ``build_minutes()`` on 2 cores,
     said before it starts) and cached after."""
-    if env_id not in QA_START_ENVS:
-        raise ValueError(f"--model {WARM_START_MODEL}: {env_id} has no warm start recipe (those with one: "
-                         f"{', '.join(QA_START_ENVS)}); pass --model")
+    check_has_warm_start(env_id)
     source = QASource.of(env_id, data_dir)
     if not (warm_start_dir(source, QA_START_RECIPE, topk=QA_START_TOPK, cache_dir=cache_dir) / "config.json").exists():
         print(f"warm start: {env_id} has no cached start yet: fine-tuning {QA_START_BASE_MODEL} on the retrieval "
@@ -115,9 +120,7 @@ def warm_start_model(model: str, env_id: str, data_dir: str | os.PathLike | None
     ``qa_warm_start`` before a run starts; nothing is built here)."""
     if model != WARM_START_MODEL:
         return model
-    if env_id not in QA_START_ENVS:
-        raise ValueError(f"model: {WARM_START_MODEL} is the warm start of {', '.join(QA_START_ENVS)}; {env_id} has "
-                         f"none: pass a --model")
+    check_has_warm_start(env_id)
     return str(warm_start_dir(QASource.of(env_id, data_dir), QA_START_RECIPE, topk=QA_START_TOPK))
 
 

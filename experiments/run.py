@@ -54,7 +54,15 @@ from experiments.checkpoints import (
     restore_errors,
     settings_file_at,
 )
-from experiments.cli import SettingsError, build_parser, dump_yaml, given_options, read_yaml, validate
+from experiments.cli import (
+    SettingsError,
+    build_parser,
+    check_output_directory,
+    dump_yaml,
+    given_options,
+    read_yaml,
+    validate,
+)
 from experiments.evaluate import write_results
 from experiments.plot import load_metrics, plot_runs
 from experiments.preflight import check_before_ray, check_resources, node_resources, prepare_start, start_ray
@@ -115,6 +123,7 @@ def plan(argv: list[str] | None = None) -> RunPlan:
             raise SettingsError("--allow-changes only applies with --resume")
         settings = validate(RunSettings, given, sources)
         check_chain_shape(settings, vars(namespace))
+        check_output_directory(settings.output)
         existing = [name for name in RUN_FILES if (Path(settings.output) / name).exists()]
         if existing:
             raise SettingsError(f"--output {settings.output} already holds a run ({', '.join(existing)}): continue "

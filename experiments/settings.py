@@ -204,7 +204,8 @@ class RunSettings(TreeGRPOSettings):
     # resources
     seed: int = Field(0, ge=0, description="seed of prompts, sampling and model initialisation")
     num_env_runners: int = Field(0, ge=0, description="remote Ray env runners (0: sample in this process)")
-    num_learners: int = Field(0, ge=0, description="remote learners, DDP (0: learn in this process)")
+    num_learners: int = Field(0, ge=0, description="remote learners, data-parallel: DDP, or FSDP2 with "
+                                                   "--learner-sharding fsdp (0: learn in this process)")
     num_gpus_per_learner: float = Field(
         default_factory=per_device(cpu=0.0, gpu=1.0), ge=0,
         description="GPUs per learner: the local learner (--num-learners 0) and each remote one train on a GPU when "

@@ -24,6 +24,7 @@ an interrupted one (Ctrl-C) with its own options (docs/tracking.md).
 
 from __future__ import annotations
 
+import argparse
 import copy
 import difflib
 import functools
@@ -41,7 +42,16 @@ from algos.rollout import TreeShape
 from algos.tree_grpo import TreeGRPO
 from algos.tree_grpo import metrics as metric_keys
 from algos.tree_grpo.settings import ALGORITHM_FIELDS
-from experiments.cli import SettingsError, Sources, build_parser, flag, given_options, validate, yaml_scalar
+from experiments.cli import (
+    SettingsError,
+    Sources,
+    build_parser,
+    check_output_directory,
+    flag,
+    given_options,
+    validate,
+    yaml_scalar,
+)
 from experiments.preflight import check_before_ray, check_resources, node_resources, prepare_start, start_ray
 from experiments.settings import (
     CLI_ALIASES,
@@ -127,6 +137,8 @@ def parse_grid(items: list[str]) -> dict[str, list[Any]]:
         if key not in GRID_FIELDS:
             raise SettingsError(f"--grid: {key!r} is not a setting a trial may vary; choose from "
                                 f"{', '.join(GRID_FIELDS)}")
+        if key in grid:
+            raise SettingsError(f"--grid: {key} is given twice; give its values once: --grid {key}=V1,V2,...")
         grid[key] = [yaml_scalar(v) for v in values.split(",")]
     return grid
 
@@ -201,8 +213,10 @@ def varied_fields(trials: list[RunSettings]) -> dict[str, list[Any]]:
 
 
 def tune_parser():
+    descriptions = {"output": "the sweep's directory: a directory per trial, tune_results.md and .json (must not "
+                              "hold another sweep)", **dict.fromkeys(SWEEP_IGNORES, argparse.SUPPRESS)}
     parser = build_parser(RunSettings, description=__doc__, aliases=CLI_ALIASES, sections=help_sections(),
-                          defaults=SWEEP_DEFAULTS)
+                          defaults=SWEEP_DEFAULTS, descriptions=descriptions)
     sweep = parser.add_argument_group("sweep")
     sweep.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
                        help="sweep a setting; repeat for more (default: none)")
@@ -228,6 +242,24 @@ def tune_parser():
                        help="continue the interrupted sweep in OUTPUT with its own options: its unfinished trials "
                             "from their last checkpoints (--checkpoint-every), or from their start (default: off)")
     return parser
+
+
+def check_sweep_numbers(namespace: argparse.Namespace) -> None:
+    """A ``SettingsError`` naming a sweep option whose value means nothing: a budget or an expansion cost at or
+    below 0, a negative tolerance, a time budget at or below 0, a negative ``--max-concurrent``."""
+    problems = [f"--budget must be > 0 full chains, got {budget:g}" for budget in namespace.budget or () if budget <= 0]
+    if namespace.expansion_cost <= 0:
+        problems.append(f"--expansion-cost must be > 0 (one expansion in full chains), got "
+                        f"{namespace.expansion_cost:g}")
+    if namespace.tolerance < 0:
+        problems.append(f"--tolerance must be >= 0 (a relative budget mismatch), got {namespace.tolerance:g}")
+    if namespace.time_budget_s is not None and namespace.time_budget_s <= 0:
+        problems.append(f"--time-budget-s must be > 0 seconds (leave it out for no limit), got "
+                        f"{namespace.time_budget_s:g}")
+    if namespace.max_concurrent < 0:
+        problems.append(f"--max-concurrent must be >= 0 (0: as resources allow), got {namespace.max_concurrent}")
+    if problems:
+        raise SettingsError("\n".join(problems))
 
 
 def check_sweep_options(given: Mapping[str, Any], sources: Sources) -> None:
@@ -292,8 +324,10 @@ def plan_sweep(argv: list[str], resuming: bool = False):
     namespace = tune_parser().parse_args(argv)
     given, sources = given_options(RunSettings, namespace)
     check_sweep_options(given, sources)
+    check_sweep_numbers(namespace)
     base_values = {**SWEEP_DEFAULTS, **given}
     base = validate(RunSettings, base_values, sources)
+    check_output_directory(base.output)
     existing = [name for name in SWEEP_FILES if (Path(base.output) / name).exists()]
     if existing == [SWEEP_COMMAND] and not resuming:  # stopped before Tune saved anything: nothing to keep
         existing = []

@@ -76,6 +76,8 @@ from policies.models import LORA_TARGETS, LoraSettings
 
 CHECKPOINT_MINUTES = 5.0  # within an epoch, the training state is saved this often (a pretrained model's epoch is long)
 MAX_KEY_LENGTH = 200  # a warm start's cache key, in characters (``warm_start_key``)
+SUMMARY_FILE = "warmstart.json"  # a finished start's settings, loss curve and dev EM, written last
+CHECKPOINT_FILE = "checkpoint.pt"  # the training state while a start trains (removed once it is saved)
 
 
 @runtime_checkable
@@ -209,8 +211,9 @@ def cached_warm_start(world: WorldSpec | BranchSpec | DataSource, recipe: Sequen
         env_id = next(env_id for env_id, (dataset, *_) in envs.ENV_IDS.items() if dataset == world.DATASET)
         # a real QA set's source (experiments/qa_start.py) names its data directory; a generated world is written
         data_dir = world.data_dir if isinstance(world, DataSource) else world_data_dir(world, cache_dir)
-        main(["--env", env_id, "--data-dir", str(data_dir), "--topk", str(topk),
-              "--dev-questions", "0", *recipe, *start, "--cache-dir", str(cache_dir), "--output", str(staging)])
+        if not finished(staging):  # else trained to its end by a process killed before publishing it
+            main(["--env", env_id, "--data-dir", str(data_dir), "--topk", str(topk),
+                  "--dev-questions", "0", *recipe, *start, "--cache-dir", str(cache_dir), "--output", str(staging)])
         (staging / WARM_START_RECIPE).write_text(readable + "\n", encoding="utf-8")
         write_manifest(staging / model.name)
         os.replace(staging, model.parent)
@@ -231,12 +234,22 @@ def trained_data(args: argparse.Namespace) -> str:
         return str(args.data_dir)
 
 
+def finished(output: Path) -> bool:
+    """Whether ``output`` holds a start trained to its end (its summary is written after the model, and the training
+    checkpoint removed after both)."""
+    return (output / SUMMARY_FILE).exists() and not (output / CHECKPOINT_FILE).exists()
+
+
 def claim_output(output: Path, args: argparse.Namespace) -> tuple[Path, Path]:
     """The training checkpoint in ``output`` and the file recording the settings it was written with; a checkpoint
-    left by other settings is refused (resuming it would train a mixture), naming both."""
-    checkpoint, settings = output / "checkpoint.pt", output / "checkpoint_settings.json"
+    left by other settings is refused (resuming it would train a mixture), naming both, and so is a finished start
+    (its model would be replaced)."""
+    checkpoint, settings = output / CHECKPOINT_FILE, output / "checkpoint_settings.json"
     wanted = {k: v for k, v in vars(args).items() if k not in NOT_TRAINING}
     wanted["data_dir"] = trained_data(args)
+    if finished(output):
+        raise SystemExit(f"{output} holds a finished warm start ({SUMMARY_FILE}, model/): pass --output elsewhere, "
+                         f"or remove it to train afresh")
     if checkpoint.exists():
         found = json.loads(settings.read_text(encoding="utf-8")) if settings.exists() else None
         if found != wanted:
@@ -351,7 +364,7 @@ def main(argv: list[str] | None = None) -> Path:
     summary = {"settings": vars(args), "trajectories": len(data), "tokens": tokens, "loss_per_epoch": curve["loss"],
                "check_per_epoch": curve["check"],
                "dev_before": before, "dev_after": after}
-    (output / "warmstart.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
+    (output / SUMMARY_FILE).write_text(json.dumps(summary, indent=1), encoding="utf-8")
     checkpoint.unlink(missing_ok=True)  # the model is saved: the optimizer's state is not worth its disk
     settings.unlink(missing_ok=True)
     return output / "model"

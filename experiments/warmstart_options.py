@@ -163,9 +163,16 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
         p.error(f"--observation-share must be a share in (0, 1], got {args.observation_share}")
     if args.observation_weight < 0:
         p.error(f"--observation-weight must be >= 0, got {args.observation_weight}")
-    for name in ("questions", "passage_words", "lora_rank", "lora_layers"):
+    for name in ("questions", "passage_words", "lora_rank", "lora_layers", "epochs", "batch_size", "max_turns", "topk",
+                 "max_step_tokens", "hidden_size", "layers", "heads"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.dev_questions < 0:
+        p.error(f"--dev-questions must be >= 0 (0: no dev evaluation), got {args.dev_questions}")
+    if not args.lr > 0:
+        p.error(f"--lr must be > 0, got {args.lr}")
+    if args.max_minutes is not None and not args.max_minutes > 0:
+        p.error(f"--max-minutes must be > 0 (leave it out for no limit), got {args.max_minutes}")
     if args.lora_layers is not None and args.lora_rank is None:
         p.error("--lora-layers needs --lora-rank (the adapters it places)")
     if args.lora_rank is not None and args.model == "scratch":

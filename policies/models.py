@@ -169,8 +169,11 @@ def _missing_model_files(directory: Path) -> list[str]:
 
 
 def _looks_like_a_path(name: str) -> bool:
-    """A hub id is ``name`` or ``org/name``; anything with a path's spelling is meant as a directory."""
-    return name.startswith((".", "/", "~")) or name.count("/") > 1
+    """A hub id is ``name`` or ``org/name``; anything with a path's spelling is meant as a directory, and so is an
+    ``org/name`` whose org is a folder here (``outputs/run-model``: a typo of an exported model's directory, which
+    the hub would answer with an unrelated 404)."""
+    return name.startswith((".", "/", "~")) or name.count("/") > 1 or (
+        name.count("/") == 1 and Path(name.split("/")[0]).is_dir())
 
 
 def disable_dropout(model: torch.nn.Module) -> None:

@@ -61,7 +61,7 @@ def test_help_shows_every_options_default(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     options = capsys.readouterr().out.split("\noptions:\n")[1]
-    assert options.count("(default") == options.count("\n  --") - 1 == 15  # every option but --model (required)
+    assert options.count("(default") == options.count("\n  --") - 1 == 16  # every option but --model (required)
 
 
 def test_invalid_limit_names_the_option(capsys):
@@ -128,6 +128,40 @@ def test_what_is_missing_is_one_line_naming_it_and_nothing_is_written(case, tmp_
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("evaluate.py: error: ")
     assert str(missing if case != "checkpoint" else tmp_path / "checkpoint") in err[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_evaluation_in_output_is_kept_unless_overwrite(tmp_path, capsys):
+    """A run's OUTPUT/eval holds its final evaluation: evaluating into it again is refused before the model loads."""
+    (tmp_path / "eval.md").write_text("the run's final evaluation")
+    with pytest.raises(SystemExit) as caught:
+        main(["--model", "tiny-random", "--output", str(tmp_path)])
+    assert caught.value.code == 2 and (tmp_path / "eval.md").read_text() == "the run's final evaluation"
+    assert f"--output {tmp_path} holds an evaluation (eval.md): choose another --output, or pass --overwrite" in \
+        capsys.readouterr().err
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit):
+        main(["--model", "tiny-random", "--output", str(tmp_path / "file")])
+    assert f"--output {tmp_path / 'file'}: a file is there, not a directory" in capsys.readouterr().err
+
+
+def test_every_envs_files_are_found_before_the_model_loads(data_dir, tmp_path, monkeypatch, capsys):
+    """A later env's missing questions or an unknown --split: one line naming it, before the model loads (not after
+    the earlier envs' evaluations, which would be lost)."""
+    import experiments.evaluate as evaluate
+
+    monkeypatch.setattr(evaluate, "load_policy", lambda model, dtype: pytest.fail("the model loaded"))
+    partial = tmp_path / "data"
+    partial.mkdir()
+    for folder in ("wiki", "hotpotqa"):
+        (partial / folder).symlink_to(data_dir / folder)
+    for argv, message in ((["--data-dir", str(partial)], "nq"), (["--split", "nosuch"], "--split nosuch: dataset "
+                                                                                        "'hotpotqa' has no split")):
+        with pytest.raises(SystemExit) as caught:
+            main(["--model", "tiny-random", "--envs", "HotpotQA-v0", "NQ-v0", *argv, "--output",
+                  str(tmp_path / "out"), "--quiet"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert caught.value.code == 2 and len(err) == 1 and message in err[0]
     assert not (tmp_path / "out").exists()
 
 

@@ -7,7 +7,7 @@ import importlib.util
 import pytest
 import torch
 
-from policies.models import LoraSettings, ModelNotFoundError, disable_dropout, load_model
+from policies.models import LoraSettings, ModelNotFoundError, check_model_name, disable_dropout, load_model
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +80,16 @@ def test_a_directory_that_is_not_a_model_says_what_a_model_directory_holds(tmp_p
 def test_a_missing_local_path_is_not_read_as_a_hub_id(name):
     with pytest.raises(ModelNotFoundError, match=f"{name}: no such model directory.*'tiny-random'"):
         load_model(name)
+
+
+def test_an_org_slash_name_under_a_local_folder_is_a_path_not_a_hub_id(tmp_path, monkeypatch):
+    """``outputs/run-modle`` (a typo of an exported model's directory) would be a hub id by its spelling; its first
+    part is a folder here, so it is refused as a missing directory rather than sent to the hub."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "outputs").mkdir()
+    with pytest.raises(ModelNotFoundError, match="outputs/run-modle: no such model directory"):
+        check_model_name("outputs/run-modle")
+    check_model_name("HuggingFaceTB/SmolLM2-135M-Instruct")  # no such folder here: a hub id, found on download
 
 
 def test_a_file_is_not_a_model_directory(tmp_path):

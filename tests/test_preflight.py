@@ -114,3 +114,23 @@ def test_a_model_path_that_names_no_model_is_refused_before_ray(tmp_path):
             check_model(settings_of("--model", given, tmp_path=tmp_path))
     for name in ("tiny-random", "smollm2-135m", "Qwen/Qwen2.5-1.5B-Instruct"):  # an alias, a hub id: found later
         check_model(settings_of("--model", name, tmp_path=tmp_path))
+
+
+def test_a_wrong_split_output_or_warm_start_env_is_named_before_ray(tmp_path):
+    """Each one line naming the setting, found before Ray starts (and before a warm start would be built): a split
+    the dataset lacks, an --output that is a file, and the warm start asked of an env that has none (named as such,
+    not as that env's missing files)."""
+    from experiments.preflight import check_data
+
+    with pytest.raises(SettingsError, match=r"^split: dataset 'hotpotqa' has no split 'nosuch'; its splits: .* "
+                                            r"\(--split\)$"):
+        check_data(settings_of("--split", "nosuch", "--model", "tiny-random", tmp_path=tmp_path))
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SettingsError, match=rf"^--output {tmp_path / 'file'}: a file is there, not a directory$"):
+        plan(["--output", str(tmp_path / "file")])
+    with pytest.raises(SettingsError, match=rf"^--output {tmp_path / 'file' / 'run'}: {tmp_path / 'file'} is a file"):
+        plan(["--output", str(tmp_path / "file" / "run")])
+    with pytest.raises(SettingsError, match=r"^model: warm-start is the warm start of HotpotQA-v0; SynthHop-v0 has "
+                                            r"none: pass a --model$"):
+        check_data(settings_of("--env", "SynthHop-v0", "--model", "warm-start", "--data-dir", str(tmp_path),
+                               tmp_path=tmp_path))

@@ -70,6 +70,14 @@ def test_the_env_and_the_model_config_are_checked_before_ray_starts(tmp_path):
             config().rl_module(model_config=model_config).validate()
 
 
+def test_flex_attention_on_learners_without_a_gpu_is_refused_before_ray_starts():
+    """torch's flex_attention has no CPU backward: refused by validate(), not at the first update after a rollout."""
+    flex = config().training(learner_attention="flex_attention")
+    with pytest.raises(ValueError, match=r"^learner_attention: flex_attention cannot backpropagate on the CPU"):
+        flex.validate()
+    flex.learners(num_gpus_per_learner=1).validate()  # on a GPU it is the block-sparse kernel
+
+
 def test_an_evaluation_the_env_cannot_give_is_refused(tmp_path):
     gym.register("ThreeQuestions-v0", entry_point="envs.search_qa:SearchQAEnv")  # the user's own id: no split known
     try:

@@ -371,7 +371,10 @@ def test_help_groups_the_options_by_section_with_one_default_each():
                            "tracking": ["--mlflow-uri ", "--quiet "]}.items():
         assert all(flag in block[section] for flag in flags), section
     assert set(help_sections()) == set(RunSettings.model_fields)
-    assert text.count("(default") == len(RunSettings.model_fields)  # one each, and none twice
+    assert text.count("default:") == len(RunSettings.model_fields)  # one each, and none twice
+    flat = " ".join(text.split())  # a description that says its default (e.g. "; default: never)") keeps it alone
+    assert "final evaluation; default: never) --output" in flat and "OUTPUT/mlflow.db) --experiment" in flat
+    assert "--quiet               same as --no-log-rollout-steps\n" in text  # the flag that exists
     assert "--split SPLIT         training split (default: the env" in text  # its own words, not "None" too
 
 

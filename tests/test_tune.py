@@ -76,6 +76,29 @@ def test_help_shows_the_sweeps_own_defaults():
     assert "(default: outputs/run)" not in text and "(default: 20)" not in text
 
 
+def test_sweep_options_that_mean_nothing_are_refused_by_name(tmp_path):
+    """Values that would crash the planning (an expansion cost of 0), drop every tree from it (a negative tolerance
+    or cost) or mean something else than they say (a time budget of 0, no limit to Ray) are refused before Ray."""
+    out = ["--output", str(tmp_path)]
+    for options, message in ((["--budget", "4", "--shapes", "all", "--expansion-cost", "0"], "--expansion-cost must "
+                               "be > 0"),
+                             (["--budget", "4", "--shapes", "all", "--tolerance", "-1"], "--tolerance must be >= 0"),
+                             (["--budget", "0"], "--budget must be > 0 full chains, got 0"),
+                             (["--time-budget-s", "0"], "--time-budget-s must be > 0 seconds"),
+                             (["--max-concurrent", "-1"], "--max-concurrent must be >= 0")):
+        with pytest.raises(SettingsError, match=message):
+            plan([*options, *out])
+    _, trials, _ = plan(["--budget", "4", "--shapes", "all", "--tolerance", "0", *out])
+    assert {t.algo for t in trials} == {"tree_grpo", "grpo"}
+
+
+def test_help_names_the_sweeps_directory_and_not_the_options_it_refuses():
+    text = tune_parser().format_help()
+    assert "the sweep's directory" in text and "the run's directory" not in text
+    for refused in ("--final-eval", "--eval-envs", "--run-name"):
+        assert f"{refused} " not in text.split("docs/tracking.md")[-1]  # past the description, which names them
+
+
 def test_an_output_holding_a_sweep_is_refused_before_ray_starts(tmp_path):
     plan(["--output", str(tmp_path)])  # empty: fine
     (tmp_path / "sweep").mkdir()
@@ -92,6 +115,8 @@ def test_parse_grid_and_sweep_points():
         parse_grid(["lrr=1"])
     with pytest.raises(SettingsError, match="KEY=V1,V2"):
         parse_grid(["M"])
+    with pytest.raises(SettingsError, match=r"--grid: M is given twice; give its values once: --grid M=V1,V2"):
+        parse_grid(["M=1", "M=2"])  # not one trial of the last
 
 
 def test_search_space_varies_what_differs_and_keeps_one_valued_keys_as_constants():

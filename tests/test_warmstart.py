@@ -291,6 +291,27 @@ def test_a_misroute_role_without_a_share_is_refused(capsys):
     assert "--misroute-role needs --misroute" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("option", "value", "message"), [
+    ("--batch-size", "0", "--batch-size must be >= 1"), ("--epochs", "0", "--epochs must be >= 1"),
+    ("--topk", "0", "--topk must be >= 1"), ("--layers", "0", "--layers must be >= 1"),
+    ("--dev-questions", "-1", "--dev-questions must be >= 0"), ("--lr", "0", "--lr must be > 0"),
+    ("--max-minutes", "0", "--max-minutes must be > 0")])
+def test_counts_and_rates_that_mean_nothing_are_refused_before_anything_is_built(option, value, message, capsys):
+    """--batch-size 0 or --epochs 0 used to end in a ZeroDivisionError after the model and the data were built."""
+    with pytest.raises(SystemExit):
+        parse_args([option, value])
+    assert message in capsys.readouterr().err
+
+
+def test_a_finished_start_in_output_is_kept(tmp_path):
+    """Training again into an --output that holds a finished start would replace its model silently: refused."""
+    (tmp_path / "warmstart.json").write_text("{}")
+    with pytest.raises(SystemExit, match=f"{tmp_path} holds a finished warm start \\(warmstart.json, model/\\)"):
+        warmstart_main(["--output", str(tmp_path)])
+    assert (tmp_path / "warmstart.json").read_text() == "{}" and sorted(tmp_path.iterdir()) == [
+        tmp_path / "warmstart.json"]
+
+
 @pytest.mark.parametrize("option", ["--unanswered", "--premature", "--misroute"])
 def test_shares_outside_zero_one_are_refused(option, capsys):
     with pytest.raises(SystemExit):
@@ -775,6 +796,24 @@ def test_a_killed_cached_warm_start_resumes_in_its_staging_directory(tmp_path, m
     monkeypatch.setattr(warmstart_module, "main", finishing_warmstart)
     model = cached_warm_start(BRANCH, ("--seed", "0"), topk=1, cache_dir=tmp_path)
     assert outputs[0] == outputs[1] and (model / "config.json").is_file()
+
+
+def test_a_start_finished_but_not_published_is_published_without_training(tmp_path, monkeypatch):
+    """Killed between its summary and the move into the cache, a build leaves a finished start in its staging
+    directory: the next call publishes it (training there again would be refused as replacing a finished start)."""
+    def finished_then_killed(argv: list[str]) -> None:
+        output = Path(argv[argv.index("--output") + 1])
+        (output / "model").mkdir(parents=True)
+        (output / "model" / "config.json").write_text("{}")
+        (output / "warmstart.json").write_text("{}")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(warmstart_module, "main", finished_then_killed)
+    with pytest.raises(KeyboardInterrupt):
+        cached_warm_start(BRANCH, ("--seed", "0"), topk=1, cache_dir=tmp_path)
+    monkeypatch.setattr(warmstart_module, "main", lambda argv: pytest.fail("trained again"))
+    model = cached_warm_start(BRANCH, ("--seed", "0"), topk=1, cache_dir=tmp_path)
+    assert (model / "config.json").is_file() and (model.parent / "warmstart.json").is_file()
 
 
 def test_concurrent_cached_warm_starts_train_a_recipe_once(tmp_path, monkeypatch):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import numbers
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
@@ -80,6 +81,14 @@ class _WorldSizes:
     names: str = "syllables"
 
     def __post_init__(self) -> None:
+        for spec_field in fields(self):
+            value = getattr(self, spec_field.name)
+            if spec_field.type == "int":  # a string: annotations are postponed
+                if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                    raise ValueError(f"{spec_field.name} must be an int, got {type(value).__name__} {value!r}")
+                object.__setattr__(self, spec_field.name, int(value))  # numpy's too: the key is JSON
+        if self.seed < 0:
+            raise ValueError(f"seed must be a non-negative int (numpy's generators take no other), got {self.seed}")
         if self.people < 2 or self.people % 2:
             raise ValueError(f"people must be an even number >= 2 (they marry in pairs), got {self.people}")
         if self.names not in PERSON_NAMES:
