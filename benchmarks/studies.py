@@ -108,6 +108,9 @@ STUDIES: tuple[Study, ...] = (
     Study("budget_table", "The paper's budget table at small scale: tree against chain at equal full-chain budget, "
           "prompts and iterations (issue 64)", Protocol(BRANCHING_PROTOCOL, "The budget table"),
           (Output("budget_table", ("benchmarks/bench_budget.py",)),), ("budget-table",)),
+    Study("decision_test", "The decision test: at budget 2, a tree that re-draws the decision against chains on "
+          "SynthBranch-v0 (issue 72)", Protocol("docs/protocol_decision.md", "The decision test"),
+          (Output("decision_test", ("benchmarks/bench_decision.py",)),), ("decision-test", "decision-probe")),
     Study("hotpotqa_cpu", "Real questions on a CPU: SmolLM2-135M on HotpotQA from its warm start, tree against chain "
           "at budget 2 (issue 70)", Protocol("docs/protocol_hotpotqa.md", "Protocol: real questions on a CPU"),
           (Output("hotpotqa_cpu", ("benchmarks/bench_hotpotqa.py", "--arms", "tree", "chain", "tree_entropy",

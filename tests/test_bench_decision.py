@@ -178,7 +178,7 @@ def test_the_rule_lets_the_runs_go_only_when_the_tree_finds_the_decision_and_mix
 
 
 def test_the_probe_report_writes_its_table_and_with_report_its_section_beside_the_studys(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # the study's README: results/<output's name>/README.md, relative to the root
+    monkeypatch.chdir(tmp_path)  # the study's README: results/<its folder>/README.md, relative to the root
     args = bench_decision.parse_args(["--output", "out", "--seeds", "0", "1", "--settings", CHAIN_2, AT_DECISION,
                                       "--report"])
     for setting, probes in ((CHAIN_2, [0.2, 0.3]), (AT_DECISION, [0.3, 0.6])):
@@ -197,9 +197,10 @@ def test_the_probe_report_writes_its_table_and_with_report_its_section_beside_th
     # the mechanism beside: every arm's rows say 0.5, so the ratio to chain G=2 is 1, against the predicted 1.5
     assert f"| {AT_DECISION} | 0.500 | 1.00 | 1.500 |" in table and f"| {CHAIN_2} | 0.500 | 1.00 | 1.000 |" in table
     assert (Path("out") / "decision-probe.md").read_text() == table
-    readme = (Path("results") / "out" / "README.md").read_text(encoding="utf-8")
+    # the section's key is the registered study's: its README (here under the test's working directory)
+    readme = (Path("results") / "decision_test" / "README.md").read_text(encoding="utf-8")
     assert "<!-- decision-probe:begin -->" in readme and table in readme
-    assert (Path("results") / "out" / "decision-probe.png").is_file()
+    assert (Path("results") / "decision_test" / "decision-probe.png").is_file()
 
 
 def test_the_starts_path_is_where_the_start_policy_is_cached(tmp_path, monkeypatch):
