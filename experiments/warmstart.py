@@ -64,6 +64,7 @@ from experiments.oracle_trajectories import (
 )
 from experiments.sft import SoftmaxVocabulary, TokenWeights, train
 from experiments.warmstart_options import (
+    ADDED_SINCE_KEYED,
     KEYED_DEFAULTS,
     NOT_TRAINING,
     defaults_digest,
@@ -252,6 +253,8 @@ def claim_output(output: Path, args: argparse.Namespace) -> tuple[Path, Path]:
                          f"or remove it to train afresh")
     if checkpoint.exists():
         found = json.loads(settings.read_text(encoding="utf-8")) if settings.exists() else None
+        if found is not None:  # written before an option existed: trained at its neutral default
+            found = {**{k: v for k, v in ADDED_SINCE_KEYED.items() if k in wanted}, **found}
         if found != wanted:
             raise SystemExit(f"{checkpoint} was written by other settings ({found}, now {wanted}): remove it "
                              f"to train afresh, or pass --output elsewhere")
@@ -350,7 +353,7 @@ def main(argv: list[str] | None = None) -> Path:
                   checkpoint=checkpoint, lr_floor=args.lr_floor, check=check,
                   check_min=args.check_em if args.check_one_hop_short is None else args.check_one_hop_short,
                   extra_epochs=args.extra_epochs, extra_lr=args.extra_lr, vocabulary=vocabulary,
-                  checkpoint_minutes=CHECKPOINT_MINUTES)
+                  checkpoint_minutes=CHECKPOINT_MINUTES, replay_bottom=args.replay_bottom)
     if args.check_questions:
         check_env.close()
     after = dev_em(model, tokenizer, args, env_kwargs, args.dev_questions) if args.dev_questions else None

@@ -18,12 +18,16 @@ LOCATIONS = ("cache_dir", "data_dir")  # where the data is read from: its conten
 # The digest of the options' defaults (``defaults_digest``) when a warm start's key began to hold it: a key names its
 # recipe's options, so a changed default would otherwise rebuild nothing and reuse a start trained another way
 KEYED_DEFAULTS = "6a29d8e650c9"
+# Options added since, at the default that trains as before they existed: left out of the digest while at it, so the
+# keys of the starts cached before them (and the records that name those starts' paths) stay as they were
+ADDED_SINCE_KEYED = {"replay_bottom": False}
 
 
 def defaults_digest() -> str:
-    """A digest of every training option's default (not ``NOT_TRAINING``'s nor ``LOCATIONS``')."""
+    """A digest of every training option's default (not ``NOT_TRAINING``'s nor ``LOCATIONS``', nor those of
+    ``ADDED_SINCE_KEYED`` at their neutral default)."""
     defaults = {name: value for name, value in vars(parse_args([])).items()
-                if name not in NOT_TRAINING + LOCATIONS}
+                if name not in NOT_TRAINING + LOCATIONS and ADDED_SINCE_KEYED.get(name, object()) != value}
     return hashlib.sha256(json.dumps(defaults, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -126,6 +130,10 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
                    help="the learning rate of the extra epochs, a fraction of --lr (default: --lr-floor); above the "
                         "floor, they go on learning what the schedule had not taught by its end")
     p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--replay-bottom", action="store_true",
+                   help="with LoRA on the top layers: each row's frozen bottom computed in its first epoch only and "
+                        "replayed after (the same training to float rounding, not to the bit; a resumed build "
+                        "records it again)")
     p.add_argument("--max-minutes", type=float, default=None, help="stop after the epoch that passes this")
     p.add_argument("--max-turns", type=int, default=3)
     p.add_argument("--topk", type=int, default=3)
@@ -175,6 +183,8 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
         p.error(f"--max-minutes must be > 0 (leave it out for no limit), got {args.max_minutes}")
     if args.lora_layers is not None and args.lora_rank is None:
         p.error("--lora-layers needs --lora-rank (the adapters it places)")
+    if args.replay_bottom and args.lora_layers is None:
+        p.error("--replay-bottom needs --lora-layers (a frozen bottom below the adapted top layers to replay)")
     if args.lora_rank is not None and args.model == "scratch":
         p.error("--lora-rank adapts a pretrained --model; --model scratch trains every weight")
     if args.softmax_negatives and args.softmax_vocabulary != "data":

@@ -601,6 +601,57 @@ def test_warmstart_over_the_data_vocabulary_trains_its_tokens_only(setup, tmp_pa
     assert torch.quantile(moved, 0.5) < 1e-3
 
 
+def test_replay_bottom_replays_a_lora_builds_frozen_bottom_and_trains_as_without_it(setup, tmp_path, monkeypatch):
+    """--replay-bottom: the bottom below the adapted top layer recorded in epoch 1 and replayed in epoch 2; the loss
+    curve that of the build without it, to float rounding."""
+    import experiments.sft as sft_module
+
+    monkeypatch.setenv("TREEGRPO_CACHE_DIR", str(tmp_path / "cache"))
+    replayed = []
+    over = sft_module.BottomReplay.over
+    monkeypatch.setattr(sft_module.BottomReplay, "over", lambda self, batch, attention: (
+        replayed.append(all(i in self.rows for i in batch)), over(self, batch, attention))[1])
+    curves = {}
+    for replay in (False, True):
+        output = tmp_path / f"replay-{replay}"
+        warmstart_main(["--data-dir", str(setup[2]), "--model", "tiny-random", "--lora-rank", "2", "--lora-layers",
+                        "1", "--questions", "6", "--epochs", "2", "--batch-size", "2", "--dev-questions", "0",
+                        *(["--replay-bottom"] if replay else []), "--output", str(output)])
+        curves[replay] = json.loads((output / "warmstart.json").read_text())["loss_per_epoch"]
+    half = len(replayed) // 2
+    assert half and not any(replayed[:half]) and all(replayed[half:])  # epoch 1 records, epoch 2 replays
+    np.testing.assert_allclose(curves[True], curves[False], rtol=1e-5)
+
+
+def test_an_option_added_since_the_keys_leaves_them_as_they_were(monkeypatch, capsys):
+    """--replay-bottom at its default is left out of the defaults' digest: the cached starts' keys stay, and so do
+    the records naming their paths; as a recipe's option it is in the key, and it needs a frozen bottom."""
+    from experiments import warmstart_options
+
+    assert warmstart_options.defaults_digest() == warmstart_options.KEYED_DEFAULTS
+    assert warmstart_module.readable_warm_start_key(WORLD, ("--replay-bottom",), topk=1).endswith("-replay-bottom")
+    with pytest.raises(SystemExit):
+        parse_args(["--replay-bottom"])
+    assert "--replay-bottom needs --lora-layers" in capsys.readouterr().err
+
+
+def test_a_build_killed_before_an_option_existed_resumes_at_its_neutral_default(tmp_path):
+    """A checkpoint's settings written before --replay-bottom existed lack it: that build trained without the replay,
+    so it resumes as one without it, and is refused as one with it."""
+    args = parse_args(["--output", str(tmp_path)])
+    _, settings = warmstart_module.claim_output(tmp_path, args)
+    (tmp_path / "checkpoint.pt").write_bytes(b"epoch 1")
+    older = json.loads(settings.read_text())
+    del older["replay_bottom"]
+    settings.write_text(json.dumps(older))
+    warmstart_module.claim_output(tmp_path, args)
+    settings.write_text(json.dumps(older))
+    with pytest.raises(SystemExit, match="was written by other settings"):
+        warmstart_module.claim_output(tmp_path, parse_args(["--output", str(tmp_path), "--model", "tiny-random",
+                                                            "--lora-rank", "2", "--lora-layers", "1",
+                                                            "--replay-bottom"]))
+
+
 def test_warmstart_checks_an_extra_worlds_held_out_one_search_questions(setup, tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     checked = []
