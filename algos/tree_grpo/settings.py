@@ -130,7 +130,7 @@ class TreeGRPOSettings(BaseModel):
                                                             "the last step (needs total_iterations)")
     total_iterations: int | None = Field(
         None, ge=1, description="iterations the learning-rate schedule spans (run.py: the run's --iterations at "
-                                "its start); without it, no warm-up ratio and no decay")
+                                "its start; default: none, so no warm-up ratio and no decay)")
     ppo_mini_batches: int | None = Field(
         None, ge=1, description="optimizer steps per epoch over an iteration's batch, each on whole prompt groups "
                                 "(default: the paper's 8 where the batch allows, keeping 2+ prompts per "
@@ -189,7 +189,8 @@ class TreeGRPOSettings(BaseModel):
         None, ge=1, description="decoder tokens per forward/backward pass instead of micro_batch_size rows, so "
                                 "that the accelerator's memory sets the size: rows (with prefix sharing, whole "
                                 "prompt groups, counted by the unique tokens of their trie) join while their "
-                                "tokens fit; one larger alone is a micro-batch alone")
+                                "tokens fit; one larger alone is a micro-batch alone (default: none, "
+                                "micro_batch_size rows)")
     learner_attention: LearnerAttention | None = Field(
         None, description="attention kernel of the learner's passes (the rollouts keep the model's): sdpa (a "
                           "dense tree mask), flex_attention (a block mask that skips the empty blocks of the tree "
