@@ -12,7 +12,6 @@ from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
 import envs
 from algos.tree_grpo.settings import check_training_split
-from policies.logprobs import FLEX_ATTENTION
 from policies.rl_module import check_model_config
 
 
@@ -86,14 +85,9 @@ def check_unused_rllib_options(config: AlgorithmConfig) -> None:
 def check_env_and_model(config: AlgorithmConfig) -> None:
     """A ``ValueError`` for a ``model_config`` the module would refuse, an env that is not a registered Gymnasium id
     (the rollouts clone it with ``gym.make``), or an evaluation the env cannot give (an id without a known evaluation
-    split, a ``data_file`` that replaces the splits), or learners on the CPU asked for flex_attention (no CPU backward
-    in torch): found before Ray starts, not as an actor's failure. An env not chosen yet (None: RLlib validates a
-    config whenever asked) is left to the algorithm's setup."""
+    split, a ``data_file`` that replaces the splits): found before Ray starts, not as an actor's failure. An env not
+    chosen yet (None: RLlib validates a config whenever asked) is left to the algorithm's setup."""
     check_model_config(config.model_config)
-    if config.learner_attention == FLEX_ATTENTION and not config.num_gpus_per_learner:
-        raise ValueError("learner_attention: flex_attention cannot backpropagate on the CPU (torch's flex_attention "
-                         "has no CPU backward) and the learners train on the CPU (num_gpus_per_learner 0): use sdpa, "
-                         "or give each learner a GPU")
     env, env_config = config.env, dict(config.env_config or {})
     if env is None:
         return

@@ -28,7 +28,7 @@ from algos.lr_schedule import LrSchedule, warmup_steps_of
 from algos.rollout import TreeShape
 from policies.generation import GENERATORS, SamplingSettings, default_max_step_tokens
 from policies.generators import resolve_generator
-from policies.logprobs import TREE_MASK_ATTENTION
+from policies.logprobs import FLEX_ATTENTION, TREE_MASK_ATTENTION
 from policies.vllm_generation import VLLMSettings, logprobs_mode, vllm_installed
 
 AdvantageMode = Literal[ADVANTAGE_MODES]  # type: ignore[valid-type]
@@ -374,6 +374,15 @@ def check_learner_threads(learner_threads: int | None, num_learners: int) -> Non
         raise ValueError(f"learner_threads: sets the torch threads of the learner in the driver, but num_learners is "
                          f"{num_learners} (remote learners get num_cpus_per_learner threads from Ray); drop it, or "
                          f"set num_learners 0")
+
+
+def check_learner_attention(learner_attention: str | None, num_gpus_per_learner: float) -> None:
+    """A ``ValueError`` naming the options when ``learner_attention`` cannot backpropagate where the learners train:
+    torch's flex_attention has no CPU backward pass."""
+    if learner_attention == FLEX_ATTENTION and not num_gpus_per_learner:
+        raise ValueError("learner_attention: flex_attention cannot backpropagate on the CPU (torch's flex_attention "
+                         "has no CPU backward) and the learners train on the CPU (num_gpus_per_learner 0): use sdpa, "
+                         "or give each learner a GPU")
 
 
 def available_cores() -> int:

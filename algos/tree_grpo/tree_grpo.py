@@ -48,6 +48,7 @@ from algos.tree_grpo.settings import (
     ALGORITHM_FIELDS,
     CHAIN_GRPO_DERIVED,
     TreeGRPOSettings,
+    check_learner_attention,
     check_learner_sharding,
     check_learner_threads,
     check_staleness,
@@ -465,6 +466,7 @@ class TreeGRPOConfig(AlgorithmConfig):
                              f"{max(1, self.num_learners)} learner(s) gets ({rows})")
         check_learner_sharding(self.learner_sharding, self.num_learners)
         check_learner_threads(self.learner_threads, self.num_learners)
+        check_learner_attention(self.learner_attention, self.num_gpus_per_learner)
         if not self.in_evaluation:  # RLlib's copy for the evaluation has its own runner count (0: it runs on ours)
             check_staleness(self.max_staleness, self.num_env_runners)
         if self.grad_clip_by not in GRAD_CLIP_MODES:  # .training() checks it, a plain assignment does not
