@@ -3,9 +3,11 @@ paired by question (issue 70: the start's EM; protocol: docs/protocol_hotpotqa_s
 
     python benchmarks/hotpotqa_start_candidate.py --set lr=1e-3 --output outputs/start_candidate_lr
     python benchmarks/hotpotqa_start_candidate.py --set lr=1e-3 --baseline-eval 679249cd5a4f=PATH/eval.json ...
+    python benchmarks/hotpotqa_start_candidate.py --flag replay-bottom --output outputs/start_candidate_replay
 
 The candidate is ``QA_START_RECIPE`` with each ``--set OPTION=VALUE`` replacing that option's value (an option the
-recipe does not set is refused by name). It is built once into the cache under its own key (``cached_warm_start``;
+recipe does not set is refused by name) and each ``--flag FLAG`` added (a warmstart.py flag the recipe does not
+set yet). It is built once into the cache under its own key (``cached_warm_start``;
 killed, it resumes), timed, and evaluated greedily on the env's whole evaluation split with the CPU runs'
 observations and step cap, as ``qa_start.py --evaluate`` evaluates the default start. The default start is
 evaluated the same way, or its evaluation is taken from ``--baseline-eval DIGEST=EVAL_JSON`` when DIGEST is the
@@ -29,11 +31,13 @@ from envs.datasets import resolve_data_dir
 from experiments.model_manifest import weights_digest
 from experiments.qa_start import CPU_OBSERVATION_OPTIONS, QA_START_RECIPE, QA_START_TOPK, QASource, qa_warm_start
 from experiments.warmstart import cached_warm_start
+from experiments.warmstart_options import parse_args as warmstart_options
 
 
-def recipe_with(recipe: Sequence[str], settings: Sequence[str]) -> tuple[str, ...]:
-    """``recipe`` (warmstart.py's options) with each ``OPTION=VALUE`` of ``settings`` replacing that option's value;
-    an option the recipe does not set, or sets as a flag without a value, is a ValueError naming it."""
+def recipe_with(recipe: Sequence[str], settings: Sequence[str], flags: Sequence[str] = ()) -> tuple[str, ...]:
+    """``recipe`` (warmstart.py's options) with each ``OPTION=VALUE`` of ``settings`` replacing that option's value
+    and each flag of ``flags`` added; an option the recipe does not set, or sets as a flag without a value, and a
+    flag that warmstart.py lacks or the recipe sets already, are ValueErrors naming it."""
     result = list(recipe)
     valued = {option for option, value in itertools.pairwise(recipe) if option.startswith("--")
               and not value.startswith("--")}
@@ -46,6 +50,15 @@ def recipe_with(recipe: Sequence[str], settings: Sequence[str]) -> tuple[str, ..
             raise ValueError(f"--set {setting}: the recipe has no option {option} with a value (those it sets: "
                              f"{', '.join(sorted(valued))})")
         result[result.index(option) + 1] = value
+    known_flags = sorted(name for name, default in vars(warmstart_options([])).items() if default is False)
+    for flag in flags:
+        option = "--" + flag.removeprefix("--").replace("_", "-")
+        if option[2:].replace("-", "_") not in known_flags:
+            raise ValueError(f"--flag {flag}: warmstart.py has no flag {option} (its flags: "
+                             f"{', '.join('--' + name.replace('_', '-') for name in known_flags)})")
+        if option in result:
+            raise ValueError(f"--flag {flag}: the recipe sets {option} already")
+        result.append(option)
     return tuple(result)
 
 
@@ -84,14 +97,18 @@ def markdown(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--set", action="append", required=True, metavar="OPTION=VALUE", dest="settings",
+    parser.add_argument("--set", action="append", default=[], metavar="OPTION=VALUE", dest="settings",
                         help="a recipe option's value in the candidate (repeatable)")
+    parser.add_argument("--flag", action="append", default=[], metavar="FLAG", dest="flags",
+                        help="a warmstart.py flag the candidate adds to the recipe, e.g. replay-bottom (repeatable)")
     parser.add_argument("--baseline-eval", default=None, metavar="DIGEST=EVAL_JSON",
                         help="the default start's evaluation, used when DIGEST is its weights digest")
     parser.add_argument("--output", type=Path, default=Path("outputs/start_candidate"))
     args = parser.parse_args(argv)
+    if not args.settings and not args.flags:
+        parser.error("a candidate changes the recipe: give --set OPTION=VALUE or --flag FLAG")
     try:
-        recipe = recipe_with(QA_START_RECIPE, args.settings)
+        recipe = recipe_with(QA_START_RECIPE, args.settings, args.flags)
     except ValueError as error:
         parser.error(str(error))
     data_dir = resolve_data_dir(None)  # as evaluate.py finds it: $TREEGRPO_DATA_DIR, else ./data
@@ -101,7 +118,8 @@ def main(argv: list[str] | None = None) -> dict:
     candidate = cached_warm_start(QASource.of(ENV, data_dir), recipe, topk=QA_START_TOPK)
     build_seconds = time.perf_counter() - began
     after = question_rows(evaluate(str(candidate), args.output / "candidate", CPU_OBSERVATION_OPTIONS))
-    result = {"settings": args.settings, "recipe": list(recipe), "model": str(candidate),
+    added_flags = recipe[len(QA_START_RECIPE):]
+    result = {"settings": [*args.settings, *added_flags], "recipe": list(recipe), "model": str(candidate),
               "default_digest": default_digest, "candidate_digest": weights_digest(candidate),
               "build_seconds": build_seconds, "questions": len(after),
               "change": seed_summary(before, after, question_types(data_dir))}

@@ -62,3 +62,21 @@ def test_the_table_reads_the_paired_change():
     assert "| candidate | bbbb | 0.750 | 1.000 | 0.750 |" in text
     assert "candidate - default: +0.500" in text
     assert "- bridge (0.000 -> 0.500): +0.500" in text
+
+
+def test_a_flag_is_added_once_and_only_if_warmstart_has_it():
+    assert candidate.recipe_with(RECIPE, ["lr=1e-3"], ["replay-bottom"]) == (
+        "--model", "smollm2-135m", "--cite", "--questions", "640", "--lr", "1e-3", "--seed", "0", "--replay-bottom")
+    assert candidate.recipe_with(RECIPE, [], ["--replay_bottom"])[-1] == "--replay-bottom"
+    with pytest.raises(ValueError, match="sets --cite already"):
+        candidate.recipe_with(RECIPE, [], ["cite"])
+    with pytest.raises(ValueError, match=r"no flag --replay-everything .*--replay-bottom"):
+        candidate.recipe_with(RECIPE, [], ["replay-everything"])
+    with pytest.raises(ValueError, match="no flag --lr"):  # an option with a value is not a flag
+        candidate.recipe_with(RECIPE, [], ["lr"])
+
+
+def test_a_candidate_must_change_something(capsys):
+    with pytest.raises(SystemExit):
+        candidate.main(["--output", "unused"])
+    assert "--set OPTION=VALUE or --flag FLAG" in capsys.readouterr().err
