@@ -52,6 +52,10 @@ class TreeShape:
         return self.cost(0.5)
 
 
+# in a leaf's info: the branch ended because its next observation left no room in max_context_tokens
+CONTEXT_FULL = "context_full"
+
+
 @dataclass
 class RolloutCounters:
     """What a rollout cost and produced (generation counters are added by the caller from the generator)."""
@@ -99,7 +103,9 @@ class _Growth:
 
 
 class TreeRollout:
-    """Grows trees for prompts of one environment with one step generator."""
+    """Grows trees for prompts of one environment with one step generator. No leaf outgrows the context cap
+    (``max_context_tokens``): a branch whose next observation would leave no room for a token after it ends there,
+    unanswered, with the env's reward for that step (0 before the last), its leaf's info marked ``CONTEXT_FULL``."""
 
     def __init__(self, env: gym.Env, generator: StepGenerator, tokenizer: PreTrainedTokenizerBase, *, seed: int = 0,
                  branching: str = "uniform", on_step: Callable[[str], None] | None = None,
@@ -217,8 +223,12 @@ class TreeRollout:
         self.counters.env_steps += 1
         self.counters.tool_calls += info["tool_calls"] - node_tool_calls(node)
         trajectory = node.trajectory.with_step(out)
-        if observation:
-            trajectory = trajectory.with_observation(observation_ids(self.tokenizer, observation))
+        if observation:  # only a step that goes on has one; it needs room for itself and a token after it
+            ids = observation_ids(self.tokenizer, observation)
+            if len(trajectory) + len(ids) < self.generator.settings.max_context_tokens:
+                trajectory = trajectory.with_observation(ids)
+            else:  # the context cap ends the branch here, unanswered
+                done, info, observation = True, {**info, CONTEXT_FULL: True}, ""  # the agent never reads it
         child = Node(trajectory, self.env.get_state(), cache=None if done else out.cache, action=info["action"],
                      text=text, observation=observation, reward=float(reward), is_leaf=done, info=info,
                      lineage=lineage, entropy=out.entropy)

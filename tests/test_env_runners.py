@@ -16,15 +16,16 @@ import pytest
 import ray
 import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
-from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, LEARNER_RESULTS
+from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, LEARNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME
 
 import algos.tree_grpo.tree_grpo as tree_grpo_module
 import envs
 import envs.search_qa
 from algos.tree_grpo import TreeGRPOConfig, weight_transport
 from algos.tree_grpo import metrics as metric_keys
+from algos.tree_grpo.config_checks import check_prompts_drawn
 from algos.tree_grpo.env_runner import TreeSearchEnvRunner, module_device
-from algos.tree_grpo.sharding import Started, run_sharded, shard
+from algos.tree_grpo.sharding import RaisedInWorker, Started, answering_errors, run_sharded, shard
 from algos.tree_grpo.weight_transport import sync_env_runners, weights_seq_no
 
 LEAVES_PER_PROMPT = 6  # the default shape (2, 2, 1)
@@ -113,6 +114,38 @@ def test_a_started_rounds_answers_are_collected_and_its_dead_workers_items_dispa
     assert results == [[24], [20], [22]]
 
 
+def test_a_call_that_raises_in_a_living_worker_is_raised_in_the_driver_not_retried():
+    workers = FlakyWorkers([1, 2], dies=set())
+
+    def dispatch(shards):
+        workers.dispatched.append(shards)
+        return {worker: answering_errors(lambda items: [1 / (item - 11) for item in items])(items)
+                for worker, items in shards.items()}
+
+    with pytest.raises(ZeroDivisionError) as raised:
+        run_sharded([10, 11, 12], healthy=workers.healthy, dispatch=dispatch, recover=workers.recover,
+                    what="sampling")
+    assert len(workers.dispatched) == 1  # not sent again: it is no runner's death
+    assert "raised in env runner 1" in "".join(raised.value.__notes__)
+    assert "ZeroDivisionError" in "".join(raised.value.__notes__)  # the worker's traceback
+
+
+class Unpicklable(Exception):
+    def __reduce__(self):
+        raise TypeError("not picklable")
+
+
+def test_an_error_that_would_not_reach_the_driver_is_answered_as_a_runtime_error_naming_it():
+    def fails():
+        raise Unpicklable("the cause")
+
+    answer = answering_errors(fails)()
+    assert isinstance(answer, RaisedInWorker) and type(answer.error) is RuntimeError
+    assert str(answer.error) == "Unpicklable: the cause"
+    assert "in fails" in answer.trace and "__reduce__" not in answer.trace  # the call's traceback, not pickle's
+    assert answering_errors(lambda x: x + 1)(1) == 2
+
+
 # -- the number of questions, without building the retriever ------------------------------------------------
 
 
@@ -161,6 +194,8 @@ def test_two_remote_runners_share_an_iteration_and_the_evaluation(ray_session, d
 
     monkeypatch.setattr(tree_grpo_module, "run_sharded", spy_run_sharded)
     config = two_remote_runners(tiny_config(data_dir, prompts, trees_every=1, trees_count=4))
+    # a reward that differs between questions, so that a mean over the leaves differs from the runners' means' mean
+    config.environment(env_config={**config.env_config, "reward": lambda answer, answers, valid: len(answers[0])})
     algo = config.evaluation(evaluation_interval=1, evaluation_duration=3).build_algo()
     try:
         # no runner in the driver (the config derives it): get_module() is a remote runner's, synced after the update
@@ -184,6 +219,8 @@ def test_two_remote_runners_share_an_iteration_and_the_evaluation(ray_session, d
                 metric_keys.TOOL_CALLS, metric_keys.LEAVES, metric_keys.TREES):
         assert runners[key] == sum(sampling[w].metrics[key].peek() for w in (1, 2)), key
     assert result[metric_keys.ENV_RUNNER_RESTARTS] == 0
+    rewards = [record.reward for record in records]
+    assert len(set(rewards)) > 1 and runners[metric_keys.REWARD] == pytest.approx(np.mean(rewards))
 
     # exported trees: two per runner, each leaf pointing at its own record in the batch
     trees = algo.exported_trees
@@ -209,6 +246,17 @@ def test_two_remote_runners_share_an_iteration_and_the_evaluation(ray_session, d
     assert sorted(eval_shards) == [1, 2] and sorted(q for part in eval_shards.values() for q in part) == [0, 1, 2]
 
 
+def test_a_remote_runners_error_names_its_cause_and_restarts_nothing(ray_session, data_dir, no_retriever):
+    # a prompt longer than the context cap: rollout's ValueError naming the option, not "env runner(s) failed"
+    algo = two_remote_runners(tiny_config(data_dir, 2, max_context_tokens=4)).build_algo()
+    try:
+        with pytest.raises(ValueError, match="max_context_tokens"):
+            algo.train()
+        assert algo.env_runner_group.num_healthy_remote_env_runners() == 2
+    finally:
+        algo.stop()
+
+
 def test_mid_update_is_true_from_the_update_until_train_returns(ray_session, data_dir, monkeypatch):
     algo = tiny_config(data_dir, 1).build_algo()
     try:
@@ -226,6 +274,22 @@ def test_mid_update_is_true_from_the_update_until_train_returns(ray_session, dat
         assert algo.exported_trees == []  # trees_every=10: nothing kept on the first iteration
     finally:
         algo.stop()
+
+
+def test_the_sampled_leaves_count_over_the_run_where_rllib_and_tune_read_them(ray_session, data_dir, monkeypatch):
+    algo = tiny_config(data_dir, 1).build_algo()
+    try:
+        timesteps = []
+        update = algo.learner_group.update
+        monkeypatch.setattr(algo.learner_group, "update", lambda *args, **kwargs: (
+            timesteps.append(kwargs["timesteps"][NUM_ENV_STEPS_SAMPLED_LIFETIME]), update(*args, **kwargs))[1])
+        first, second = algo.train(), algo.train()
+    finally:
+        algo.stop()
+    for result, leaves in ((first, LEAVES_PER_PROMPT), (second, 2 * LEAVES_PER_PROMPT)):
+        assert result[ENV_RUNNER_RESULTS][NUM_ENV_STEPS_SAMPLED_LIFETIME] == leaves
+        assert result[NUM_ENV_STEPS_SAMPLED_LIFETIME] == leaves  # RLlib copies it to the top (Tune's timesteps)
+    assert timesteps == [LEAVES_PER_PROMPT, 2 * LEAVES_PER_PROMPT]
 
 
 # -- a runner that dies mid-sample ---------------------------------------------------------------------------
@@ -455,3 +519,20 @@ def test_a_float32_runner_in_the_learners_process_holds_the_learners_own_paramet
         assert_runners_hold(algo, learner_model, torch.float32, [0])
     finally:
         algo.stop()
+
+
+def test_fewer_prompts_drawn_than_mini_batches_are_refused_naming_why():
+    check_prompts_drawn(4, 8, 100, None)  # 8 prompts drawn: 4 mini-batches fit
+    check_prompts_drawn(4, 8, 4, None)  # 4 questions: exactly 4
+    with pytest.raises(ValueError, match=r"ppo_mini_batches \(4\) exceeds the 3 prompt\(s\) an iteration draws "
+                                         r"\(train_questions is 3, prompts_per_iteration 8\)"):
+        check_prompts_drawn(4, 8, 100, 3)
+    with pytest.raises(ValueError, match=r"the 2 prompt\(s\) .*\(the training data holds 2 question\(s\)"):
+        check_prompts_drawn(4, 8, 2, 50)
+
+
+def test_an_algorithm_that_would_draw_too_few_prompts_fails_when_built(ray_session, data_dir, no_retriever):
+    config = tiny_config(data_dir, 2, train_questions=1, ppo_mini_batches=2)
+    config.validate()  # the question count is read when the algorithm is built, not by validate()
+    with pytest.raises(ValueError, match="train_questions is 1"):
+        config.build_algo()

@@ -57,6 +57,14 @@ def test_rllib_options_that_would_do_nothing_are_refused_naming_ours():
     config().learners(num_learners=2).validate()  # RLlib's per-learner batch, derived from the learners, is no choice
     with pytest.raises(ValueError, match=r"train_batch_size_per_learner \(5\): prompts_per_iteration"):
         config().learners(num_learners=2).training(train_batch_size_per_learner=5).validate()
+    # RLlib would repeat training_step within an iteration, on the same prompts, until these are met
+    looping = config().reporting(min_time_s_per_iteration=10, min_sample_timesteps_per_iteration=100,
+                                 min_train_timesteps_per_iteration=100)
+    with pytest.raises(ValueError) as caught:
+        looping.validate()
+    for name in ("min_time_s_per_iteration (10)", "min_sample_timesteps_per_iteration (100)",
+                 "min_train_timesteps_per_iteration (100)"):
+        assert f"{name}: nothing: an iteration is one sample" in str(caught.value)
 
 
 def test_the_env_and_the_model_config_are_checked_before_ray_starts(tmp_path):

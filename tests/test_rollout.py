@@ -14,7 +14,7 @@ import envs  # noqa: F401  (registers the env ids)
 from algos.batch import leaf_records
 from algos.branching import ENTROPY_TOKENS
 from algos.evaluation import ANSWER, QUERIES, greedy_chains
-from algos.rollout import TreeRollout, TreeShape, names_any
+from algos.rollout import CONTEXT_FULL, TreeRollout, TreeShape, names_any
 from algos.tree import Node
 from envs.datasets import QARecord
 from envs.retrieval import Retriever, get_retriever
@@ -139,6 +139,24 @@ def observation_length(node: Node) -> int:
         return 0
     step = node.trajectory.generated_mask[len(node.parent.trajectory):]
     return len(step) - sum(step)
+
+
+def test_no_leaf_outgrows_the_context_cap(tiny, data_dir):
+    model, tokenizer = tiny
+    env = gym.make("HotpotQA-v0", split="dev")
+    prompt = max(len(prompt_ids(tokenizer, env.reset(options={"index": i})[0])) for i in (0, 1))
+    cap = prompt + 12 + 4  # a first step, then room for no observation (the invalid-action message is longer)
+    generator = HFStepGenerator(model, tokenizer, SamplingSettings(max_step_tokens=12, max_context_tokens=cap))
+    trees = TreeRollout(env, generator, tokenizer, seed=0).grow([0, 1], TreeShape(2, 2, 1))
+    leaves = [leaf for tree in trees for leaf in tree.leaves()]
+    assert all(len(leaf.trajectory) <= cap for leaf in leaves)
+    cut = [leaf for leaf in leaves if leaf.info.get(CONTEXT_FULL)]
+    assert cut and all(leaf.reward == 0.0 and not leaf.observation and observation_length(leaf) == 0 for leaf in cut)
+    # without the cap the same trees read observations: it is the cap that cut them
+    free = HFStepGenerator(model, tokenizer, SamplingSettings(max_step_tokens=12))
+    uncut = TreeRollout(env, free, tokenizer, seed=0).grow([0, 1], TreeShape(2, 2, 1))
+    assert not any(leaf.info.get(CONTEXT_FULL) for tree in uncut for leaf in tree.leaves())
+    assert max(len(leaf.trajectory) for tree in uncut for leaf in tree.leaves()) > cap
 
 
 def test_chain_shape_and_cost(tiny, data_dir):

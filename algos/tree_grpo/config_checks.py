@@ -62,6 +62,10 @@ UNUSED_RLLIB_OPTIONS: dict[str, str] = {
     "num_envs_per_env_runner": "nothing: a runner clones its env per branch (num_env_runners spreads the prompts)",
     "rollout_fragment_length": "nothing: a sample is whole trees",
     "explore": "temperature and top_p (sampling); the evaluation decodes greedily",
+    # RLlib would run training_step again within the iteration, on the same iteration's prompts
+    **dict.fromkeys(("min_time_s_per_iteration", "min_sample_timesteps_per_iteration",
+                     "min_train_timesteps_per_iteration"),
+                    "nothing: an iteration is one sample of prompts_per_iteration prompts and one update"),
 }
 
 
@@ -105,3 +109,17 @@ def check_env_and_model(config: AlgorithmConfig) -> None:
         if env_config.get("data_file") is not None:
             raise ValueError("evaluation_interval: env_config's data_file replaces the env's splits, so the "
                              "evaluation would read the training file; evaluate with greedy_eval on another env")
+
+
+def check_prompts_drawn(mini_batches: int, prompts_per_iteration: int, questions: int,
+                        train_questions: int | None) -> None:
+    """A ``ValueError`` when an iteration draws fewer prompts (``min(prompts_per_iteration, questions)``, where
+    ``questions`` is the training split's count, or ``train_questions`` of it) than ``ppo_mini_batches``, which hold
+    whole prompt groups: found when the algorithm is built, not after the first rollout."""
+    drawn = min(prompts_per_iteration, questions)
+    if mini_batches > drawn:
+        where = (f"train_questions is {train_questions}" if train_questions is not None and train_questions <= questions
+                 else f"the training data holds {questions} question(s)")
+        raise ValueError(f"ppo_mini_batches ({mini_batches}) exceeds the {drawn} prompt(s) an iteration draws "
+                         f"({where}, prompts_per_iteration {prompts_per_iteration}): a mini-batch holds whole prompt "
+                         f"groups; lower ppo_mini_batches or train on more questions")

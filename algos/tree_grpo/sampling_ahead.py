@@ -29,7 +29,7 @@ import torch
 from algos.tree_grpo import metrics as metric_keys
 from algos.tree_grpo.env_runner import RunnerResult, TreeSearchEnvRunner
 from algos.tree_grpo.settings import available_cores, split_threads
-from algos.tree_grpo.sharding import Started, shard
+from algos.tree_grpo.sharding import Started, answering_errors, raise_worker_errors, shard
 
 AHEAD_TAG = "sample_ahead"  # RLlib's tag of the remote calls that sample ahead
 SAMPLED_AHEAD = "sampled_ahead"  # the algorithm's state: the next iteration's sample
@@ -63,7 +63,7 @@ def discard_in_flight(group: AsyncRunners) -> None:
     and discard their answers, so that RLlib sends the next one."""
     stale = group.fetch_ready_async_reqs(tags=AHEAD_TAG, timeout_seconds=None)
     if stale:
-        iterations = sorted({result.iteration + 1 for _, result in stale})
+        iterations = sorted({result.iteration + 1 for _, result in stale if isinstance(result, RunnerResult)})
         note(f"discarded {len(stale)} sample(s) of iteration(s) {iterations} left in flight by a training step that "
              f"did not finish")
 
@@ -79,9 +79,9 @@ def start_ahead(group: AsyncRunners, iteration: int, prompts: Sequence[int],
     workers = group.healthy_env_runner_ids() if group.num_remote_env_runners() > 0 else []
     if not workers:
         return None
-    shards = shard(prompts, workers)
+    shards, guarded = shard(prompts, workers), answering_errors(call)
     sent = {worker for worker, part in shards.items()  # one request per runner: RLlib's count says which
-            if group.foreach_env_runner_async(lambda runner, part=part: call(runner, part), tag=AHEAD_TAG,
+            if group.foreach_env_runner_async(lambda runner, part=part: guarded(runner, part), tag=AHEAD_TAG,
                                               remote_worker_ids=[worker])}
     if unsent := sorted(set(shards) - sent):
         note(f"RLlib did not send iteration {iteration + 1}'s sample to env runner(s) {unsent} (a request of "
@@ -89,6 +89,7 @@ def start_ahead(group: AsyncRunners, iteration: int, prompts: Sequence[int],
 
     def answers() -> dict[int, RunnerResult]:  # a runner that died is missing (RLlib marks it unhealthy)
         received = group.fetch_ready_async_reqs(tags=AHEAD_TAG, timeout_seconds=None)
+        raise_worker_errors({worker: result for worker, result in received if worker in sent})
         kept = {worker: result for worker, result in received
                 if worker in sent and asked(iteration, shards[worker])(result)}
         if stale := sorted(worker for worker, _ in received if worker not in kept):

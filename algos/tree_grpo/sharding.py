@@ -3,14 +3,19 @@
 The items are split into contiguous shards, one per healthy runner. A runner that dies mid-call returns nothing:
 its items go back into the pool, the algorithm tries to bring failed runners back (Ray restarts the actor, the
 algorithm gives it the current weights), and the pool is split again over the runners that are healthy now (the
-survivors, the restarted one if it is back). Ray-free, so that the retry logic is tested with plain functions.
+survivors, the restarted one if it is back). A runner that lives but whose call raises is not a death: the call
+answers with the exception (``answering_errors``), which is raised in the driver (RLlib, restarting failed runners,
+would log it, take the runner for dead and retry the same items to the same error). Ray-free, so that the retry
+logic is tested with plain functions.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import pickle
+import traceback
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
@@ -26,6 +31,40 @@ def shard(items: Sequence[int], workers: Sequence[int]) -> dict[int, list[int]]:
         raise ValueError("shard() needs at least one worker")
     parts = np.array_split(np.asarray(items, dtype=np.int64), len(workers))
     return {worker: part.tolist() for worker, part in zip(workers, parts, strict=True) if len(part)}
+
+
+@dataclass(frozen=True)
+class RaisedInWorker:
+    """The exception a worker's call raised, brought back as its answer, with the worker's traceback."""
+
+    error: Exception
+    trace: str
+
+
+def answering_errors(call: Callable[..., T]) -> Callable[..., T | RaisedInWorker]:
+    """``call``, answering an exception it raises as a ``RaisedInWorker`` (one that does not pickle, as Ray would
+    need, as a RuntimeError naming its type and message)."""
+    def guarded(*args: Any) -> T | RaisedInWorker:
+        try:
+            return call(*args)
+        except Exception as error:  # every error a call raises is the driver's to raise
+            trace = traceback.format_exc()
+            try:
+                pickle.dumps(error)
+            except Exception:  # pickling can raise anything
+                error = RuntimeError(f"{type(error).__name__}: {error}")
+            return RaisedInWorker(error, trace)
+
+    return guarded
+
+
+def raise_worker_errors(answers: Mapping[int, Any]) -> None:
+    """Raise the first (by worker id) exception that ``answers`` hold as a ``RaisedInWorker``, noting the worker and
+    its traceback."""
+    for worker in sorted(answers):
+        if isinstance(raised := answers[worker], RaisedInWorker):
+            raised.error.add_note(f"raised in env runner {worker}:\n{raised.trace.rstrip()}")
+            raise raised.error
 
 
 @dataclass(frozen=True)
@@ -60,6 +99,7 @@ def run_sharded(items: Sequence[int], *, healthy: Callable[[], list[int]],
         else:
             recover()
             continue
+        raise_worker_errors(answers)
         results.extend(answers[worker] for worker in sorted(answers))
         lost = sorted(set(shards) - set(answers))
         failed.update(lost)

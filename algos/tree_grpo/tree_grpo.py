@@ -37,6 +37,7 @@ from algos.tree_grpo import metrics as metric_keys
 from algos.tree_grpo.config_checks import (
     check_env_and_model,
     check_evaluation_settings,
+    check_prompts_drawn,
     check_unused_rllib_options,
     is_search_space,
 )
@@ -55,7 +56,7 @@ from algos.tree_grpo.settings import (
     gpu_visible,
     validated,
 )
-from algos.tree_grpo.sharding import Started, run_sharded
+from algos.tree_grpo.sharding import Started, answering_errors, run_sharded
 from algos.tree_grpo.weight_transport import (
     colocated,
     deliver_weights,
@@ -98,10 +99,12 @@ class TreeGRPO(SamplingAhead, Algorithm):
         self.exported_trees: list[dict[str, Any]] = []
         self._incarnations: dict[int, str] = {}  # remote runner -> the incarnation last seen (``_new_incarnations``)
         self._sampled_by: list[int] = []  # the runners that returned samples this iteration
+        questions = envs.question_count(config.env, **dict(config.env_config))  # before the actors start
+        check_prompts_drawn(config.settings.mini_batches, config.prompts_per_iteration, questions,
+                            config.train_questions)
+        self._num_questions = min(questions, config.train_questions or questions)
         super().setup(config)
         self._new_incarnations()
-        questions = envs.question_count(self.config.env, **dict(self.config.env_config))
-        self._num_questions = min(questions, self.config.train_questions or questions)
 
     @override(Algorithm)
     def step(self) -> dict:
@@ -138,6 +141,11 @@ class TreeGRPO(SamplingAhead, Algorithm):
         records = [record for result in results for record in result.records]
         self._sampled_by = sorted({result.worker_index for result in results})
         self.metrics.aggregate([result.metrics for result in results], key=ENV_RUNNER_RESULTS)
+        for key, values in ((metric_keys.REWARD, [record.reward for record in records]),
+                            (metric_keys.EM, [record.info.get("em", 0.0) for record in records])):
+            # over the leaves, not a mean of the runners' means (runners hold unequal shares of the prompts)
+            self.metrics.delete(ENV_RUNNER_RESULTS, key, key_error=False)
+            self.metrics.log_value((ENV_RUNNER_RESULTS, key), float(np.mean(values)), window=1)
         # the weights that sampled the batch (the oldest of its parts) and the updates since
         version = min(result.weights_seq_no for result in results)
         self.metrics.log_value(metric_keys.WEIGHTS_VERSION, version, window=1)
@@ -145,7 +153,9 @@ class TreeGRPO(SamplingAhead, Algorithm):
         # a lifetime sum: checkpointed with the algorithm's metrics, so a resumed run counts on from its checkpoint
         self.metrics.log_value(metric_keys.TOKENS_GENERATED_TOTAL, self.metrics.peek(
             (ENV_RUNNER_RESULTS, metric_keys.TOKENS_GENERATED), default=0), reduce="lifetime_sum")
-        self.metrics.log_value(NUM_ENV_STEPS_SAMPLED_LIFETIME, len(records), reduce="sum")
+        # where RLlib reads it (results, Tune's stop conditions, get_state): a lifetime sum of leaves, checkpointed
+        self.metrics.log_value((ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME), len(records),
+                               reduce="lifetime_sum")
 
         advantages = prompt_advantages(records, mode=self.config.advantage_mode)
         export = self._exports_trees(iteration)
@@ -188,7 +198,8 @@ class TreeGRPO(SamplingAhead, Algorithm):
         with self.metrics.log_time((TIMERS, LEARNER_UPDATE_TIMER)):
             learner_results = self.learner_group.update(
                 batch=batch, timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: self.metrics.peek(
-                    NUM_ENV_STEPS_SAMPLED_LIFETIME, default=0)}, num_epochs=1, minibatch_size=None)
+                    (ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME), default=0)}, num_epochs=1,
+                minibatch_size=None)
         self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
         sync_start = time.perf_counter()
         if self.config.vllm_sleep:
@@ -321,9 +332,12 @@ class TreeGRPO(SamplingAhead, Algorithm):
 
 def on_shards(call: Callable[[TreeSearchEnvRunner, list[int]], Any],
               shards: dict[int, list[int]]) -> Callable[[TreeSearchEnvRunner], tuple[int, Any]]:
-    """The function a runner runs: ``call`` on its own shard, answered with its index."""
+    """The function a runner runs: ``call`` on its own shard, answered with its index (an exception ``call`` raises
+    is the answer: ``answering_errors``)."""
+    guarded = answering_errors(call)
+
     def apply(runner: TreeSearchEnvRunner) -> tuple[int, Any]:
-        return runner.worker_index, call(runner, shards[runner.worker_index])
+        return runner.worker_index, guarded(runner, shards[runner.worker_index])
 
     return apply
 
