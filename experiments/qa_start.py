@@ -8,8 +8,9 @@ the retrieval oracle's search trajectories of an env's train split, the start th
 The recipe (``QA_START_RECIPE``, ``experiments/warmstart.py``'s options) is declared once here. The oracle searches
 each question's supporting titles and answers the gold answer; its thoughts quote the passage sentence that names
 the next query or the answer (``--cite``). Questions whose supporting passages do not all come back are skipped and
-counted (``--require-gold``). LoRA adapters on the top layers keep the first build to about 31 minutes on 2 cores
-with AVX-512, an estimated 80 with AVX2 only (``BUILD_MINUTES``); they are merged into the saved model. The start is
+counted (``--require-gold``). LoRA adapters on the top layers, whose frozen bottom runs once per trajectory
+(``--replay-bottom``), keep the first build to about 22 minutes on 2 cores with AVX-512, an estimated 57 with AVX2
+only (``BUILD_MINUTES``); they are merged into the saved model. The start is
 cached like the demo's (``warmstart.cached_warm_start``), keyed by the recipe and by the content of the train file and
 the corpus, so a changed recipe or data is a new start.
 """
@@ -45,21 +46,24 @@ CPU_QA_LORA_OPTIONS = ("lora_rank", "lora_layers", "lora_targets", "lr")
 # Oracle SFT of SmolLM2-135M-Instruct: LoRA (rank 16, every projection) on the top 10 of its 30 layers, two epochs
 # at 1e-3 over the readable trajectories of the first 817 train questions (the whole of the shared data's train
 # subset; 406 readable), laid out with the CPU runs' passages (CPU_QA_DEFAULTS). Chosen over 3e-4 on 640 questions by
-# docs/protocol_hotpotqa_start.md's rule: results/hotpotqa_cpu_start_lr/. A full train file gives its first 817.
+# docs/protocol_hotpotqa_start.md's rule: results/hotpotqa_cpu_start_lr/. A full train file gives its first 817. The
+# frozen bottom's outputs are recorded in epoch 1 and replayed in epoch 2 (--replay-bottom): the same fine-tuning to
+# the last bits, 1.42x faster, adopted by docs/protocol_hotpotqa_replay.md's rule: results/hotpotqa_cpu_replay/.
 QA_START_BASE_MODEL = "smollm2-135m"  # the start has its shape: the adapters are merged into it
 QA_START_RECIPE = ("--model", QA_START_BASE_MODEL, "--cite", "--require-gold", "--read", "--lora-rank", "16",
                    "--lora-layers", "10", "--lora-targets", "all", "--questions", "817", "--epochs", "2",
                    "--lr", "1e-3", "--lr-floor", "0.1", "--batch-size", "4",
-                   "--passage-words", str(CPU_QA_DEFAULTS["passage_words"]), "--seed", "0")
+                   "--passage-words", str(CPU_QA_DEFAULTS["passage_words"]), "--seed", "0", "--replay-bottom")
 QA_START_TOPK = CPU_QA_DEFAULTS["topk"]
 # evaluate.py's options for the start (a model directory, which carries no run's settings): the CPU runs'
 # observations and step cap, as a run's checkpoint is evaluated with its own
 CPU_OBSERVATION_OPTIONS = ("--topk", str(QA_START_TOPK), "--passage-words", str(CPU_QA_DEFAULTS["passage_words"]),
                            "--max-step-tokens", str(CPU_QA_DEFAULTS["max_step_tokens"]))
-# The first build's minutes on 2 cores by the CPU's widest vector unit, as torch dispatches to it: 28 min measured with
-# AVX-512 (results/hotpotqa_cpu_start_lr/), 31 on another machine (Zen 5) with no caches (docs/protocol_hotpotqa_lr.md,
-# log); with AVX2 only, the 66 min measured for 640 questions scaled by the trajectories' tokens (1.23x), not measured
-BUILD_MINUTES = {"AVX512": 31, "AVX2": 80}
+# The first build's minutes on 2 cores by the CPU's widest vector unit, as torch dispatches to it: with AVX-512, 21.6
+# min measured from an empty cache on a Zen 5 (results/hotpotqa_cpu_replay/; 30.8 there without the replay); with AVX2
+# only, not measured: the 66 min measured for 640 questions without the replay, scaled by the trajectories' tokens
+# (1.23x) and by the replay's measured 0.70x of the whole build
+BUILD_MINUTES = {"AVX512": 22, "AVX2": 57}
 
 
 def build_minutes(capability: str | None = None) -> int:
