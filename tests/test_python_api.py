@@ -137,3 +137,22 @@ def test_a_tune_search_space_is_kept_for_tune_and_each_trials_config_is_checked(
     assert (trial.lr, trial.M, trial.N) == (2e-5, 2, 3)
     with pytest.raises(ValueError, match="lr: Input should be a valid number"):
         config().training(lr={"grid": [1e-5]})  # not a search space: checked as a value
+
+
+def test_a_trial_of_a_search_over_group_size_or_algo_derives_the_chain_shape_again():
+    from ray import tune
+
+    chains = config().training(algo="grpo", group_size=tune.grid_search([4, 8]))
+    trial = TreeGRPOConfig.from_dict({**chains.to_dict(), "group_size": 8})  # Tune sets it as an attribute
+    trial.validate()
+    assert (trial.M, trial.N, trial.L, trial.advantage_mode) == (8, 0, 0, "inter")
+    algos_searched = config().training(algo=tune.grid_search(["tree_grpo", "grpo"]), group_size=3)
+    chain = TreeGRPOConfig.from_dict({**algos_searched.to_dict(), "algo": "grpo"})
+    chain.validate()
+    assert (chain.M, chain.N, chain.L, chain.advantage_mode) == (3, 0, 0, "inter")
+    tree = TreeGRPOConfig.from_dict({**algos_searched.to_dict(), "algo": "tree_grpo"})
+    tree.validate()
+    assert (tree.M, tree.N, tree.L) == (TreeGRPOConfig().M, TreeGRPOConfig().N, TreeGRPOConfig().L)
+    handmade = TreeGRPOConfig.from_dict({**chain.to_dict(), "M": 2})  # a derived field changed by hand: refused
+    with pytest.raises(ValueError, match="chain GRPO whose shape follows from group_size"):
+        handmade.validate()

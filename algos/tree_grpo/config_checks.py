@@ -116,7 +116,7 @@ def check_prompts_drawn(mini_batches: int, prompts_per_iteration: int, questions
     """A ``ValueError`` when an iteration draws fewer prompts (``min(prompts_per_iteration, questions)``, where
     ``questions`` is the training split's count, or ``train_questions`` of it) than ``ppo_mini_batches``, which hold
     whole prompt groups: found when the algorithm is built, not after the first rollout."""
-    drawn = min(prompts_per_iteration, questions)
+    drawn = min(prompts_per_iteration, questions, train_questions or questions)
     if mini_batches > drawn:
         where = (f"train_questions is {train_questions}" if train_questions is not None and train_questions <= questions
                  else f"the training data holds {questions} question(s)")

@@ -192,9 +192,6 @@ class TreeSearchEnvRunner(EnvRunner, Checkpointable):
         self.metrics.log_value(metric_keys.KV_PEAK_MIB, generation["kv_peak_bytes"] / 2**20, reduce="max", window=1)
         self.metrics.log_value(metric_keys.BUDGET_ESTIMATE, self.config.tree_shape.budget_estimate, window=1)
         self.metrics.log_value(metric_keys.BUDGET_MEASURED, rollout.counters.budget_measured, window=1)
-        for record in records:
-            self.metrics.log_value(metric_keys.REWARD, record.reward, reduce="mean")
-            self.metrics.log_value(metric_keys.EM, record.info.get("em", 0.0), reduce="mean")
         self.num_env_steps_sampled_lifetime += len(records)
 
     @override(EnvRunner)

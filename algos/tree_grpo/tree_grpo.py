@@ -141,10 +141,10 @@ class TreeGRPO(SamplingAhead, Algorithm):
         records = [record for result in results for record in result.records]
         self._sampled_by = sorted({result.worker_index for result in results})
         self.metrics.aggregate([result.metrics for result in results], key=ENV_RUNNER_RESULTS)
+        # means over the leaves, logged here rather than by the runners: RLlib would average the runners' means,
+        # and runners hold unequal shares of the prompts
         for key, values in ((metric_keys.REWARD, [record.reward for record in records]),
                             (metric_keys.EM, [record.info.get("em", 0.0) for record in records])):
-            # over the leaves, not a mean of the runners' means (runners hold unequal shares of the prompts)
-            self.metrics.delete(ENV_RUNNER_RESULTS, key, key_error=False)
             self.metrics.log_value((ENV_RUNNER_RESULTS, key), float(np.mean(values)), window=1)
         # the weights that sampled the batch (the oldest of its parts) and the updates since
         version = min(result.weights_seq_no for result in results)
@@ -386,6 +386,7 @@ class TreeGRPOConfig(AlgorithmConfig):
         super().__init__(algo_class=algo_class or TreeGRPO)
         for name, value in TreeGRPOSettings().model_dump().items():
             setattr(self, name, value)
+        self._derived_as_set = self._chain_fields()
         self.env_runner_cls = TreeSearchEnvRunner
         self.episodes_to_numpy = False  # ragged token lists; our runner returns leaf records
         self.num_env_runners = 0
@@ -422,7 +423,14 @@ class TreeGRPOConfig(AlgorithmConfig):
         for name, value in values.items():
             if name not in searched:
                 setattr(self, name, value)
+        self._derived_as_set = self._chain_fields()
         return self
+
+    def _chain_fields(self) -> dict[str, Any]:
+        """The fields chain GRPO derives from group_size (``CHAIN_GRPO_DERIVED``), as they are now. Kept as
+        ``.training()`` left them: where they still are so when ``algo`` or ``group_size`` were assigned since (a
+        Tune trial sets its sampled values as attributes), ``validate()`` derives them again instead of refusing."""
+        return {name: getattr(self, name) for name in CHAIN_GRPO_DERIVED}
 
     def settings_dict(self) -> dict[str, Any]:
         """The current values of the settings fields."""
@@ -468,7 +476,11 @@ class TreeGRPOConfig(AlgorithmConfig):
         check_evaluation_settings(self)
         settings = self.settings.model_dump()
         changed = {k: v for k, v in settings.items() if v != getattr(self, k)}
-        if changed:  # only chain GRPO's normalisation changes values
+        if changed and self._chain_fields() == getattr(self, "_derived_as_set", None):
+            for name in changed:  # algo or group_size assigned after .training() (a Tune trial): derived again
+                setattr(self, name, settings[name])
+            self._derived_as_set = self._chain_fields()
+        elif changed:  # only chain GRPO's normalisation changes values
             raise ValueError(f"algo='grpo' is chain GRPO whose shape follows from group_size: set it with "
                              f".training(algo='grpo', group_size=G), not {sorted(changed)} by hand")
         if self.num_env_runners > self.prompts_per_iteration:
