@@ -200,7 +200,9 @@ def check_memory(settings: RunSettings) -> None:
     on_gpu = torch.cuda.is_available() and settings.num_gpus_per_learner > 0  # a CPU learner: nothing to judge
     gpu = torch.cuda.get_device_properties(0).total_memory / GIB if on_gpu else None
     plan = plan_memory(shape, memory_options(settings, gpu))
-    print(plan_line(plan), file=sys.stderr)
+    # on a CPU learner the GPU figures only size a GPU run: this run's memory is the host's, which they do not plan
+    where = "" if on_gpu else "; the learner is on the CPU, so nothing here is judged against this machine"
+    print(plan_line(plan) + where, file=sys.stderr)
     if plan.fits is False:
         biggest = max(plan.parts, key=plan.parts.get)
         change = fitting_change(plan)
