@@ -6,7 +6,9 @@
 
 std is the unbiased (n - 1) standard deviation. A group of one leaf has nothing to compare with and contributes
 0 (the official code normalises it with mean 0, std 1, i.e. passes the raw reward through). Chain GRPO is
-``inter`` over the G chains of a prompt.
+``inter`` over the G chains of a prompt. With one tree per prompt (M = 1, the CPU defaults' (1,2,1)) both groups are
+the same leaves, so ``A_tree = 2 A_inter``: the paper's sum is kept, and its step is twice ``inter``'s at one lr (the
+CPU defaults' lr was chosen with it).
 """
 
 from __future__ import annotations

@@ -61,3 +61,10 @@ def test_errors_name_the_problem():
         tree_grpo_advantages([1.0], [0], mode="global")
     with pytest.raises(ValueError, match="one length"):
         tree_grpo_advantages([1.0, 0.0], [0])
+
+
+def test_one_tree_per_prompt_doubles_the_inter_advantage():
+    rewards, trees = [1.0, 0.0, 0.0], [0, 0, 0]  # mean 1/3, unbiased std sqrt(1/3)
+    inter = tree_grpo_advantages(rewards, trees, mode="inter", eps=0.0)
+    np.testing.assert_allclose(inter, [(2 / 3) / np.sqrt(1 / 3), -(1 / 3) / np.sqrt(1 / 3), -(1 / 3) / np.sqrt(1 / 3)])
+    np.testing.assert_allclose(tree_grpo_advantages(rewards, trees, mode="tree", eps=0.0), 2 * inter)
