@@ -147,6 +147,11 @@ STUDIES: tuple[Study, ...] = (
           Protocol("docs/protocol_hotpotqa_lr.md", "Protocol: the RL learning rate on real questions"),
           (Output("hotpotqa_cpu_lr", ("benchmarks/bench_hotpotqa.py", "--arms", "tree_lr5e-4", "--seeds", "0", "1",
                                       "2", "--output", "outputs/hotpotqa_cpu_lr"), COPIED_TREE),)),
+    Study("hotpotqa_cpu_replay", "The HotpotQA start with its frozen bottom replayed, and the gain from it (issue 70)",
+          Protocol("docs/protocol_hotpotqa_replay.md", "Protocol: the HotpotQA start with its frozen bottom replayed"),
+          (Output("hotpotqa_cpu_replay", ("benchmarks/bench_hotpotqa.py", "--arms", "tree", "--seeds", "0", "1", "2",
+                                          "--output", "outputs/hotpotqa_cpu_replay"),
+                  ("tree_lr5e-4_s0", "tree_lr5e-4_s1", "tree_lr5e-4_s2")),)),
 )
 
 
