@@ -113,9 +113,10 @@ def check_env_and_model(config: AlgorithmConfig) -> None:
 
 def check_prompts_drawn(mini_batches: int, prompts_per_iteration: int, questions: int,
                         train_questions: int | None) -> None:
-    """A ``ValueError`` when an iteration draws fewer prompts (``min(prompts_per_iteration, questions)``, where
-    ``questions`` is the training split's count, or ``train_questions`` of it) than ``ppo_mini_batches``, which hold
-    whole prompt groups: found when the algorithm is built, not after the first rollout."""
+    """A ``ValueError`` when an iteration draws fewer prompts than ``ppo_mini_batches``, which hold whole prompt
+    groups. It draws ``prompts_per_iteration`` of the training split's ``questions`` (its first ``train_questions``
+    where set), or all of them where there are fewer: found when the algorithm is built, not after the first
+    rollout."""
     drawn = min(prompts_per_iteration, questions, train_questions or questions)
     if mini_batches > drawn:
         where = (f"train_questions is {train_questions}" if train_questions is not None and train_questions <= questions
